@@ -1,0 +1,43 @@
+# Two entry points: `make train` and `make test`. Each does all set-up first.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+STAMP := build/.stamps
+APT_PACKAGES := libhwloc-dev pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
+
+.PHONY: train test setup deps starpu install bench clean
+
+train: setup
+	$(PYTHON) -m nntile.demo
+
+test: setup
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests
+
+bench: setup
+	$(PYTHON) -m pytest -q bench --benchmark-only
+
+setup: install
+
+# System packages: installed when missing and we are allowed to (root, or sudo without a password).
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else echo "missing system packages:$$missing (install them: sudo apt-get install$$missing)"; exit 1; fi; \
+	  echo "installing system packages:$$missing"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# StarPU, built once into a cache prefix; the prefix is recorded for the package build.
+starpu: deps
+	@mkdir -p $(STAMP)
+	scripts/install_starpu.sh | tail -n 1 > $(STAMP)/starpu-prefix.tmp
+	@mv $(STAMP)/starpu-prefix.tmp $(STAMP)/starpu-prefix
+	@echo "StarPU prefix: $$(cat $(STAMP)/starpu-prefix)"
+
+install: starpu
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q setuptools wheel Cython numpy
+	NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) $(PIP) install -q --no-build-isolation -e ".[test]"
+
+clean:
+	rm -rf build nntile/_core/core.c nntile/_core/*.so *.egg-info

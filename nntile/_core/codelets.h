@@ -1,0 +1,53 @@
+/* StarPU codelets of every nntile op: one table indexed by op and dtype.
+ *
+ * The op list below is the single place where an op is declared at this level: its name
+ * and how many tile buffers its kernel takes. codelets.c turns each entry into a CPU
+ * wrapper (and a CUDA one when built with CUDA), a history-based performance model and a
+ * codelet per dtype. Access modes are chosen per task by the tensor op that submits it. */
+#ifndef NNTILE_CODELETS_H
+#define NNTILE_CODELETS_H
+
+#include <starpu.h>
+
+/* X(op, number of buffers). X_OPT(op, n): n buffers and one optional last buffer. */
+#define NNTILE_OPS(X, X_OPT)                                                                   \
+    X(fill, 1) X(copy, 2) X(subcopy, 2) X(add, 2) X(scal, 1) X(prod, 3)                         \
+    X(gelu, 2) X(gelu_backward, 3) X(gelutanh, 2) X(gelutanh_backward, 3)                       \
+    X(add_fiber, 2) X(prod_fiber, 2) X(sum_fiber, 2) X(sumprod_fiber, 3)                        \
+    X(sum_slice, 2) X(sumprod_slice, 3) X(add_slice, 2) X(prod_slice, 2)                        \
+    X(maxsumexp, 2) X(softmax_inplace, 2) X(softmax_backward, 3) X(mask_causal, 1)              \
+    X(logsumexp, 2) X(xent_picked, 3) X(xent_loss, 3) X(xent_grad_inplace, 3)                   \
+    X(embedding, 3) X(embedding_backward, 3)                                                    \
+    X(layernorm_stats, 2) X(layernorm_forward, 5) X(layernorm_backward_reduce, 7)               \
+    X(layernorm_backward, 6) X(gemm, 3) X(sumsq, 2)                                             \
+    X_OPT(adam_step, 4) X_OPT(sgd_step, 3)
+
+#define NNTILE_OP_ENUM(op, nbuf) NNTILE_OP_##op,
+enum nntile_op { NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM) NNTILE_OP_COUNT };
+#undef NNTILE_OP_ENUM
+
+/* Storage types of tiles. tf32 stores fp32 and differs only in the GEMM compute mode. */
+enum nntile_dtype {
+    NNTILE_FP32 = 0,
+    NNTILE_FP64 = 1,
+    NNTILE_TF32 = 2,
+    NNTILE_INT64 = 3,
+    NNTILE_DTYPE_COUNT
+};
+
+/* Fills the table; safe to call more than once. */
+#ifndef NNTILE_HAVE_CUDA
+#define NNTILE_HAVE_CUDA 0
+#endif
+
+void nntile_codelets_init(void);
+
+/* The codelet of an op for a dtype, or NULL when the op has no kernel for that dtype. */
+struct starpu_codelet *nntile_codelet(int op, int dtype);
+
+const char *nntile_op_name(int op);
+
+/* Set OpenBLAS to one thread: each StarPU CPU worker is already one thread. */
+void nntile_blas_single_thread(void);
+
+#endif

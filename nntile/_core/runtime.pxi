@@ -1,0 +1,241 @@
+# The StarPU runtime: one error-checking path, and the Context that starts and stops StarPU.
+import atexit
+import os
+import sys
+import weakref
+
+from libc.errno cimport ENODEV
+
+
+class StarpuError(RuntimeError):
+    """A StarPU call returned an error code."""
+
+    def __init__(self, call, code):
+        self.call = call
+        self.code = code
+        reason = os.strerror(-code) if code < 0 else f"code {code}"
+        super().__init__(f"{call} failed: {reason} ({code})")
+
+
+cdef int check(int ret, str call) except -1:
+    """Every StarPU call that returns an error code goes through here."""
+    if ret != 0:
+        raise StarpuError(call, ret)
+    return 0
+
+
+cdef extern from "codelets.h" nogil:
+    void nntile_codelets_init()
+    void nntile_blas_single_thread()
+    int NNTILE_HAVE_CUDA
+
+cdef extern from "Python.h":
+    pass
+
+# The running Context, and a counter that changes at each start so that a tensor can tell
+# whether the runtime it was registered with is still the one running.
+cdef object _running_context = None
+cdef long _epoch = 0
+cdef object _live_tensors = weakref.WeakSet()
+
+HAVE_CUDA = bool(NNTILE_HAVE_CUDA)
+
+# Each runtime setting that matters, with the StarPU environment variable it falls back to.
+_SETTINGS = (
+    ("ncpu", "STARPU_NCPU"),
+    ("ncuda", "STARPU_NCUDA"),
+    ("sched", "STARPU_SCHED"),
+    ("limit_cuda_mem", "STARPU_LIMIT_CUDA_MEM"),
+    ("limit_cpu_mem", "STARPU_LIMIT_CPU_MEM"),
+    ("calibrate", "STARPU_CALIBRATE"),
+)
+
+
+def _positive_int_or_none(name, value, allow_zero):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"Context({name}=...) must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"Context({name}={value!r}) is not an integer") from None
+    if number < 0 or (number == 0 and not allow_zero):
+        raise ValueError(f"Context({name}={number}) must be {'>= 0' if allow_zero else '> 0'}")
+    return number
+
+
+class Context:
+    """Starts StarPU for this process; use as ``with nntile.Context(...) as ctx:``.
+
+    Arguments left as None fall back to StarPU's environment variables (STARPU_NCPU,
+    STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
+    STARPU_CALIBRATE) and then to StarPU's own defaults. Only one Context runs at a time.
+    """
+
+    def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
+                 limit_cpu_mem=None, calibrate=None, verbose=False, start=True):
+        self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
+        self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
+        self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
+        self.limit_cpu_mem = _positive_int_or_none("limit_cpu_mem", limit_cpu_mem, False)
+        self.calibrate = _positive_int_or_none("calibrate", calibrate, allow_zero=True)
+        if sched is not None and (not isinstance(sched, str) or not sched.strip()):
+            raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
+        self.sched = sched
+        self.verbose = verbose
+        self.workers = []
+        self._epoch = -1
+        if self.ncuda and not HAVE_CUDA:
+            raise RuntimeError(f"Context(ncuda={self.ncuda}) asked for GPUs, but this nntile "
+                               "was built without CUDA")
+        if start:
+            self.start()
+
+    @property
+    def running(self):
+        return _running_context is self
+
+    def settings(self):
+        """The effective value of each runtime setting, and where it came from."""
+        result = {}
+        for name, env in _SETTINGS:
+            value = getattr(self, name)
+            if value is not None:
+                result[name] = (value, "argument")
+            elif os.environ.get(env):
+                result[name] = (os.environ[env], f"${env}")
+            else:
+                result[name] = (None, "StarPU default")
+        if result["ncuda"][0] is None and not HAVE_CUDA:
+            result["ncuda"] = (0, "built without CUDA")
+        if result["sched"][0] is None:
+            result["sched"] = (self._default_sched(), "nntile default")
+        return result
+
+    def _default_sched(self):
+        # Locality work stealing suits CPU-only runs; with GPUs the dmda family uses the
+        # history-based performance models to place tasks and prefetch tiles.
+        ncuda = self.ncuda if self.ncuda is not None else os.environ.get("STARPU_NCUDA")
+        if HAVE_CUDA and (ncuda is None or int(ncuda) > 0):
+            return "dmdasd"
+        return "lws"
+
+    def start(self):
+        global _running_context, _epoch
+        if _running_context is self:
+            raise RuntimeError("this Context is already running")
+        if _running_context is not None:
+            raise RuntimeError("another nntile.Context is already running in this process; "
+                               "shut it down (ctx.shutdown() or leave its 'with' block) first")
+        settings = self.settings()
+        # StarPU reads these at start-up; an argument wins over an inherited variable.
+        for name, env in _SETTINGS:
+            value = getattr(self, name)
+            if value is not None:
+                os.environ[env] = str(value)
+        cdef starpu_conf conf
+        check(starpu_conf_init(&conf), "starpu_conf_init")
+        sched_name = str(settings["sched"][0]).encode()
+        conf.sched_policy_name = sched_name
+        if not HAVE_CUDA:
+            conf.ncuda = 0
+        nntile_blas_single_thread()
+        cdef int ret
+        with nogil:
+            ret = starpu_init(&conf)
+        if ret == -ENODEV:
+            raise RuntimeError("StarPU found no worker to run tasks on (ncpu=0 and no GPU?)")
+        check(ret, "starpu_init")
+        nntile_codelets_init()
+        _epoch += 1
+        self._epoch = _epoch
+        _running_context = self
+        self.workers = _worker_names()
+        if self.verbose:
+            print(self.describe(), file=sys.stderr)
+        return self
+
+    def describe(self):
+        lines = [f"nntile: StarPU {STARPU_MAJOR_VERSION}.{STARPU_MINOR_VERSION}."
+                 f"{STARPU_RELEASE_VERSION}, {len(self.workers)} workers: "
+                 + ", ".join(self.workers)]
+        for name, (value, origin) in self.settings().items():
+            lines.append(f"  {name} = {value} ({origin})")
+        return "\n".join(lines)
+
+    @property
+    def ncpu_workers(self):
+        self._check_running()
+        return starpu_cpu_worker_get_count()
+
+    @property
+    def ncuda_workers(self):
+        self._check_running()
+        return starpu_cuda_worker_get_count()
+
+    def _check_running(self):
+        if _running_context is not self:
+            raise RuntimeError("this nntile.Context is not running (it was shut down)")
+
+    def wait(self):
+        """Wait until every submitted task has run."""
+        self._check_running()
+        cdef int ret
+        with nogil:
+            ret = starpu_task_wait_for_all()
+        check(ret, "starpu_task_wait_for_all")
+
+    def shutdown(self):
+        """Wait for submitted tasks, release every tile still registered, stop StarPU."""
+        global _running_context
+        if _running_context is not self:
+            return
+        try:
+            with nogil:
+                starpu_task_wait_for_all()
+            for tensor in list(_live_tensors):
+                tensor._release_at_shutdown()
+        finally:
+            _running_context = None
+            with nogil:
+                starpu_shutdown()
+
+    def __enter__(self):
+        if _running_context is not self:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.shutdown()
+        return False
+
+    def __repr__(self):
+        state = "running" if self.running else "stopped"
+        return f"<nntile.Context {state}, workers={self.workers}>"
+
+
+def current_context():
+    """The running Context, or None."""
+    return _running_context
+
+
+cdef list _worker_names():
+    cdef char name[128]
+    cdef unsigned i
+    names = []
+    for i in range(starpu_worker_get_count()):
+        starpu_worker_get_name(i, name, sizeof(name))
+        names.append(name.decode(errors="replace"))
+    return names
+
+
+@atexit.register
+def _shutdown_at_exit():
+    if _running_context is not None:
+        _running_context.shutdown()
+
+
+def live_tensor_count():
+    """How many tensors hold registered tiles right now (for leak checks)."""
+    return len(_live_tensors)

@@ -1,0 +1,267 @@
+# Tiled tensors: one StarPU data handle per tile, owned and placed by StarPU.
+import numpy as np
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
+from libc.stdint cimport uintptr_t
+
+cdef extern from "codelets.h":
+    enum nntile_dtype:
+        NNTILE_FP32
+        NNTILE_FP64
+        NNTILE_TF32
+        NNTILE_INT64
+
+# dtype name -> (codelet table column, numpy storage dtype)
+DTYPES = {
+    "fp32": (NNTILE_FP32, np.dtype(np.float32)),
+    "tf32": (NNTILE_TF32, np.dtype(np.float32)),
+    "fp64": (NNTILE_FP64, np.dtype(np.float64)),
+    "int64": (NNTILE_INT64, np.dtype(np.int64)),
+}
+FLOAT_DTYPES = ("fp32", "tf32", "fp64")
+_NUMPY_TO_DTYPE = {np.dtype(np.float32): "fp32", np.dtype(np.float64): "fp64",
+                   np.dtype(np.int64): "int64"}
+
+
+def _check_dtype(dtype):
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; nntile supports {', '.join(DTYPES)}")
+    return dtype
+
+
+cdef inline object _tile_view(starpu_data_handle_t handle, Py_ssize_t nbytes, object npdtype,
+                              tuple shape):
+    """A numpy array over a tile's host copy (valid while the tile is acquired)."""
+    cdef char *ptr = <char *> starpu_vector_get_local_ptr(handle)
+    cdef char[::1] raw = <char[:nbytes]> ptr
+    return np.frombuffer(raw, dtype=npdtype).reshape(shape)
+
+
+cdef class Tensor:
+    """A tensor cut into tiles; each tile is a StarPU handle that StarPU allocates and moves.
+
+    Contents of a new tensor are undefined until written (as numpy.empty).
+    """
+
+    def __cinit__(self):
+        self.handles = NULL
+        self.registered = False
+
+    def __init__(self, shape, basetile=None, dtype="fp32"):
+        global _live_tensors
+        ctx = _running_context
+        if ctx is None:
+            raise RuntimeError("no nntile.Context is running: start one before creating tensors")
+        self.traits = shape if isinstance(shape, TensorTraits) else TensorTraits(shape, basetile)
+        if isinstance(shape, TensorTraits) and basetile is not None:
+            raise TypeError("pass either TensorTraits or shape and basetile, not both")
+        self.dtype = _check_dtype(dtype)
+        self.dtype_id = DTYPES[dtype][0]
+        self.itemsize = DTYPES[dtype][1].itemsize
+        cdef Py_ssize_t coords[MAX_NDIM]
+        cdef Py_ssize_t i, n
+        cdef Py_ssize_t ntiles = self.traits.ntiles
+        for i in range(ntiles):
+            self.traits.tile_coords(i, coords)
+            if self.traits.tile_nelems_c(coords) >= 2 ** 32:
+                raise ValueError(f"a tile of {self.traits.basetile} holds 2**32 elements or "
+                                 "more; use smaller tiles")
+        self.handles = <starpu_data_handle_t *> malloc(ntiles * sizeof(starpu_data_handle_t))
+        if self.handles == NULL:
+            raise MemoryError()
+        for i in range(ntiles):
+            self.traits.tile_coords(i, coords)
+            n = self.traits.tile_nelems_c(coords)
+            # Home node -1: no user buffer, StarPU allocates the tile where it is first needed.
+            starpu_vector_data_register(&self.handles[i], -1, 0, <uint32_t> n, self.itemsize)
+        self.epoch = _epoch
+        self.registered = True
+        _live_tensors.add(self)
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.handles != NULL:
+            if self.registered and self.epoch == _epoch and _running_context is not None:
+                for i in range(self.traits.ntiles):
+                    starpu_data_unregister_submit(self.handles[i])
+            free(self.handles)
+            self.handles = NULL
+
+    cdef int check_usable(self, str role) except -1:
+        if self.closed_by_shutdown:
+            raise RuntimeError(f"{role} belongs to an nntile.Context that was shut down")
+        if not self.registered:
+            raise RuntimeError(f"{role} was unregistered and can no longer be used")
+        if self.epoch != _epoch or _running_context is None:
+            raise RuntimeError(f"{role} belongs to an nntile.Context that was shut down")
+        return 0
+
+    cdef starpu_data_handle_t handle(self, Py_ssize_t linear) noexcept:
+        return self.handles[linear]
+
+    @property
+    def shape(self):
+        return self.traits.shape
+
+    @property
+    def basetile(self):
+        return self.traits.basetile
+
+    @property
+    def grid(self):
+        return self.traits.grid
+
+    @property
+    def ndim(self):
+        return self.traits.ndim
+
+    @property
+    def ntiles(self):
+        return self.traits.ntiles
+
+    @property
+    def is_registered(self):
+        return self.registered and self.epoch == _epoch and _running_context is not None
+
+    @property
+    def numpy_dtype(self):
+        return DTYPES[self.dtype][1]
+
+    @classmethod
+    def from_array(cls, array, basetile=None, dtype=None):
+        """A new tensor holding a copy of a numpy array, cut into tiles of ``basetile``."""
+        array = np.asarray(array)
+        if dtype is None:
+            if array.dtype.kind in "iu":
+                dtype = "int64"
+            elif array.dtype not in _NUMPY_TO_DTYPE:
+                raise TypeError(f"array dtype {array.dtype} has no nntile dtype; use float32, "
+                                "float64 or an integer type")
+            else:
+                dtype = _NUMPY_TO_DTYPE[array.dtype]
+        _check_dtype(dtype)
+        tensor = cls(array.shape, basetile, dtype)
+        tensor.write(array)
+        return tensor
+
+    def write(self, array):
+        """Overwrite the tensor's contents with a numpy array of the same shape."""
+        self.check_usable("tensor")
+        array = np.asarray(array)
+        if array.shape != self.traits.shape:
+            raise ValueError(f"array of shape {array.shape} does not match tensor shape "
+                             f"{self.traits.shape}")
+        npdtype = DTYPES[self.dtype][1]
+        if npdtype.kind == "f" and array.dtype.kind not in "fiub":
+            raise TypeError(f"cannot write an array of dtype {array.dtype} into a {self.dtype} tensor")
+        if npdtype.kind == "i":
+            if array.dtype.kind not in "iub":
+                raise TypeError(f"an int64 tensor takes integer arrays, got {array.dtype}")
+        cdef Py_ssize_t i
+        cdef starpu_data_handle_t h
+        cdef int ret
+        for i in range(self.traits.ntiles):
+            h = self.handles[i]
+            with nogil:
+                ret = starpu_data_acquire(h, STARPU_W)
+            check(ret, "starpu_data_acquire")
+            try:
+                shape = self.traits.tile_shape(i)
+                view = _tile_view(h, self.itemsize * _prod(shape), npdtype, shape)
+                view[...] = array[self.traits.tile_slices(i)]
+            finally:
+                starpu_data_release(h)
+
+    def to_array(self):
+        """A numpy copy of the whole tensor (waits for the tasks that write it)."""
+        self.check_usable("tensor")
+        npdtype = DTYPES[self.dtype][1]
+        result = np.empty(self.traits.shape, dtype=npdtype)
+        cdef Py_ssize_t i
+        cdef starpu_data_handle_t h
+        cdef int ret
+        for i in range(self.traits.ntiles):
+            h = self.handles[i]
+            with nogil:
+                ret = starpu_data_acquire(h, STARPU_R)
+            check(ret, "starpu_data_acquire")
+            try:
+                shape = self.traits.tile_shape(i)
+                result[self.traits.tile_slices(i)] = _tile_view(
+                    h, self.itemsize * _prod(shape), npdtype, shape)
+            finally:
+                starpu_data_release(h)
+        return result
+
+    def tile_to_array(self, tile_index):
+        """A numpy copy of one tile."""
+        self.check_usable("tensor")
+        cdef Py_ssize_t i = self.traits.index_to_linear(tile_index)
+        cdef starpu_data_handle_t h = self.handles[i]
+        cdef int ret
+        with nogil:
+            ret = starpu_data_acquire(h, STARPU_R)
+        check(ret, "starpu_data_acquire")
+        try:
+            shape = self.traits.tile_shape(i)
+            return _tile_view(h, self.itemsize * _prod(shape), DTYPES[self.dtype][1], shape).copy()
+        finally:
+            starpu_data_release(h)
+
+    def fill(self, value):
+        fill(value, self)
+
+    def clear(self):
+        fill(0, self)
+
+    def copy(self, basetile=None):
+        """A new tensor with the same contents, cut into ``basetile`` (default: the same)."""
+        self.check_usable("tensor")
+        result = Tensor(self.traits.shape, basetile or self.traits.basetile, self.dtype)
+        copy(self, result)
+        return result
+
+    def wont_use(self):
+        """Hint that the tiles will not be used soon: StarPU may evict them from GPU memory."""
+        self.check_usable("tensor")
+        cdef Py_ssize_t i
+        for i in range(self.traits.ntiles):
+            starpu_data_wont_use(self.handles[i])
+
+    def invalidate(self):
+        """Drop the contents (after pending tasks); the tensor stays usable but undefined."""
+        self.check_usable("tensor")
+        cdef Py_ssize_t i
+        for i in range(self.traits.ntiles):
+            starpu_data_invalidate_submit(self.handles[i])
+
+    def unregister(self):
+        """Release every tile now (after the tasks that use them). Safe to call twice."""
+        global _live_tensors
+        if not self.registered:
+            return
+        cdef Py_ssize_t i
+        cdef starpu_data_handle_t h
+        if self.epoch == _epoch and _running_context is not None:
+            for i in range(self.traits.ntiles):
+                h = self.handles[i]
+                with nogil:
+                    starpu_data_unregister(h)
+        self.registered = False
+        _live_tensors.discard(self)
+
+    def _release_at_shutdown(self):
+        self.unregister()
+        self.closed_by_shutdown = True
+
+    def __repr__(self):
+        state = "" if self.is_registered else ", unregistered"
+        return (f"nntile.Tensor(shape={self.traits.shape}, basetile={self.traits.basetile}, "
+                f"dtype={self.dtype}{state})")
+
+
+cdef Py_ssize_t _prod(tuple shape):
+    cdef Py_ssize_t n = 1
+    for d in shape:
+        n *= <Py_ssize_t> d
+    return n

@@ -1,0 +1,141 @@
+"""Build of nntile's extension modules against StarPU (found through pkg-config).
+
+Environment:
+  NNTILE_STARPU_PREFIX  StarPU install prefix (else pkg-config's search path)
+  NNTILE_CUDA           auto|0|1: compile nntile/cuda/*.cu with nvcc and link cuBLAS
+  NNTILE_MARCH          value of -march for the C kernels (default: native)
+"""
+import glob
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def fail(message):
+    sys.exit(f"nntile build: {message}")
+
+
+def pkg_config(*args):
+    env = dict(os.environ)
+    prefix = os.environ.get("NNTILE_STARPU_PREFIX")
+    if prefix:
+        env["PKG_CONFIG_PATH"] = os.pathsep.join(
+            [os.path.join(prefix, "lib", "pkgconfig"), env.get("PKG_CONFIG_PATH", "")])
+    try:
+        out = subprocess.run(["pkg-config", *args], env=env, check=True,
+                             capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        fail("pkg-config is not installed (Debian/Ubuntu: apt-get install pkg-config)")
+    except subprocess.CalledProcessError as err:
+        return None
+    return shlex.split(out)
+
+
+def starpu_flags():
+    cflags = pkg_config("--cflags", "starpu-1.4")
+    libs = pkg_config("--libs", "starpu-1.4")
+    if cflags is None or libs is None:
+        fail("StarPU 1.4 was not found by pkg-config. Build it with scripts/install_starpu.sh "
+             "and set NNTILE_STARPU_PREFIX to the prefix it prints (make does both).")
+    libdir = pkg_config("--variable=libdir", "starpu-1.4")[0]
+    incdir = [f[2:] for f in cflags if f.startswith("-I")]
+    return incdir, libs, libdir
+
+
+def starpu_has_cuda(incdirs):
+    for d in incdirs:
+        path = os.path.join(d, "starpu_config.h")
+        if os.path.exists(path):
+            with open(path) as f:
+                return "#define STARPU_USE_CUDA 1" in f.read()
+    return False
+
+
+def cuda_home():
+    nvcc = shutil.which("nvcc")
+    return os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None
+
+
+def use_cuda(starpu_incdirs):
+    mode = os.environ.get("NNTILE_CUDA", "auto")
+    if mode not in ("auto", "0", "1"):
+        fail(f"NNTILE_CUDA={mode!r}; use auto, 0 or 1")
+    if mode == "0":
+        return False
+    home = cuda_home()
+    found = bool(home) and starpu_has_cuda(starpu_incdirs) and bool(
+        glob.glob(os.path.join(home, "lib64", "libcublas.so*"))
+        or glob.glob(os.path.join(home, "targets", "*", "lib", "libcublas.so*")))
+    if mode == "1" and not found:
+        fail("NNTILE_CUDA=1 but nvcc, cuBLAS or a StarPU built with CUDA is missing "
+             "(rebuild StarPU with scripts/install_starpu.sh on a machine with CUDA)")
+    return found
+
+
+class BuildWithNvcc(build_ext):
+    """Compiles nntile/cuda/*.cu with nvcc into objects linked into the core module."""
+
+    def build_extension(self, ext):
+        cu_sources = getattr(ext, "cu_sources", [])
+        if cu_sources:
+            home = cuda_home()
+            objdir = os.path.join(self.build_temp, "cuda")
+            os.makedirs(objdir, exist_ok=True)
+            include = [f"-I{d}" for d in ext.include_dirs]
+            archs = os.environ.get("NNTILE_CUDA_ARCHS", "80;90").split(";")
+            gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+            for src in cu_sources:
+                obj = os.path.join(objdir, os.path.basename(src) + ".o")
+                if not os.path.exists(obj) or os.path.getmtime(obj) < os.path.getmtime(src):
+                    cmd = [os.path.join(home, "bin", "nvcc"), "-c", src, "-o", obj, "-O3",
+                           "-std=c++17", "-Xcompiler", "-fPIC", "-DNNTILE_HAVE_CUDA=1",
+                           *gencode, *include]
+                    print(" ".join(cmd))
+                    subprocess.run(cmd, check=True)
+                ext.extra_objects.append(obj)
+        super().build_extension(ext)
+
+
+def extensions():
+    incdirs, libs, libdir = starpu_flags()
+    cuda = use_cuda(incdirs)
+    blas_cflags = pkg_config("--cflags", "openblas") or []
+    blas_libs = pkg_config("--libs", "openblas") or ["-lopenblas"]
+    march = os.environ.get("NNTILE_MARCH", "native")
+    c_sources = sorted(glob.glob("nntile/_core/kernels/*.c")) + ["nntile/_core/codelets.c"]
+    include_dirs = ["nntile/_core", numpy.get_include(), *incdirs,
+                    *[f[2:] for f in blas_cflags if f.startswith("-I")]]
+    macros = [("NNTILE_HAVE_CUDA", "1" if cuda else "0"),
+              ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+    link_args = [*libs, *blas_libs, "-lm", f"-Wl,-rpath,{libdir}"]
+    cu_sources = []
+    if cuda:
+        home = cuda_home()
+        include_dirs.append(os.path.join(home, "include"))
+        link_args += [f"-L{os.path.join(home, 'lib64')}", "-lcudart", "-lcublas",
+                      f"-Wl,-rpath,{os.path.join(home, 'lib64')}"]
+        cu_sources = sorted(glob.glob("nntile/cuda/*.cu"))
+    core = Extension(
+        "nntile._core.core",
+        sources=["nntile/_core/core.pyx", *c_sources],
+        include_dirs=include_dirs,
+        define_macros=macros,
+        extra_compile_args=["-O3", f"-march={march}", "-Wno-unused-function"],
+        extra_link_args=link_args,
+    )
+    core.cu_sources = cu_sources
+    print(f"nntile build: StarPU from {libdir}, CUDA {'on' if cuda else 'off'}")
+    return cythonize([core], compiler_directives={"language_level": "3"},
+                     compile_time_env={})
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildWithNvcc})

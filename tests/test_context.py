@@ -1,0 +1,71 @@
+"""Runtime start and stop, each in its own interpreter (StarPU runs once per process)."""
+from tests.conftest import run_python
+
+
+def test_context_reports_workers_and_settings():
+    result = run_python("""
+        import nntile
+        with nntile.Context(ncpu=2, sched="eager", verbose=True) as ctx:
+            print(ctx.workers)
+            print(ctx.ncpu_workers)
+            print(ctx.settings()["sched"])
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1] == "2"
+    assert "eager" in lines[2] and "argument" in lines[2]
+    assert "StarPU 1.4" in result.stderr and "sched = eager (argument)" in result.stderr
+
+
+def test_environment_fallback():
+    result = run_python("""
+        import nntile
+        with nntile.Context() as ctx:
+            print(ctx.ncpu_workers, ctx.settings()["ncpu"])
+    """, env={"STARPU_NCPU": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1 ('1', '$STARPU_NCPU')"
+
+
+def test_exception_inside_context_shuts_down_cleanly():
+    result = run_python("""
+        import numpy as np, nntile
+        try:
+            with nntile.Context(ncpu=1) as ctx:
+                x = nntile.Tensor.from_array(np.ones((4, 4)), (2, 2))
+                nntile.ops.scal(2.0, x)
+                raise KeyError("boom")
+        except KeyError:
+            pass
+        print("running:", ctx.running, nntile.current_context())
+        with nntile.Context(ncpu=1):
+            y = nntile.Tensor.from_array(np.arange(4.0), (3,))
+            print(y.to_array().sum())
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "running: False None" in result.stdout
+    assert "6.0" in result.stdout
+
+
+def test_exit_without_shutdown_does_not_hang():
+    result = run_python("""
+        import numpy as np, nntile
+        ctx = nntile.Context(ncpu=1)
+        x = nntile.Tensor.from_array(np.ones((4, 4)), (2, 2))
+        nntile.ops.scal(2.0, x)
+        print("bye")
+    """, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "bye" in result.stdout
+
+
+def test_no_workers_is_a_clear_error():
+    result = run_python("""
+        import nntile
+        try:
+            nntile.Context(ncpu=0, ncuda=0)
+        except RuntimeError as e:
+            print("error:", e)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "error: StarPU found no worker" in result.stdout

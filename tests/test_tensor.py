@@ -1,0 +1,103 @@
+import gc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import nntile
+from nntile._core import core
+
+
+@st.composite
+def array_and_tiles(draw):
+    ndim = draw(st.integers(0, 3))
+    shape = tuple(draw(st.integers(1, 8)) for _ in range(ndim))
+    tiles = tuple(draw(st.integers(1, n)) for n in shape)
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.int64]))
+    return shape, tiles, dtype
+
+
+@settings(max_examples=60, deadline=None)
+@given(array_and_tiles())
+def test_round_trip(ctx, case):
+    shape, tiles, dtype = case
+    array = (np.random.default_rng().standard_normal(shape) * 100).astype(dtype)
+    t = nntile.Tensor.from_array(array, tiles)
+    assert t.dtype == {np.float32: "fp32", np.float64: "fp64", np.int64: "int64"}[dtype]
+    out = t.to_array()
+    assert out.dtype == array.dtype and np.array_equal(out, array)
+    for i in range(t.ntiles):
+        assert np.array_equal(t.tile_to_array(i), array[t.traits.tile_slices(i)])
+    t.unregister()
+
+
+@settings(max_examples=40, deadline=None)
+@given(array_and_tiles(), st.data())
+def test_copy_between_tilings(ctx, case, data):
+    shape, tiles, dtype = case
+    if dtype == np.int64:
+        dtype = np.float64
+    other = tuple(data.draw(st.integers(1, n)) for n in shape)
+    array = np.random.default_rng().standard_normal(shape).astype(dtype)
+    src = nntile.Tensor.from_array(array, tiles)
+    dst = src.copy(basetile=other)
+    assert dst.basetile == other
+    assert np.array_equal(dst.to_array(), array)
+    same = src.copy()
+    assert np.array_equal(same.to_array(), array)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp64", "int64"])
+def test_fill_and_clear(ctx, dtype):
+    t = nntile.Tensor((5, 7), (2, 3), dtype)
+    t.fill(3)
+    assert (t.to_array() == 3).all()
+    t.clear()
+    assert (t.to_array() == 0).all()
+
+
+def test_add_and_scal(ctx, rng):
+    a = rng.standard_normal((9, 4))
+    b = rng.standard_normal((9, 4))
+    ta = nntile.Tensor.from_array(a, (4, 3))
+    tb = nntile.Tensor.from_array(b, (4, 3))
+    nntile.ops.add(2.0, ta, -0.5, tb)
+    np.testing.assert_allclose(tb.to_array(), 2 * a - 0.5 * b, rtol=1e-14)
+    nntile.ops.scal(3.0, tb)
+    np.testing.assert_allclose(tb.to_array(), 3 * (2 * a - 0.5 * b), rtol=1e-14)
+    # beta == 0 must not read dst: NaN in dst does not leak into the result
+    tb.write(np.full((9, 4), np.nan))
+    nntile.ops.add(1.0, ta, 0.0, tb)
+    np.testing.assert_array_equal(tb.to_array(), a)
+
+
+def test_hints_keep_contents(ctx, rng):
+    a = rng.standard_normal((6, 6)).astype(np.float32)
+    t = nntile.Tensor.from_array(a, (4, 4))
+    t.wont_use()
+    assert np.array_equal(t.to_array(), a)
+    t.invalidate()
+    t.fill(1.5)  # an invalidated tensor is still usable once written again
+    assert (t.to_array() == 1.5).all()
+
+
+def test_unregister_is_idempotent_and_tracked(ctx):
+    before = core.live_tensor_count()
+    t = nntile.Tensor((4, 4), (2, 2))
+    assert core.live_tensor_count() == before + 1
+    t.unregister()
+    t.unregister()
+    assert core.live_tensor_count() == before
+    assert not t.is_registered
+
+
+def test_garbage_collected_tensors_release_their_tiles(ctx):
+    gc.collect()
+    before = core.live_tensor_count()
+    for _ in range(300):
+        t = nntile.Tensor((8, 8), (2, 2))
+        t.fill(1.0)
+        del t
+    gc.collect()
+    ctx.wait()
+    assert core.live_tensor_count() == before
