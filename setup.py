@@ -129,7 +129,7 @@ def extensions():
         sources=["nntile/_core/core.pyx", *c_sources],
         include_dirs=include_dirs,
         define_macros=macros,
-        extra_compile_args=["-O3", f"-march={march}", "-Wno-unused-function"],
+        extra_compile_args=["-O3", f"-march={march}", "-fno-math-errno", "-Wno-unused-function"],
         extra_link_args=link_args,
     )
     core.cu_sources = cu_sources

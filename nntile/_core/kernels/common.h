@@ -1,0 +1,122 @@
+/* Shared, dtype-independent helpers for the kernel implementations.
+ * Internal: not part of the kernel API. */
+#ifndef NNTILE_KERNELS_COMMON_H
+#define NNTILE_KERNELS_COMMON_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* GCC refuses to if-convert (and so to vectorise) loops containing
+ * floating-point selects such as `x > hi ? hi : x` under the default
+ * -ftrapping-math.  The kernels never rely on floating-point exception flags,
+ * so trapping math is turned off for every function defined after this point
+ * (results are unchanged; only FE_* flag behaviour may differ).  Clang
+ * vectorises these selects without it.  (-fno-math-errno cannot be set this
+ * way; pass it on the command line so that sqrt() loops vectorise.) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#define NNTILE_CAT_(a, b) a##b
+#define NNTILE_CAT(a, b) NNTILE_CAT_(a, b)
+
+/* Scratch buffer: a caller-provided stack array when large enough, heap
+ * otherwise.  Kernels cannot report errors, so allocation failure aborts. */
+#define NNTILE_STACK_BYTES 4096
+static inline void *nntile_scratch_get(void *stackbuf, size_t stackbytes,
+                                       size_t bytes)
+{
+    if (bytes <= stackbytes)
+        return stackbuf;
+    void *p = malloc(bytes);
+    if (p == NULL) {
+        fprintf(stderr, "nntile kernels: out of memory (%zu bytes)\n", bytes);
+        abort();
+    }
+    return p;
+}
+static inline void nntile_scratch_put(void *p, void *stackbuf)
+{
+    if (p != stackbuf)
+        free(p);
+}
+
+/* Index i is in [0, n) (one unsigned compare, no branch on sign). */
+#define NNTILE_IN_RANGE(i, n) ((uint64_t)(i) < (uint64_t)(n))
+
+/* Branch-free exp that the compilers vectorise (libm's exp/expf are scalar
+ * calls).  Cody-Waite reduction x = n*ln2 + r, |r| <= ln2/2, Taylor
+ * polynomial for exp(r), 2^n built in the exponent bits.  Accuracy: about
+ * 1-2 ulp.  exp(-inf) = 0 exactly; results below the smallest normal number
+ * flush to 0; a result above ~2^127.5 (float) / 2^1023.5 (double) gives +inf;
+ * NaN propagates. */
+static inline float nntile_vexpf(float x)
+{
+    const float lo = -87.33f, hi = 88.37f;
+    float xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    const float magic = 12582912.0f; /* 0x1.8p23 */
+    const float t = xc * 1.44269504088896341f + magic;
+    const float nf = t - magic;
+    const float r = (xc - nf * 0.693359375f) - nf * -2.12194440e-4f;
+    float p = 1.0f / 5040;
+    p = p * r + 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    const uint32_t sb = (tb << 23) + (127u << 23);
+    float scale;
+    memcpy(&scale, &sb, sizeof scale);
+    float res = p * scale;
+    res = x > hi ? (float)INFINITY : res;
+    res = x < lo ? 0.0f : res;
+    return res;
+}
+
+static inline double nntile_vexp(double x)
+{
+    const double lo = -708.39, hi = 709.43;
+    double xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    const double magic = 6755399441055744.0; /* 0x1.8p52 */
+    const double t = xc * 1.44269504088896338700e+00 + magic;
+    const double nf = t - magic;
+    const double r = (xc - nf * 6.93147180369123816490e-01)
+                   - nf * 1.90821492927058770002e-10;
+    double p = 1.0 / 6227020800.0; /* 1/13! */
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    uint64_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    const uint64_t sb = (tb << 52) + ((uint64_t)1023 << 52);
+    double scale;
+    memcpy(&scale, &sb, sizeof scale);
+    double res = p * scale;
+    res = x > hi ? (double)INFINITY : res;
+    res = x < lo ? 0.0 : res;
+    return res;
+}
+
+#endif /* NNTILE_KERNELS_COMMON_H */

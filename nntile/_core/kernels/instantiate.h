@@ -1,0 +1,90 @@
+/* Instantiates a type-generic kernel body once per dtype.
+ *
+ * Usage in a kernel translation unit:
+ *     #define NNTILE_KERNEL_BODY "elementwise.inc"
+ *     #include "instantiate.h"
+ *
+ * The body sees, for each instantiation:
+ *   T          storage type of tensor elements
+ *   C          compute type (float for fp32, double for fp64; float for a
+ *              future bf16)
+ *   LOAD(x)    T -> C conversion,  STORE(x)  C -> T conversion
+ *   FN(op)     -> nntile_kernel_<op>_<suffix>
+ *   PRIV(name) -> nntile_priv_<name>_<suffix> (for static helpers)
+ *   EXP LOG ERF TANH SQRT: libm functions in the compute type
+ *   VEXP       vectorisable exp in the compute type (see common.h)
+ *   CBLAS_GEMM: cblas_sgemm / cblas_dgemm (only for dtypes with BLAS)
+ * plus the per-dtype reduction helpers from reduce.inc.
+ * Reductions accumulate in double for every dtype.
+ *
+ * To add bf16: add a block with T uint16_t, C float, LOAD/STORE doing the
+ * bf16 <-> float conversion, SUFFIX bf16, float math; and a GEMM fallback.
+ */
+#include "common.h"
+#include <cblas.h>
+
+#ifndef NNTILE_KERNEL_BODY
+#error "define NNTILE_KERNEL_BODY before including instantiate.h"
+#endif
+
+#define FN(op) NNTILE_CAT(NNTILE_CAT(nntile_kernel_, op), NNTILE_CAT(_, SUFFIX))
+#define PRIV(name) NNTILE_CAT(NNTILE_CAT(nntile_priv_, name), NNTILE_CAT(_, SUFFIX))
+
+/* ---------------- fp32 ---------------- */
+#define T float
+#define C float
+#define SUFFIX fp32
+#define LOAD(x) ((float)(x))
+#define STORE(x) ((float)(x))
+#define EXP expf
+#define VEXP nntile_vexpf
+#define LOG logf
+#define ERF erff
+#define TANH tanhf
+#define SQRT sqrtf
+#define CBLAS_GEMM cblas_sgemm
+#include "reduce.inc"
+#include NNTILE_KERNEL_BODY
+#undef T
+#undef C
+#undef SUFFIX
+#undef LOAD
+#undef STORE
+#undef EXP
+#undef VEXP
+#undef LOG
+#undef ERF
+#undef TANH
+#undef SQRT
+#undef CBLAS_GEMM
+
+/* ---------------- fp64 ---------------- */
+#define T double
+#define C double
+#define SUFFIX fp64
+#define LOAD(x) ((double)(x))
+#define STORE(x) ((double)(x))
+#define EXP exp
+#define VEXP nntile_vexp
+#define LOG log
+#define ERF erf
+#define TANH tanh
+#define SQRT sqrt
+#define CBLAS_GEMM cblas_dgemm
+#include "reduce.inc"
+#include NNTILE_KERNEL_BODY
+#undef T
+#undef C
+#undef SUFFIX
+#undef LOAD
+#undef STORE
+#undef EXP
+#undef VEXP
+#undef LOG
+#undef ERF
+#undef TANH
+#undef SQRT
+#undef CBLAS_GEMM
+
+#undef FN
+#undef PRIV

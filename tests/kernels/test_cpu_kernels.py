@@ -1,0 +1,853 @@
+"""Tests of the pure-C CPU kernels (nntile/_core/kernels) through ctypes,
+against float64 numpy references (and torch for the optimizers).
+
+A session fixture compiles every kernels/*.c file with the system C compiler
+into a temporary shared library.  The args structs are mirrored here from the
+kernel contract (FIELDS); test_header_matches_contract checks that kernels.h
+declares exactly these fields in this order."""
+import ctypes
+import glob
+import math
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+KERNEL_DIR = os.path.join(ROOT, "nntile", "_core", "kernels")
+
+I, D = "int64", "double"
+A8 = "int64[8]"
+
+# op -> (struct fields in order, number of buffers)
+FIELDS = {
+    "fill": ([("n", I), ("value", D)], 1),
+    "copy": ([("n", I)], 2),
+    "subcopy": ([("ndim", I), ("src_shape", A8), ("dst_shape", A8),
+                 ("copy_shape", A8), ("src_offset", A8),
+                 ("dst_offset", A8)], 2),
+    "add": ([("n", I), ("alpha", D), ("beta", D)], 2),
+    "scal": ([("n", I), ("alpha", D)], 1),
+    "prod": ([("n", I), ("alpha", D)], 3),
+    "gelu": ([("n", I)], 2),
+    "gelu_backward": ([("n", I), ("beta", D)], 3),
+    "gelutanh": ([("n", I)], 2),
+    "gelutanh_backward": ([("n", I), ("beta", D)], 3),
+    "add_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
+                   ("beta", D)], 2),
+    "prod_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 2),
+    "sum_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
+                   ("beta", D)], 2),
+    "sumprod_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
+                       ("beta", D)], 3),
+    "sum_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
+                   ("beta", D)], 2),
+    "sumprod_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
+                       ("beta", D)], 3),
+    "add_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
+                   ("beta", D)], 2),
+    "prod_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 2),
+    "maxsumexp": ([("m", I), ("k", I), ("n", I), ("init", I)], 2),
+    "softmax_inplace": ([("m", I), ("k", I), ("n", I)], 2),
+    "softmax_backward": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 3),
+    "mask_causal": ([("batch", I), ("tq", I), ("tk", I), ("q_offset", I),
+                     ("k_offset", I)], 1),
+    "logsumexp": ([("n", I)], 2),
+    "xent_picked": ([("rows", I), ("v", I), ("v_offset", I)], 3),
+    "xent_loss": ([("rows", I), ("alpha", D), ("beta", D)], 3),
+    "xent_grad_inplace": ([("rows", I), ("v", I), ("v_offset", I),
+                           ("alpha", D)], 3),
+    "embedding": ([("rows", I), ("e", I), ("v_offset", I), ("v", I)], 3),
+    "embedding_backward": ([("rows", I), ("e", I), ("v_offset", I),
+                            ("v", I)], 3),
+    "layernorm_stats": ([("rows", I), ("e", I), ("e_offset", I)], 2),
+    "layernorm_forward": ([("rows", I), ("e", I), ("e_total", I),
+                           ("eps", D)], 5),
+    "layernorm_backward_reduce": ([("rows", I), ("e", I), ("e_total", I),
+                                   ("eps", D), ("init", I)], 7),
+    "layernorm_backward": ([("rows", I), ("e", I), ("e_total", I),
+                            ("eps", D), ("beta", D)], 6),
+    "gemm": ([("transA", I), ("transB", I), ("M", I), ("N", I), ("K", I),
+              ("alpha", D), ("beta", D), ("batch1", I), ("batch2", I),
+              ("lda", I), ("ldb", I), ("ldc", I), ("strideA1", I),
+              ("strideA2", I), ("strideB1", I), ("strideB2", I),
+              ("strideC1", I), ("strideC2", I)], 3),
+    "sumsq": ([("n", I), ("beta", D)], 2),
+    "adam_step": ([("n", I), ("step", I), ("lr", D), ("beta1", D),
+                   ("beta2", D), ("eps", D), ("weight_decay", D),
+                   ("decoupled", I), ("max_norm", D)], 5),
+    "sgd_step": ([("n", I), ("step", I), ("lr", D), ("momentum", D),
+                  ("dampening", D), ("weight_decay", D), ("nesterov", I),
+                  ("max_norm", D)], 4),
+}
+
+_CTYPE = {I: ctypes.c_int64, D: ctypes.c_double, A8: ctypes.c_int64 * 8}
+
+STRUCTS = {
+    op: type(f"nntile_{op}_args", (ctypes.Structure,),
+             {"_fields_": [(name, _CTYPE[t]) for name, t in fields]})
+    for op, (fields, _) in FIELDS.items()
+}
+
+DTYPES = {"fp32": np.float32, "fp64": np.float64}
+
+CFLAGS = ["-std=c11", "-O2", "-march=x86-64-v2", "-fno-math-errno", "-fPIC", "-Wall",
+          "-Wextra"]
+
+
+class Kernels:
+    def __init__(self, lib):
+        self.lib = lib
+
+    def __call__(self, op, dtype, args, *bufs):
+        fields, nbuf = FIELDS[op]
+        assert len(bufs) == nbuf, (op, len(bufs), nbuf)
+        kw = {}
+        for name, t in fields:
+            val = args.get(name, 0)
+            if t == A8:
+                val = list(val) + [0] * (8 - len(val))
+                val = (ctypes.c_int64 * 8)(*val)
+            kw[name] = val
+        unknown = set(args) - {f for f, _ in fields}
+        assert not unknown, unknown
+        st = STRUCTS[op](**kw)
+        ptrs = []
+        for b in bufs:
+            if b is None:
+                ptrs.append(None)
+                continue
+            assert isinstance(b, np.ndarray) and b.flags.c_contiguous
+            assert b.dtype in (np.float32, np.float64, np.int64)
+            ptrs.append(ctypes.c_void_p(b.ctypes.data))
+        fn = getattr(self.lib, f"nntile_kernel_{op}_{dtype}")
+        fn.restype = None
+        fn(ctypes.byref(st), *ptrs)
+
+
+@pytest.fixture(scope="session")
+def kernel_lib(tmp_path_factory):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = str(tmp_path_factory.mktemp("nntile_kernels") / "libnntile_kernels.so")
+    srcs = sorted(glob.glob(os.path.join(KERNEL_DIR, "*.c")))
+    flags = os.environ.get("NNTILE_KERNEL_CFLAGS")
+    flags = flags.split() if flags else CFLAGS
+    cmd = [cc, *flags, "-shared", "-I", KERNEL_DIR, *srcs, "-o", out,
+           "-lopenblas", "-lm"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    return ctypes.CDLL(out), res.stderr
+
+
+@pytest.fixture(scope="session")
+def K(kernel_lib):
+    return Kernels(kernel_lib[0])
+
+
+# NNTILE_KERNEL_EXAMPLES: hypothesis examples per test (more for soak runs)
+SETTINGS = settings(
+    max_examples=int(os.environ.get("NNTILE_KERNEL_EXAMPLES", "25")),
+    deadline=None, database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture])
+DT = ["fp32", "fp64"]
+RTOL = {"fp32": 1e-5, "fp64": 1e-12}
+
+dims = st.integers(1, 6)
+seeds = st.integers(0, 2**32 - 1)
+
+
+def rnd(rng, shape, dtype, scale=1.0):
+    return np.asarray(scale * rng.standard_normal(shape)).astype(DTYPES[dtype])
+
+
+def nans(shape, dtype):
+    return np.full(shape, np.nan, dtype=DTYPES[dtype])
+
+
+def close(out, ref, dtype, rtol_mult=1.0, scale=None):
+    """rtol-relative comparison; atol scaled by the reference magnitude so
+    that cancellation in sums does not produce spurious failures."""
+    ref = np.asarray(ref, dtype=np.float64)
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.broadcast_to(ref, out.shape)  # refs like alpha*fiber[None,:,None]
+    rtol = RTOL[dtype] * rtol_mult
+    if scale is None:
+        finite = ref[np.isfinite(ref)]
+        scale = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * scale)
+
+
+# ---------------------------------------------------------------- contract
+
+def _parse_header():
+    text = open(os.path.join(KERNEL_DIR, "kernels.h")).read()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    structs = {}
+    for m in re.finditer(r"struct nntile_(\w+)_args\s*\{(.*?)\};", text, re.S):
+        fields = []
+        for decl in m.group(2).split(";"):
+            decl = decl.strip()
+            if not decl:
+                continue
+            typ, names = decl.split(None, 1)
+            t = {"int64_t": "int64", "double": "double"}[typ]
+            for name in names.split(","):
+                name = name.strip()
+                am = re.fullmatch(r"(\w+)\[(\w+)\]", name)
+                if am:
+                    assert am.group(2) in ("8", "NNTILE_SUBCOPY_MAX_NDIM")
+                    fields.append((am.group(1), "int64[8]"))
+                else:
+                    fields.append((name, t))
+        structs[m.group(1)] = fields
+    return structs
+
+
+def test_header_matches_contract():
+    structs = _parse_header()
+    assert set(structs) == set(FIELDS)
+    for op, (fields, _) in FIELDS.items():
+        assert structs[op] == fields, op
+
+
+def test_all_symbols_and_clean_build(kernel_lib):
+    lib, stderr = kernel_lib
+    assert "warning" not in stderr, stderr
+    for op in FIELDS:
+        for dt in DT:
+            getattr(lib, f"nntile_kernel_{op}_{dt}")
+
+
+# ---------------------------------------------------------------- elementwise
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 33, 1000])
+def test_fill_copy_scal_prod(K, dt, n):
+    rng = np.random.default_rng(n)
+    dst = nans(n, dt)
+    K("fill", dt, dict(n=n, value=-2.5), dst)
+    assert np.all(dst == -2.5)
+    src = rnd(rng, n, dt)
+    dst = nans(n, dt)
+    K("copy", dt, dict(n=n), src, dst)
+    np.testing.assert_array_equal(src, dst)
+    ref = 1.7 * src.astype(np.float64)
+    K("scal", dt, dict(n=n, alpha=1.7), src)
+    close(src, ref, dt)
+    a, b = rnd(rng, n, dt), rnd(rng, n, dt)
+    dst = nans(n, dt)
+    K("prod", dt, dict(n=n, alpha=-0.5), a, b, dst)
+    close(dst, -0.5 * a.astype(np.float64) * b, dt)
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("beta", [0.0, 1.0, -0.75])
+@pytest.mark.parametrize("n", [1, 5, 64, 1001])
+def test_add_sumsq(K, dt, beta, n):
+    rng = np.random.default_rng(n)
+    src = rnd(rng, n, dt)
+    dst = nans(n, dt) if beta == 0 else rnd(rng, n, dt)
+    ref = 0.3 * src.astype(np.float64) + (beta * dst if beta else 0)
+    K("add", dt, dict(n=n, alpha=0.3, beta=beta), src, dst)
+    close(dst, ref, dt)
+    out = nans(1, dt) if beta == 0 else rnd(rng, 1, dt)
+    ref = np.sum(src.astype(np.float64) ** 2) + (beta * out if beta else 0)
+    K("sumsq", dt, dict(n=n, beta=beta), src, out)
+    close(out, ref, dt)
+
+
+_erf = np.vectorize(math.erf)
+
+
+def gelu_ref(x):
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+def gelutanh_ref(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("beta", [0.0, 0.6])
+@pytest.mark.parametrize("name,fref", [("gelu", gelu_ref),
+                                       ("gelutanh", gelutanh_ref)])
+def test_gelu(K, dt, beta, name, fref):
+    rng = np.random.default_rng(1)
+    n = 257
+    x = rnd(rng, n, dt, 3.0)
+    x[:3] = [0.0, -12.0, 12.0]
+    y = nans(n, dt)
+    K(name, dt, dict(n=n), x, y)
+    x64 = x.astype(np.float64)
+    close(y, fref(x64), dt, rtol_mult=4)
+    # backward vs. central finite differences of the float64 reference
+    h = 1e-5
+    deriv = (fref(x64 + h) - fref(x64 - h)) / (2 * h)
+    dy = rnd(rng, n, dt)
+    dx = nans(n, dt) if beta == 0 else rnd(rng, n, dt)
+    ref = dy * deriv + (beta * dx.astype(np.float64) if beta else 0)
+    K(name + "_backward", dt, dict(n=n, beta=beta), x, dy, dx)
+    np.testing.assert_allclose(dx, ref, rtol=1e-5, atol=1e-8 if dt == "fp64"
+                               else 1e-5)
+
+
+# ---------------------------------------------------------------- fiber / slice
+
+def mkn(rng, m, k, n, dt):
+    return rnd(rng, (m, k, n), dt)
+
+
+@pytest.mark.parametrize("dt", DT)
+@SETTINGS
+@given(m=dims, k=st.integers(1, 40), n=dims, seed=seeds,
+       beta=st.sampled_from([0.0, 1.0, -0.3]))
+def test_fiber_kernels(K, dt, m, k, n, seed, beta):
+    rng = np.random.default_rng(seed)
+    alpha = 1.3
+    a = dict(m=m, k=k, n=n, alpha=alpha, beta=beta)
+    fib = rnd(rng, k, dt)
+    f64 = fib.astype(np.float64)[None, :, None]
+    # add_fiber
+    dst = nans((m, k, n), dt) if beta == 0 else mkn(rng, m, k, n, dt)
+    ref = alpha * f64 + (beta * dst.astype(np.float64) if beta else 0)
+    K("add_fiber", dt, a, fib, dst)
+    close(dst, ref, dt)
+    # prod_fiber
+    dst = mkn(rng, m, k, n, dt)
+    ref = dst.astype(np.float64) * alpha * f64
+    K("prod_fiber", dt, dict(m=m, k=k, n=n, alpha=alpha), fib, dst)
+    close(dst, ref, dt)
+    # sum_fiber / sumprod_fiber
+    s1, s2 = mkn(rng, m, k, n, dt), mkn(rng, m, k, n, dt)
+    for op, srcs, red in (("sum_fiber", (s1,), s1.astype(np.float64)),
+                          ("sumprod_fiber", (s1, s2),
+                           s1.astype(np.float64) * s2)):
+        out = nans(k, dt) if beta == 0 else rnd(rng, k, dt)
+        ref = alpha * red.sum(axis=(0, 2)) + (beta * out.astype(np.float64)
+                                              if beta else 0)
+        K(op, dt, a, *srcs, out)
+        close(out, ref, dt, scale=max(1.0, np.abs(red).sum(axis=(0, 2)).max()))
+
+
+@pytest.mark.parametrize("dt", DT)
+@SETTINGS
+@given(m=dims, k=st.integers(1, 40), n=st.integers(1, 12), seed=seeds,
+       beta=st.sampled_from([0.0, 1.0, 0.4]))
+def test_slice_kernels(K, dt, m, k, n, seed, beta):
+    rng = np.random.default_rng(seed)
+    alpha = -0.7
+    a = dict(m=m, k=k, n=n, alpha=alpha, beta=beta)
+    s1, s2 = mkn(rng, m, k, n, dt), mkn(rng, m, k, n, dt)
+    for op, srcs, red in (("sum_slice", (s1,), s1.astype(np.float64)),
+                          ("sumprod_slice", (s1, s2),
+                           s1.astype(np.float64) * s2)):
+        out = nans((m, n), dt) if beta == 0 else rnd(rng, (m, n), dt)
+        ref = alpha * red.sum(axis=1) + (beta * out.astype(np.float64)
+                                         if beta else 0)
+        K(op, dt, a, *srcs, out)
+        close(out, ref, dt, scale=max(1.0, np.abs(red).sum(axis=1).max()))
+    sl = rnd(rng, (m, n), dt)
+    sl64 = sl.astype(np.float64)[:, None, :]
+    dst = nans((m, k, n), dt) if beta == 0 else mkn(rng, m, k, n, dt)
+    ref = alpha * sl64 + (beta * dst.astype(np.float64) if beta else 0)
+    K("add_slice", dt, a, sl, dst)
+    close(dst, ref, dt)
+    dst = mkn(rng, m, k, n, dt)
+    ref = dst.astype(np.float64) * alpha * sl64
+    K("prod_slice", dt, dict(m=m, k=k, n=n, alpha=alpha), sl, dst)
+    close(dst, ref, dt)
+
+
+# ---------------------------------------------------------------- softmax
+
+def split_k(x, cuts):
+    """split [m,k,n] along axis 1 into contiguous tiles"""
+    return [np.ascontiguousarray(t) for t in np.split(x, cuts, axis=1)]
+
+
+@pytest.mark.parametrize("dt", DT)
+@SETTINGS
+@given(m=dims, k=st.integers(1, 30), n=st.sampled_from([1, 1, 2, 5]),
+       seed=seeds, ntiles=st.integers(1, 4))
+def test_maxsumexp_softmax(K, dt, m, k, n, seed, ntiles):
+    rng = np.random.default_rng(seed)
+    x = mkn(rng, m, k, n, dt) * 4
+    mask = rng.random((m, k, n)) < 0.3
+    x[mask] = -np.inf
+    x[0, :, 0] = -np.inf                   # one fully masked row
+    if m > 1:
+        x[1, : (k + 1) // 2, :] = -np.inf  # masked in the first tile(s)
+    cuts = sorted(rng.choice(np.arange(1, k), size=min(ntiles - 1, k - 1),
+                             replace=False)) if k > 1 else []
+    stats = nans((m, n, 2), dt)
+    for t, tile in enumerate(split_k(x, cuts)):
+        K("maxsumexp", dt, dict(m=m, k=tile.shape[1], n=n, init=int(t == 0)),
+          tile, stats)
+    x64 = x.astype(np.float64)
+    mx = x64.max(axis=1)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x64 - np.where(np.isinf(mx), 0, mx)[:, None, :])
+    ssum = e.sum(axis=1)
+    assert not np.isnan(stats).any()
+    np.testing.assert_array_equal(stats[..., 0], mx.astype(DTYPES[dt]))
+    close(stats[..., 1], ssum, dt, rtol_mult=2)
+    assert stats[0, 0, 0] == -np.inf and stats[0, 0, 1] == 0
+    # softmax_inplace with the global stats, tile by tile
+    ref = np.where(ssum[:, None, :] > 0, e / np.where(ssum > 0, ssum, 1)[:, None, :], 0)
+    outs = []
+    for tile in split_k(x, cuts):
+        K("softmax_inplace", dt, dict(m=m, k=tile.shape[1], n=n), stats, tile)
+        outs.append(tile)
+    close(np.concatenate(outs, axis=1), ref, dt, rtol_mult=4)
+    # logsumexp
+    st2 = np.ascontiguousarray(stats.reshape(-1, 2))
+    lse = nans(m * n, dt)
+    K("logsumexp", dt, dict(n=m * n), st2, lse)
+    with np.errstate(divide="ignore"):
+        lref = st2[:, 0].astype(np.float64) + np.log(st2[:, 1].astype(np.float64))
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(lref))
+    fin = np.isfinite(lref)
+    close(lse[fin], lref[fin], dt)
+
+
+@pytest.mark.parametrize("dt", DT)
+@SETTINGS
+@given(m=dims, k=st.integers(1, 30), n=st.sampled_from([1, 3]), seed=seeds)
+def test_softmax_backward(K, dt, m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    p = np.abs(mkn(rng, m, k, n, dt))
+    dp = mkn(rng, m, k, n, dt)
+    sums = nans((m, n), dt)
+    K("sumprod_slice", dt, dict(m=m, k=k, n=n, alpha=1.0, beta=0.0), p, dp,
+      sums)
+    p64, dp64 = p.astype(np.float64), dp.astype(np.float64)
+    ref = 0.5 * p64 * (dp64 - (p64 * dp64).sum(axis=1)[:, None, :])
+    K("softmax_backward", dt, dict(m=m, k=k, n=n, alpha=0.5), p, sums, dp)
+    close(dp, ref, dt, scale=max(1.0, float(np.abs(p64).max() * (
+        np.abs(dp64).max() + np.abs(p64 * dp64).sum(axis=1).max()))))
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("batch,tq,tk,qo,ko", [
+    (1, 1, 1, 0, 0), (2, 4, 4, 0, 0), (3, 5, 7, 4, 0), (1, 6, 3, 0, 3),
+    (2, 3, 8, 10, 2), (1, 4, 4, 0, 8)])
+def test_mask_causal(K, dt, batch, tq, tk, qo, ko):
+    rng = np.random.default_rng(0)
+    x = rnd(rng, (batch, tq, tk), dt)
+    ref = x.copy()
+    qi = qo + np.arange(tq)[:, None]
+    kj = ko + np.arange(tk)[None, :]
+    ref[:, kj > qi] = -np.inf
+    K("mask_causal", dt, dict(batch=batch, tq=tq, tk=tk, q_offset=qo,
+                              k_offset=ko), x)
+    np.testing.assert_array_equal(x, ref)
+
+
+# ---------------------------------------------------------------- cross-entropy
+
+@pytest.mark.parametrize("dt", DT)
+@SETTINGS
+@given(rows=st.integers(1, 9), vocab=st.integers(1, 50), seed=seeds,
+       ntiles=st.integers(1, 4))
+def test_xent(K, dt, rows, vocab, seed, ntiles):
+    rng = np.random.default_rng(seed)
+    logits = rnd(rng, (rows, vocab), dt, 3.0)
+    labels = rng.integers(0, vocab, rows).astype(np.int64)
+    cuts = sorted(rng.choice(np.arange(1, vocab), size=min(ntiles - 1, vocab - 1),
+                             replace=False)) if vocab > 1 else []
+    bounds = [0, *cuts, vocab]
+    tiles = [np.ascontiguousarray(logits[:, a:b])
+             for a, b in zip(bounds[:-1], bounds[1:])]
+    # stats via maxsumexp over vocab tiles (layout [rows, v, 1])
+    stats = nans((rows, 2), dt)
+    picked = np.full(rows, 12345.0, dtype=DTYPES[dt])
+    for t, (tile, off) in enumerate(zip(tiles, bounds)):
+        v = tile.shape[1]
+        K("maxsumexp", dt, dict(m=rows, k=v, n=1, init=int(t == 0)), tile, stats)
+        before = picked.copy()
+        K("xent_picked", dt, dict(rows=rows, v=v, v_offset=off), tile, labels,
+          picked)
+        inr = (labels >= off) & (labels < off + v)
+        np.testing.assert_array_equal(picked[~inr], before[~inr])
+        np.testing.assert_array_equal(picked[inr],
+                                      tile[inr, labels[inr] - off])
+    l64 = logits.astype(np.float64)
+    lse_ref = np.log(np.exp(l64 - l64.max(1, keepdims=True)).sum(1)) + l64.max(1)
+    lse = nans(rows, dt)
+    K("logsumexp", dt, dict(n=rows), stats, lse)
+    close(lse, lse_ref, dt)
+    loss = nans(1, dt)
+    loss_ref = (lse_ref - l64[np.arange(rows), labels]).sum() / rows
+    K("xent_loss", dt, dict(rows=rows, alpha=1.0 / rows, beta=0.0), lse,
+      picked, loss)
+    close(loss, loss_ref, dt, rtol_mult=2)
+    loss2 = np.array([0.5], dtype=DTYPES[dt])
+    K("xent_loss", dt, dict(rows=rows, alpha=2.0, beta=1.0), lse, picked, loss2)
+    close(loss2, 2 * rows * loss_ref + 0.5, dt, rtol_mult=2,
+          scale=max(1.0, 2 * np.abs(lse_ref - l64[np.arange(rows), labels]).sum()))
+    # gradient
+    sm = np.exp(l64 - lse_ref[:, None])
+    onehot = np.zeros_like(sm)
+    onehot[np.arange(rows), labels] = 1
+    gref = 0.25 * (sm - onehot)
+    outs = []
+    for tile, off in zip(tiles, bounds):
+        K("xent_grad_inplace", dt, dict(rows=rows, v=tile.shape[1], v_offset=off,
+                                        alpha=0.25), stats, labels, tile)
+        outs.append(tile)
+    close(np.concatenate(outs, axis=1), gref, dt, rtol_mult=4)
+
+
+def test_xent_labels_out_of_range(K):
+    dt = "fp64"
+    rng = np.random.default_rng(3)
+    rows, v = 4, 5
+    logits = rnd(rng, (rows, v), dt)
+    labels = np.array([-100, 4, 5, 1000], dtype=np.int64)  # tile covers 0..4
+    picked = np.full(rows, 7.0)
+    K("xent_picked", dt, dict(rows=rows, v=v, v_offset=0), logits, labels,
+      picked)
+    np.testing.assert_array_equal(picked, [7.0, logits[1, 4], 7.0, 7.0])
+    # v_offset shifts the valid range: tile covers 5..9
+    picked = np.full(rows, 7.0)
+    K("xent_picked", dt, dict(rows=rows, v=v, v_offset=5), logits, labels,
+      picked)
+    np.testing.assert_array_equal(picked, [7.0, 7.0, logits[2, 0], 7.0])
+    stats = np.stack([logits.max(1), np.exp(logits - logits.max(1)[:, None]).sum(1)],
+                     axis=1)
+    g = logits.copy()
+    K("xent_grad_inplace", dt, dict(rows=rows, v=v, v_offset=5, alpha=1.0),
+      stats, labels, g)
+    ref = np.exp(logits - logits.max(1)[:, None]) / stats[:, 1:2]
+    ref[2, 0] -= 1
+    close(g, ref, dt)
+
+
+# ---------------------------------------------------------------- embedding
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("rows,e,voff,v", [(1, 1, 0, 1), (7, 5, 3, 4),
+                                           (16, 33, 0, 10), (9, 8, 10, 6)])
+def test_embedding(K, dt, rows, e, voff, v):
+    rng = np.random.default_rng(rows)
+    ids = rng.integers(-1, voff + v + 3, rows).astype(np.int64)
+    ids[0] = voff  # at least one hit, duplicates likely
+    table = rnd(rng, (v, e), dt)
+    dst = rnd(rng, (rows, e), dt)
+    ref = dst.astype(np.float64)
+    for r, i in enumerate(ids):
+        if voff <= i < voff + v:
+            ref[r] += table[i - voff]
+    K("embedding", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids, table, dst)
+    close(dst, ref, dt)
+    dy = rnd(rng, (rows, e), dt)
+    dtab = rnd(rng, (v, e), dt)
+    ref = dtab.astype(np.float64)
+    for r, i in enumerate(ids):
+        if voff <= i < voff + v:
+            ref[i - voff] += dy[r]
+    K("embedding_backward", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids,
+      dy, dtab)
+    close(dtab, ref, dt)
+
+
+# ---------------------------------------------------------------- layernorm
+
+@pytest.mark.parametrize("dt", DT)
+@SETTINGS
+@given(rows=st.integers(1, 6), e_total=st.integers(1, 70), seed=seeds,
+       ntiles=st.integers(1, 4), beta=st.sampled_from([0.0, 1.0]))
+def test_layernorm(K, dt, rows, e_total, seed, ntiles, beta):
+    rng = np.random.default_rng(seed)
+    eps = 1e-5
+    x = rnd(rng, (rows, e_total), dt) * 2 + 3
+    gamma = rnd(rng, e_total, dt)
+    bet = rnd(rng, e_total, dt)
+    dy = rnd(rng, (rows, e_total), dt)
+    cuts = sorted(rng.choice(np.arange(1, e_total),
+                             size=min(ntiles - 1, e_total - 1),
+                             replace=False)) if e_total > 1 else []
+    bounds = [0, *cuts, e_total]
+    sl = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    c = np.ascontiguousarray
+    stats = nans((rows, 2), dt)
+    for s in sl:
+        K("layernorm_stats", dt, dict(rows=rows, e=s.stop - s.start,
+                                      e_offset=s.start), c(x[:, s]), stats)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(1)
+    m2 = ((x64 - mean[:, None]) ** 2).sum(1)
+    close(stats[:, 0], mean, dt)
+    close(stats[:, 1], m2, dt, rtol_mult=10, scale=max(1.0, m2.max()))
+    rstd = 1 / np.sqrt(m2 / e_total + eps)
+    xhat = (x64 - mean[:, None]) * rstd[:, None]
+    yref = xhat * gamma + bet
+    y = np.concatenate([_ln_fwd(K, dt, c(x[:, s]), stats, c(gamma[s]), c(bet[s]),
+                                e_total, eps) for s in sl], axis=1)
+    close(y, yref, dt, rtol_mult=10)
+    # backward
+    rowacc = nans((rows, 2), dt)
+    dgamma = rnd(rng, e_total, dt)
+    dbeta = rnd(rng, e_total, dt)
+    dg_ref = dgamma.astype(np.float64) + (dy * xhat).sum(0)
+    db_ref = dbeta.astype(np.float64) + dy.astype(np.float64).sum(0)
+    for t, s in enumerate(sl):
+        dgt, dbt = c(dgamma[s]), c(dbeta[s])
+        K("layernorm_backward_reduce", dt,
+          dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
+               init=int(t == 0)),
+          c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, dgt, dbt)
+        dgamma[s], dbeta[s] = dgt, dbt
+    g = dy * gamma.astype(np.float64)
+    close(rowacc[:, 0], g.sum(1), dt, rtol_mult=10,
+          scale=max(1.0, np.abs(g).sum(1).max()))
+    close(rowacc[:, 1], (g * xhat).sum(1), dt, rtol_mult=10,
+          scale=max(1.0, np.abs(g * xhat).sum(1).max()))
+    close(dgamma, dg_ref, dt, rtol_mult=10)
+    close(dbeta, db_ref, dt, rtol_mult=10)
+    dx0 = rnd(rng, (rows, e_total), dt)
+    dxref = rstd[:, None] * (g - g.mean(1, keepdims=True)
+                             - xhat * (g * xhat).mean(1, keepdims=True))
+    dxref = dxref + (beta * dx0 if beta else 0)
+    outs = []
+    for s in sl:
+        dxt = nans((rows, s.stop - s.start), dt) if beta == 0 else c(dx0[:, s])
+        K("layernorm_backward", dt, dict(rows=rows, e=s.stop - s.start,
+                                         e_total=e_total, eps=eps, beta=beta),
+          c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, dxt)
+        outs.append(dxt)
+    close(np.concatenate(outs, axis=1), dxref, dt, rtol_mult=50)
+
+
+def _ln_fwd(K, dt, x, stats, gamma, beta_, e_total, eps):
+    y = nans(x.shape, dt)
+    K("layernorm_forward", dt, dict(rows=x.shape[0], e=x.shape[1],
+                                    e_total=e_total, eps=eps),
+      x, stats, gamma, beta_, y)
+    return y
+
+
+def test_layernorm_against_torch(K):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    x = rnd(rng, (4, 24), "fp64")
+    w, b = rnd(rng, 24, "fp64"), rnd(rng, 24, "fp64")
+    stats = nans((4, 2), "fp64")
+    K("layernorm_stats", "fp64", dict(rows=4, e=24, e_offset=0), x, stats)
+    y = _ln_fwd(K, "fp64", x, stats, w, b, 24, 1e-5)
+    ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (24,),
+                                         torch.from_numpy(w),
+                                         torch.from_numpy(b), 1e-5).numpy()
+    close(y, ref, "fp64", rtol_mult=10)
+
+
+# ---------------------------------------------------------------- subcopy
+
+@pytest.mark.parametrize("dt", DT)
+@SETTINGS
+@given(data=st.data(), ndim=st.integers(0, 5))
+def test_subcopy(K, dt, data, ndim):
+    src_shape = [data.draw(st.integers(1, 5)) for _ in range(ndim)]
+    dst_shape = [data.draw(st.integers(1, 5)) for _ in range(ndim)]
+    copy_shape, so, do = [], [], []
+    for a, b in zip(src_shape, dst_shape):
+        cs = data.draw(st.integers(1, min(a, b)))
+        # sometimes copy a whole axis to exercise dim merging
+        copy_shape.append(cs)
+        so.append(data.draw(st.integers(0, a - cs)))
+        do.append(data.draw(st.integers(0, b - cs)))
+    rng = np.random.default_rng(data.draw(seeds))
+    src = rnd(rng, src_shape, dt)
+    dst = rnd(rng, dst_shape, dt)
+    ref = dst.copy()
+    ref[tuple(slice(o, o + c) for o, c in zip(do, copy_shape))] = \
+        src[tuple(slice(o, o + c) for o, c in zip(so, copy_shape))]
+    K("subcopy", dt, dict(ndim=ndim, src_shape=src_shape, dst_shape=dst_shape,
+                          copy_shape=copy_shape, src_offset=so, dst_offset=do),
+      src, dst)
+    np.testing.assert_array_equal(dst, ref)
+
+
+def test_subcopy_8d_merge(K):
+    rng = np.random.default_rng(0)
+    src = rnd(rng, (2, 3, 2, 2, 1, 2, 3, 4), "fp32")
+    dst = rnd(rng, (3, 3, 2, 2, 1, 2, 3, 4), "fp32")
+    ref = dst.copy()
+    ref[1:3, 1:3] = src[0:2, 0:2]
+    K("subcopy", "fp32", dict(ndim=8, src_shape=src.shape, dst_shape=dst.shape,
+                              copy_shape=(2, 2, 2, 2, 1, 2, 3, 4),
+                              src_offset=[0] * 8,
+                              dst_offset=[1, 1, 0, 0, 0, 0, 0, 0]), src, dst)
+    np.testing.assert_array_equal(dst, ref)
+
+
+# ---------------------------------------------------------------- gemm
+
+@pytest.mark.parametrize("dt", DT)
+@SETTINGS
+@given(M=st.integers(1, 9), N=st.integers(1, 9), K_=st.integers(0, 9),
+       tA=st.booleans(), tB=st.booleans(), b1=st.integers(1, 3),
+       b2=st.integers(1, 2), pad=st.integers(0, 2), seed=seeds,
+       beta=st.sampled_from([0.0, 1.0, 0.5]))
+def test_gemm(K, dt, M, N, K_, tA, tB, b1, b2, pad, seed, beta):
+    rng = np.random.default_rng(seed)
+    ar, ac = (K_, M) if tA else (M, K_)
+    br, bc = (N, K_) if tB else (K_, N)
+    lda, ldb, ldc = max(ac, 1) + pad, max(bc, 1) + pad, N + pad
+    sA2 = ar * lda + pad
+    sB2 = br * ldb
+    sC2 = M * ldc + pad
+    sA1, sB1, sC1 = b2 * sA2, b2 * sB2, b2 * sC2
+    A = rnd(rng, b1 * sA1 + 1, dt)
+    B = rnd(rng, b1 * sB1 + 1, dt)
+    Cb = rnd(rng, b1 * sC1 + 1, dt)
+    if beta == 0:
+        Cb[:] = np.nan
+    ref = Cb.astype(np.float64)
+    for i in range(b1):
+        for j in range(b2):
+            a = A[i * sA1 + j * sA2:][: ar * lda].reshape(ar, lda)[:, :ac] \
+                if ar else np.zeros((ar, ac))
+            b = B[i * sB1 + j * sB2:][: br * ldb].reshape(br, ldb)[:, :bc] \
+                if br else np.zeros((br, bc))
+            a = a.astype(np.float64).T if tA else a.astype(np.float64)
+            b = b.astype(np.float64).T if tB else b.astype(np.float64)
+            off = i * sC1 + j * sC2
+            c = ref[off: off + M * ldc].reshape(M, ldc)
+            c[:, :N] = 0.8 * a @ b + (beta * c[:, :N] if beta else 0)
+    K("gemm", dt, dict(transA=int(tA), transB=int(tB), M=M, N=N, K=K_,
+                       alpha=0.8, beta=beta, batch1=b1, batch2=b2, lda=lda,
+                       ldb=ldb, ldc=ldc, strideA1=sA1, strideA2=sA2,
+                       strideB1=sB1, strideB2=sB2, strideC1=sC1, strideC2=sC2),
+      A, B, Cb)
+    # padding entries untouched (NaN stays NaN where beta==0)
+    np.testing.assert_array_equal(np.isnan(Cb), np.isnan(ref))
+    fin = ~np.isnan(ref)
+    close(Cb[fin], ref[fin], dt, rtol_mult=10, scale=max(1.0, K_ * 4.0))
+
+
+# ---------------------------------------------------------------- optimizers
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("decoupled,wd,max_norm", [
+    (0, 0.0, 0.0), (0, 0.1, 0.0), (1, 0.01, 0.0), (1, 0.1, 0.5),
+    (0, 0.0, 100.0), (0, 0.05, 0.3)])
+def test_adam_vs_torch(K, dt, decoupled, wd, max_norm):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    n = 1000
+    tdt = torch.float32 if dt == "fp32" else torch.float64
+    p = rnd(rng, n, dt)
+    tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
+    cls = torch.optim.AdamW if decoupled else torch.optim.Adam
+    lr, b1, b2, eps = 1e-2, 0.9, 0.95, 1e-8
+    opt = cls([tp], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd,
+              foreach=False, fused=False)
+    m = nans(n, dt)
+    v = nans(n, dt)
+    m[:] = 0
+    v[:] = 0
+    for step in range(1, 6):
+        g = rnd(rng, n, dt)
+        normsq = np.array([np.sum(g.astype(np.float64) ** 2)], dtype=DTYPES[dt])
+        tp.grad = torch.from_numpy(g.copy()).to(tdt)
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_([tp], max_norm, foreach=False)
+        opt.step()
+        K("adam_step", dt, dict(n=n, step=step, lr=lr, beta1=b1, beta2=b2,
+                                eps=eps, weight_decay=wd, decoupled=decoupled,
+                                max_norm=max_norm),
+          p, g, m, v, normsq if max_norm > 0 else None)
+        st_ = opt.state[tp]
+        close(m, st_["exp_avg"].numpy(), dt, rtol_mult=10)
+        close(v, st_["exp_avg_sq"].numpy(), dt, rtol_mult=10)
+        close(p, tp.detach().numpy(), dt, rtol_mult=10)
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("momentum,dampening,nesterov,wd,max_norm", [
+    (0.0, 0.0, 0, 0.0, 0.0), (0.9, 0.0, 0, 0.0, 0.0), (0.9, 0.1, 0, 0.01, 0.0),
+    (0.8, 0.0, 1, 0.05, 0.0), (0.0, 0.0, 0, 0.1, 0.7), (0.9, 0.0, 1, 0.0, 0.5)])
+def test_sgd_vs_torch(K, dt, momentum, dampening, nesterov, wd, max_norm):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    n = 777
+    tdt = torch.float32 if dt == "fp32" else torch.float64
+    p = rnd(rng, n, dt)
+    tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
+    opt = torch.optim.SGD([tp], lr=0.05, momentum=momentum, dampening=dampening,
+                          nesterov=bool(nesterov), weight_decay=wd,
+                          foreach=False, fused=False)
+    buf = nans(n, dt) if momentum == 0 else nans(n, dt)
+    for step in range(1, 6):
+        g = rnd(rng, n, dt)
+        normsq = np.array([np.sum(g.astype(np.float64) ** 2)], dtype=DTYPES[dt])
+        tp.grad = torch.from_numpy(g.copy()).to(tdt)
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_([tp], max_norm, foreach=False)
+        opt.step()
+        K("sgd_step", dt, dict(n=n, step=step, lr=0.05, momentum=momentum,
+                               dampening=dampening, weight_decay=wd,
+                               nesterov=nesterov, max_norm=max_norm),
+          p, g, buf, normsq if max_norm > 0 else None)
+        close(p, tp.detach().numpy(), dt, rtol_mult=10)
+        if momentum != 0:
+            close(buf, opt.state[tp]["momentum_buffer"].numpy(), dt,
+                  rtol_mult=10)
+
+
+# ---------------------------------------------------------------- accumulation
+
+def test_fp32_reductions_accumulate_in_double(K):
+    """2^20 copies of float32(0.1): a float accumulator would be off by ~1e-3
+    relative; a double one matches to float rounding."""
+    dt = "fp32"
+    x = np.full(1 << 20, 0.1, dtype=np.float32)
+    exact = float(np.float32(0.1)) * x.size
+    out = nans(1, dt)
+    K("sumsq", dt, dict(n=x.size, beta=0.0), x, out)
+    assert abs(out[0] / (exact * float(np.float32(0.1))) - 1) < 2e-7
+    fib = nans(1, dt)
+    K("sum_fiber", dt, dict(m=x.size, k=1, n=1, alpha=1.0, beta=0.0), x, fib)
+    assert abs(fib[0] / exact - 1) < 2e-7
+    fib = nans(4, dt)
+    K("sum_fiber", dt, dict(m=1024, k=4, n=256, alpha=1.0, beta=0.0), x, fib)
+    np.testing.assert_allclose(fib, exact / 4, rtol=2e-7)
+    sl = nans(1, dt)
+    K("sum_slice", dt, dict(m=1, k=x.size, n=1, alpha=1.0, beta=0.0), x, sl)
+    assert abs(sl[0] / exact - 1) < 2e-7
+    sl = nans(2, dt)
+    K("sumprod_slice", dt, dict(m=1, k=x.size // 2, n=2, alpha=1.0, beta=0.0),
+      x, x, sl)
+    np.testing.assert_allclose(sl, exact * float(np.float32(0.1)) / 2,
+                               rtol=2e-7)
+
+
+@pytest.mark.parametrize("dt", DT)
+def test_vectorised_exp_accuracy(K, dt):
+    """softmax_inplace with stats (max=0, sum=1) computes exp(x) itself."""
+    npdt = DTYPES[dt]
+    info = np.finfo(npdt)
+    lo, hi = (-87.3, 88.3) if dt == "fp32" else (-708.3, 709.4)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.linspace(lo, hi, 20001), rng.uniform(-1, 1, 5000),
+                        [0.0, -0.0, 1e-30, -1e-30]]).astype(npdt)
+    y = x.copy()
+    K("softmax_inplace", dt, dict(m=1, k=x.size, n=1),
+      np.array([0.0, 1.0], dtype=npdt), y)
+    ref = np.exp(x.astype(np.longdouble))
+    rel = np.abs((y.astype(np.longdouble) - ref) / ref)
+    assert float(rel.max()) < 4 * info.eps
+    special = np.array([-np.inf, -1e6, 1e6, np.inf, np.nan], dtype=npdt)
+    K("softmax_inplace", dt, dict(m=1, k=special.size, n=1),
+      np.array([0.0, 1.0], dtype=npdt), special)
+    assert special[0] == 0 and special[1] == 0
+    assert special[2] == np.inf and special[3] == np.inf
+    assert np.isnan(special[4])
