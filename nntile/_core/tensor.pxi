@@ -40,14 +40,14 @@ cdef inline object _tile_view(starpu_data_handle_t handle, Py_ssize_t nbytes, ob
 cdef class Tensor:
     """A tensor cut into tiles; each tile is a StarPU handle that StarPU allocates and moves.
 
-    Contents of a new tensor are undefined until written (as numpy.empty).
+    A new tensor starts filled with zeros: StarPU cannot read a tile nobody wrote.
     """
 
     def __cinit__(self):
         self.handles = NULL
         self.registered = False
 
-    def __init__(self, shape, basetile=None, dtype="fp32"):
+    def __init__(self, shape, basetile=None, dtype="fp32", bint zero=True):
         global _live_tensors
         ctx = _running_context
         if ctx is None:
@@ -77,6 +77,8 @@ cdef class Tensor:
         self.epoch = _epoch
         self.registered = True
         _live_tensors.add(self)
+        if zero:
+            fill(0, self)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -140,7 +142,7 @@ cdef class Tensor:
             else:
                 dtype = _NUMPY_TO_DTYPE[array.dtype]
         _check_dtype(dtype)
-        tensor = cls(array.shape, basetile, dtype)
+        tensor = cls(array.shape, basetile, dtype, zero=False)
         tensor.write(array)
         return tensor
 

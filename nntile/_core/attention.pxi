@@ -1,0 +1,235 @@
+# Ops of the attention and linear layers that work on several tensor dimensions at once:
+# bias over trailing dimensions, and per-head products between [B, T, H, D] activations and
+# [B, H, Tq, Tk] score tensors (strided tile GEMMs, so no transposed copies are made).
+
+
+cdef int _trailing_match(str op, Tensor small, str sname, Tensor big, str bname) except -1:
+    cdef Py_ssize_t nd = small.traits.ndim
+    if nd == 0 or nd > big.traits.ndim:
+        raise ValueError(f"{op}: {sname} must have between 1 and {big.traits.ndim} dimensions")
+    if small.traits.shape != big.traits.shape[big.traits.ndim - nd:]:
+        raise ValueError(f"{op}: {sname}{small.traits.shape} does not match the trailing "
+                         f"dimensions of {bname}{big.traits.shape}")
+    if small.traits.basetile != big.traits.basetile[big.traits.ndim - nd:]:
+        raise ValueError(f"{op}: {sname} is tiled {small.traits.basetile} but the trailing "
+                         f"dimensions of {bname} are tiled {big.traits.basetile[big.traits.ndim - nd:]}")
+    return 0
+
+
+cdef _bias_loop(int op, double alpha, Tensor bias, double beta, Tensor big, bint reduce):
+    cdef Py_ssize_t nd = bias.traits.ndim, lead = big.traits.ndim - nd
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, d, m, k, b_lin
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode modes[2]
+    cdef nntile_add_fiber_args args  # same layout as nntile_sum_fiber_args
+    seen = set()
+    for i in range(big.traits.ntiles):
+        big.traits.tile_coords(i, coords)
+        m = 1
+        k = 1
+        for d in range(lead):
+            m *= big.traits.tile_dim(d, coords[d])
+        for d in range(nd):
+            k *= big.traits.tile_dim(lead + d, coords[lead + d])
+        b_lin = bias.traits.tile_linear(&coords[lead])
+        args.m = m
+        args.k = k
+        args.n = 1
+        args.alpha = alpha
+        if reduce:
+            # the bias tile accumulates the sums of every tile that shares it
+            args.beta = 1.0 if b_lin in seen else beta
+            seen.add(b_lin)
+            h[0] = big.handles[i]
+            h[1] = bias.handles[b_lin]
+            modes[0] = STARPU_R
+            modes[1] = STARPU_W if args.beta == 0 else STARPU_RW
+        else:
+            args.beta = beta
+            h[0] = bias.handles[b_lin]
+            h[1] = big.handles[i]
+            modes[0] = STARPU_R
+            modes[1] = STARPU_W if args.beta == 0 else STARPU_RW
+        submit(op, big.dtype_id, 2, h, modes, &args, sizeof(args))
+
+
+def add_bias(alpha, Tensor bias, beta, Tensor dst):
+    """dst[..., j] = alpha*bias[j] + beta*dst[..., j], bias spanning dst's trailing dims."""
+    _usable(bias, "bias")
+    _usable(dst, "dst")
+    _same_dtype("add_bias", bias, "bias", dst, "dst")
+    _float_dtype("add_bias", dst, "dst")
+    _trailing_match("add_bias", bias, "bias", dst, "dst")
+    _bias_loop(NNTILE_OP_add_fiber, alpha, bias, beta, dst, False)
+
+
+def sum_bias(alpha, Tensor src, beta, Tensor bias):
+    """bias[j] = alpha * sum over src's leading dims of src[..., j] + beta*bias[j]."""
+    _usable(src, "src")
+    _usable(bias, "bias")
+    _same_dtype("sum_bias", src, "src", bias, "bias")
+    _float_dtype("sum_bias", src, "src")
+    _trailing_match("sum_bias", bias, "bias", src, "src")
+    _bias_loop(NNTILE_OP_sum_fiber, alpha, bias, beta, src, True)
+
+
+cdef int _check_heads(str op, Tensor X, str xname, Tensor S, str sname, int seq_axis_s) except -1:
+    """X is [B, T, H, D] with D in one tile; S is [B, H, Tq, Tk]; T matches S's seq_axis_s."""
+    _usable(X, xname)
+    _same_dtype(op, X, xname, S, sname)
+    _float_dtype(op, X, xname)
+    if X.traits.ndim != 4 or S.traits.ndim != 4:
+        raise ValueError(f"{op}: {xname} must be [batch, seq, heads, head_dim] and {sname} "
+                         f"[batch, heads, seq_q, seq_k]")
+    if X.traits.basetile[3] != X.traits.shape[3]:
+        raise ValueError(f"{op}: the head dimension of {xname} must be one tile")
+    pairs = ((0, 0, "batch"), (2, 1, "heads"), (1, seq_axis_s, "sequence"))
+    for xa, sa, what in pairs:
+        if X.traits.shape[xa] != S.traits.shape[sa] or X.traits.basetile[xa] != S.traits.basetile[sa]:
+            raise ValueError(f"{op}: {what} of {xname}{X.traits.shape} tiled "
+                             f"{X.traits.basetile} does not match {sname}{S.traits.shape} "
+                             f"tiled {S.traits.basetile}")
+    return 0
+
+
+cdef inline bint _masked_out(TensorTraits st, Py_ssize_t qi, Py_ssize_t ki):
+    """True when every key of tile ki comes after every query of tile qi."""
+    return ki * st._basetile[3] > qi * st._basetile[2] + st.tile_dim(2, qi) - 1
+
+
+cdef _head_gemm(Tensor A, Py_ssize_t a_lin, Tensor B, Py_ssize_t b_lin, Tensor C,
+                Py_ssize_t c_lin, nntile_gemm_args *args):
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode modes[3]
+    h[0] = A.handles[a_lin]
+    h[1] = B.handles[b_lin]
+    h[2] = C.handles[c_lin]
+    modes[0] = STARPU_R
+    modes[1] = STARPU_R
+    modes[2] = STARPU_W if args.beta == 0 else STARPU_RW
+    submit(NNTILE_OP_gemm, C.dtype_id, 3, h, modes, args, sizeof(nntile_gemm_args))
+
+
+def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=float("-inf")):
+    """S[b, h, q, k] = alpha * sum_d X[b, q, h, d] * Y[b, k, h, d].
+
+    With ``causal``, score tiles whose keys all follow their queries are filled with
+    ``masked_value`` instead of computed: -inf for scores (the mask inside the other tiles is
+    applied by mask_causal), 0 for gradients of probabilities that are zero there.
+    """
+    _usable(S, "S")
+    _check_heads("attn_qk", X, "X", S, "S", 2)
+    _check_heads("attn_qk", Y, "Y", S, "S", 3)
+    cdef TensorTraits st = S.traits
+    cdef Py_ssize_t c[4]
+    cdef Py_ssize_t xc[4]
+    cdef Py_ssize_t yc[4]
+    cdef Py_ssize_t i, bt, ht, tq, tk, D = X.traits.shape[3]
+    cdef nntile_gemm_args args
+    cdef nntile_fill_args fargs
+    cdef starpu_data_handle_t h[1]
+    cdef starpu_data_access_mode modes[1]
+    modes[0] = STARPU_W
+    fargs.value = masked_value
+    args.transA = 0
+    args.transB = 1
+    args.alpha = alpha
+    args.beta = 0.0
+    for i in range(st.ntiles):
+        st.tile_coords(i, c)
+        bt = st.tile_dim(0, c[0])
+        ht = st.tile_dim(1, c[1])
+        tq = st.tile_dim(2, c[2])
+        tk = st.tile_dim(3, c[3])
+        if causal and _masked_out(st, c[2], c[3]):
+            fargs.n = bt * ht * tq * tk
+            h[0] = S.handles[i]
+            submit(NNTILE_OP_fill, S.dtype_id, 1, h, modes, &fargs, sizeof(fargs))
+            continue
+        xc[0] = c[0]; xc[1] = c[2]; xc[2] = c[1]; xc[3] = 0
+        yc[0] = c[0]; yc[1] = c[3]; yc[2] = c[1]; yc[3] = 0
+        args.M = tq
+        args.N = tk
+        args.K = D
+        args.batch1 = bt
+        args.batch2 = ht
+        args.lda = ht * D
+        args.ldb = ht * D
+        args.ldc = tk
+        args.strideA1 = tq * ht * D
+        args.strideA2 = D
+        args.strideB1 = tk * ht * D
+        args.strideB2 = D
+        args.strideC1 = ht * tq * tk
+        args.strideC2 = tq * tk
+        _head_gemm(X, X.traits.tile_linear(xc), Y, Y.traits.tile_linear(yc), S, i, &args)
+
+
+def attn_pv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True):
+    """O[b, q, h, :] = alpha * sum_k P[b, h, q, k] * Y[b, k, h, :]  (overwrites O)."""
+    _usable(P, "P")
+    _usable(O, "O")
+    _check_heads("attn_pv", Y, "Y", P, "P", 3)
+    _check_heads("attn_pv", O, "O", P, "P", 2)
+    _attn_sum(alpha, P, Y, O, causal, False)
+
+
+def attn_ptv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True):
+    """O[b, k, h, :] = alpha * sum_q P[b, h, q, k] * Y[b, q, h, :]  (overwrites O)."""
+    _usable(P, "P")
+    _usable(O, "O")
+    _check_heads("attn_ptv", Y, "Y", P, "P", 2)
+    _check_heads("attn_ptv", O, "O", P, "P", 3)
+    _attn_sum(alpha, P, Y, O, causal, True)
+
+
+cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, bint causal, bint transposed):
+    cdef TensorTraits pt = P.traits
+    cdef TensorTraits ot = O.traits
+    cdef Py_ssize_t oc[4]
+    cdef Py_ssize_t pc[4]
+    cdef Py_ssize_t yc[4]
+    cdef Py_ssize_t i, r, bt, ht, to, tr, D = O.traits.shape[3]
+    # The summed-over sequence axis of P: keys (3) for P @ Y, queries (2) for P^T @ Y.
+    cdef int sum_axis = 2 if transposed else 3
+    cdef int out_axis = 3 if transposed else 2
+    cdef nntile_gemm_args args
+    cdef bint first
+    args.transA = transposed
+    args.transB = 0
+    args.alpha = alpha
+    for i in range(ot.ntiles):
+        ot.tile_coords(i, oc)
+        bt = ot.tile_dim(0, oc[0])
+        ht = ot.tile_dim(2, oc[2])
+        to = ot.tile_dim(1, oc[1])
+        first = True
+        for r in range(pt._grid[sum_axis]):
+            pc[0] = oc[0]
+            pc[1] = oc[2]
+            pc[out_axis] = oc[1]
+            pc[sum_axis] = r
+            if causal and _masked_out(pt, pc[2], pc[3]):
+                continue
+            tr = pt.tile_dim(sum_axis, r)
+            yc[0] = oc[0]; yc[1] = r; yc[2] = oc[2]; yc[3] = 0
+            args.M = to
+            args.N = D
+            args.K = tr
+            args.batch1 = bt
+            args.batch2 = ht
+            args.lda = to if transposed else tr
+            args.ldb = ht * D
+            args.ldc = ht * D
+            args.strideA1 = ht * to * tr
+            args.strideA2 = to * tr
+            args.strideB1 = tr * ht * D
+            args.strideB2 = D
+            args.strideC1 = to * ht * D
+            args.strideC2 = D
+            args.beta = 0.0 if first else 1.0
+            first = False
+            _head_gemm(P, pt.tile_linear(pc), Y, Y.traits.tile_linear(yc), O, i, &args)
+        if first:
+            raise AssertionError("causal attention left an output tile without contributions")

@@ -1,0 +1,985 @@
+# Neural-network tensor ops (elementwise, fiber/slice reductions and broadcasts, softmax,
+# masks, embedding, layer norm, cross entropy, optimizer steps).
+#
+# Same pattern as ops.pxi: every op validates all its operands first (usable, dtypes,
+# shapes, tilings, axis), then loops over tiles and submits one task per tile piece.
+# Kernels view a tile in "axis layout [m, k, n]" (k = the tile's extent along the axis,
+# m = product of the tile's extents before it, n = after it); a slice tile is the tile
+# with the axis removed, a fiber tile is the 1-D piece along the axis.
+
+
+# ---- validation helpers --------------------------------------------------------------------
+
+cdef Py_ssize_t _norm_axis(str op, object axis, Py_ssize_t ndim) except -1:
+    if isinstance(axis, bool) or not hasattr(axis, "__index__"):
+        raise TypeError(f"{op}: axis must be an integer, got {axis!r}")
+    cdef Py_ssize_t a = int(axis)
+    if ndim == 0:
+        raise ValueError(f"{op}: axis={axis} is out of range for a 0-dimensional tensor")
+    if a < -ndim or a >= ndim:
+        raise ValueError(f"{op}: axis={axis} is out of range for a tensor of {ndim} "
+                         f"dimensions (valid: {-ndim} .. {ndim - 1})")
+    return a + ndim if a < 0 else a
+
+
+cdef int _float_same(str op, list tensors) except -1:
+    """All (tensor, role) pairs usable, floating-point and of one dtype."""
+    cdef Tensor first = None
+    cdef str first_role = None
+    for t, role in tensors:
+        _usable(t, role)
+    for t, role in tensors:
+        _float_dtype(op, t, role)
+        if first is None:
+            first = t
+            first_role = role
+        else:
+            _same_dtype(op, first, first_role, t, role)
+    return 0
+
+
+cdef int _int64(str op, Tensor t, str role) except -1:
+    if t.dtype != "int64":
+        raise TypeError(f"{op}: {role} must be an int64 tensor, got {t.dtype}")
+    return 0
+
+
+cdef int _distinct(str op, list tensors) except -1:
+    """Kernels require buffers that never alias: reject one tensor passed in two roles."""
+    cdef Py_ssize_t i, j
+    for i in range(len(tensors)):
+        for j in range(i + 1, len(tensors)):
+            if tensors[i][0] is tensors[j][0]:
+                raise ValueError(f"{op}: {tensors[i][1]} and {tensors[j][1]} are the same "
+                                 "tensor; they must be distinct")
+    return 0
+
+
+cdef int _expect_traits(str op, Tensor t, str role, tuple shape, tuple basetile,
+                        str what) except -1:
+    """t must have exactly this shape and tiling (``what`` says where they come from)."""
+    if t.traits.shape != shape:
+        raise ValueError(f"{op}: {role} has shape {t.traits.shape} but must have shape "
+                         f"{shape} ({what})")
+    if t.traits.basetile != basetile:
+        raise ValueError(f"{op}: {role} is tiled {t.traits.basetile} but must be tiled "
+                         f"{basetile} ({what}); tilings must match")
+    return 0
+
+
+cdef int _check_slice(str op, Tensor big, str brole, Tensor sl, str srole,
+                      Py_ssize_t axis) except -1:
+    shape = big.traits.shape[:axis] + big.traits.shape[axis + 1:]
+    tiles = big.traits.basetile[:axis] + big.traits.basetile[axis + 1:]
+    return _expect_traits(op, sl, srole, shape, tiles, f"{brole} without axis {axis}")
+
+
+cdef int _check_fiber(str op, Tensor big, str brole, Tensor fiber, str frole,
+                      Py_ssize_t axis) except -1:
+    return _expect_traits(op, fiber, frole, (big.traits.shape[axis],),
+                          (big.traits.basetile[axis],), f"axis {axis} of {brole}")
+
+
+cdef int _check_stats(str op, Tensor big, str brole, Tensor stats, str srole,
+                      Py_ssize_t axis) except -1:
+    """stats: big's shape without axis, plus a last dimension of 2 held in one tile."""
+    shape = big.traits.shape[:axis] + big.traits.shape[axis + 1:] + (2,)
+    tiles = big.traits.basetile[:axis] + big.traits.basetile[axis + 1:] + (2,)
+    return _expect_traits(op, stats, srole, shape, tiles,
+                          f"{brole} without axis {axis}, plus a last dimension of 2 in one tile")
+
+
+cdef int _check_scalar(str op, Tensor t, str role) except -1:
+    if t.traits.size != 1:
+        raise ValueError(f"{op}: {role} must hold exactly one element, got shape "
+                         f"{t.traits.shape}")
+    return 0
+
+
+cdef inline void _mkn(TensorTraits t, const Py_ssize_t *coords, Py_ssize_t axis,
+                      Py_ssize_t *m, Py_ssize_t *k, Py_ssize_t *n) noexcept:
+    cdef Py_ssize_t d
+    m[0] = 1
+    n[0] = 1
+    for d in range(axis):
+        m[0] *= t.tile_dim(d, coords[d])
+    k[0] = t.tile_dim(axis, coords[axis])
+    for d in range(axis + 1, t.ndim):
+        n[0] *= t.tile_dim(d, coords[d])
+
+
+cdef inline Py_ssize_t _drop_axis_tile(TensorTraits small, const Py_ssize_t *coords,
+                                       Py_ssize_t ndim, Py_ssize_t axis,
+                                       bint append_zero) noexcept:
+    """Linear index in ``small`` of the tile at ``coords`` with ``axis`` removed
+    (and a trailing 0 coordinate appended for stats tensors)."""
+    cdef Py_ssize_t buf[MAX_NDIM + 1]
+    cdef Py_ssize_t d, j = 0
+    for d in range(ndim):
+        if d != axis:
+            buf[j] = coords[d]
+            j += 1
+    if append_zero:
+        buf[j] = 0
+    return small.tile_linear(buf)
+
+
+cdef inline bint _others_zero(const Py_ssize_t *coords, Py_ssize_t ndim,
+                              Py_ssize_t axis) noexcept:
+    cdef Py_ssize_t d
+    for d in range(ndim):
+        if d != axis and coords[d] != 0:
+            return False
+    return True
+
+
+# ---- elementwise ---------------------------------------------------------------------------
+
+def prod(alpha, Tensor src1, Tensor src2, Tensor dst):
+    """dst = alpha * src1 * src2 (elementwise)."""
+    ts = [(src1, "src1"), (src2, "src2"), (dst, "dst")]
+    _float_same("prod", ts)
+    _same_traits("prod", src1, "src1", dst, "dst")
+    _same_traits("prod", src2, "src2", dst, "dst")
+    _distinct("prod", [(src1, "src1"), (dst, "dst")])
+    _distinct("prod", [(src2, "src2"), (dst, "dst")])
+    cdef nntile_prod_args args
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode m[3]
+    args.alpha = alpha
+    m[0] = STARPU_R
+    m[1] = STARPU_R
+    m[2] = STARPU_W
+    cdef Py_ssize_t i
+    for i in range(dst.traits.ntiles):
+        args.n = _tile_nelems(dst, i)
+        h[0] = src1.handles[i]
+        h[1] = src2.handles[i]
+        h[2] = dst.handles[i]
+        submit(NNTILE_OP_prod, dst.dtype_id, 3, h, m, &args, sizeof(args))
+
+
+cdef _unary(str name, int op, Tensor src, Tensor dst):
+    _float_same(name, [(src, "src"), (dst, "dst")])
+    _same_traits(name, src, "src", dst, "dst")
+    _distinct(name, [(src, "src"), (dst, "dst")])
+    cdef nntile_gelu_args args  # same layout as nntile_gelutanh_args: {n}
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    m[0] = STARPU_R
+    m[1] = STARPU_W
+    cdef Py_ssize_t i
+    for i in range(dst.traits.ntiles):
+        args.n = _tile_nelems(dst, i)
+        h[0] = src.handles[i]
+        h[1] = dst.handles[i]
+        submit(op, dst.dtype_id, 2, h, m, &args, sizeof(args))
+
+
+cdef _unary_backward(str name, int op, Tensor x, Tensor dy, beta, Tensor dx):
+    _float_same(name, [(x, "x"), (dy, "dy"), (dx, "dx")])
+    _same_traits(name, x, "x", dx, "dx")
+    _same_traits(name, dy, "dy", dx, "dx")
+    _distinct(name, [(x, "x"), (dx, "dx")])
+    _distinct(name, [(dy, "dy"), (dx, "dx")])
+    cdef nntile_gelu_backward_args args  # same layout as gelutanh_backward: {n, beta}
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode m[3]
+    args.beta = beta
+    m[0] = STARPU_R
+    m[1] = STARPU_R
+    m[2] = STARPU_W if args.beta == 0 else STARPU_RW
+    cdef Py_ssize_t i
+    for i in range(dx.traits.ntiles):
+        args.n = _tile_nelems(dx, i)
+        h[0] = x.handles[i]
+        h[1] = dy.handles[i]
+        h[2] = dx.handles[i]
+        submit(op, dx.dtype_id, 3, h, m, &args, sizeof(args))
+
+
+def gelu(Tensor src, Tensor dst):
+    """dst = GELU(src) (exact, erf form)."""
+    _unary("gelu", NNTILE_OP_gelu, src, dst)
+
+
+def gelutanh(Tensor src, Tensor dst):
+    """dst = GELU(src), tanh approximation."""
+    _unary("gelutanh", NNTILE_OP_gelutanh, src, dst)
+
+
+def gelu_backward(Tensor x, Tensor dy, beta, Tensor dx):
+    """dx = dy * gelu'(x) + beta * dx."""
+    _unary_backward("gelu_backward", NNTILE_OP_gelu_backward, x, dy, beta, dx)
+
+
+def gelutanh_backward(Tensor x, Tensor dy, beta, Tensor dx):
+    """dx = dy * gelutanh'(x) + beta * dx."""
+    _unary_backward("gelutanh_backward", NNTILE_OP_gelutanh_backward, x, dy, beta, dx)
+
+
+# ---- fibers: 1-D tensors along one axis ------------------------------------------------------
+
+def add_fiber(alpha, Tensor fiber, beta, Tensor dst, axis):
+    """dst[..., j, ...] = alpha * fiber[j] + beta * dst[..., j, ...] (j along ``axis``)."""
+    _float_same("add_fiber", [(fiber, "fiber"), (dst, "dst")])
+    cdef Py_ssize_t ax = _norm_axis("add_fiber", axis, dst.traits.ndim)
+    _check_fiber("add_fiber", dst, "dst", fiber, "fiber", ax)
+    _distinct("add_fiber", [(fiber, "fiber"), (dst, "dst")])
+    cdef nntile_add_fiber_args args
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, mm, kk, nn
+    args.alpha = alpha
+    args.beta = beta
+    m[0] = STARPU_R
+    m[1] = STARPU_W if args.beta == 0 else STARPU_RW
+    for i in range(dst.traits.ntiles):
+        dst.traits.tile_coords(i, coords)
+        _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
+        args.m = mm
+        args.k = kk
+        args.n = nn
+        h[0] = fiber.handles[coords[ax]]
+        h[1] = dst.handles[i]
+        submit(NNTILE_OP_add_fiber, dst.dtype_id, 2, h, m, &args, sizeof(args))
+
+
+def prod_fiber(alpha, Tensor fiber, Tensor dst, axis):
+    """dst[..., j, ...] *= alpha * fiber[j] (j along ``axis``)."""
+    _float_same("prod_fiber", [(fiber, "fiber"), (dst, "dst")])
+    cdef Py_ssize_t ax = _norm_axis("prod_fiber", axis, dst.traits.ndim)
+    _check_fiber("prod_fiber", dst, "dst", fiber, "fiber", ax)
+    _distinct("prod_fiber", [(fiber, "fiber"), (dst, "dst")])
+    cdef nntile_prod_fiber_args args
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, mm, kk, nn
+    args.alpha = alpha
+    m[0] = STARPU_R
+    m[1] = STARPU_RW
+    for i in range(dst.traits.ntiles):
+        dst.traits.tile_coords(i, coords)
+        _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
+        args.m = mm
+        args.k = kk
+        args.n = nn
+        h[0] = fiber.handles[coords[ax]]
+        h[1] = dst.handles[i]
+        submit(NNTILE_OP_prod_fiber, dst.dtype_id, 2, h, m, &args, sizeof(args))
+
+
+cdef _fiber_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tensor fiber,
+                   axis):
+    ts = [(src1, "src1" if src2 is not None else "src")]
+    if src2 is not None:
+        ts.append((src2, "src2"))
+    ts.append((fiber, "fiber"))
+    _float_same(name, ts)
+    cdef Py_ssize_t ax = _norm_axis(name, axis, src1.traits.ndim)
+    if src2 is not None:
+        _same_traits(name, src1, "src1", src2, "src2")
+    _check_fiber(name, src1, ts[0][1], fiber, "fiber", ax)
+    _distinct(name, ts)
+    # nntile_sum_fiber_args and nntile_sumprod_fiber_args share one layout.
+    cdef nntile_sumprod_fiber_args args
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode m[3]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, mm, kk, nn
+    cdef int nbuf = 3 if src2 is not None else 2
+    cdef double beta_value = beta
+    args.alpha = alpha
+    m[0] = STARPU_R
+    m[1] = STARPU_R
+    for i in range(src1.traits.ntiles):
+        src1.traits.tile_coords(i, coords)
+        _mkn(src1.traits, coords, ax, &mm, &kk, &nn)
+        args.m = mm
+        args.k = kk
+        args.n = nn
+        # The first tile (in submission order) sharing this fiber tile applies the user's
+        # beta; later ones accumulate onto it.
+        args.beta = beta_value if _others_zero(coords, src1.traits.ndim, ax) else 1.0
+        h[0] = src1.handles[i]
+        if src2 is not None:
+            h[1] = src2.handles[i]
+        h[nbuf - 1] = fiber.handles[coords[ax]]
+        m[nbuf - 1] = STARPU_W if args.beta == 0 else STARPU_RW
+        submit(op, fiber.dtype_id, nbuf, h, m, &args, sizeof(args))
+
+
+def sum_fiber(alpha, Tensor src, beta, Tensor fiber, axis):
+    """fiber[j] = alpha * (sum of src over every axis but ``axis``) + beta * fiber[j]."""
+    _fiber_reduce("sum_fiber", NNTILE_OP_sum_fiber, alpha, src, None, beta, fiber, axis)
+
+
+def sumprod_fiber(alpha, Tensor src1, Tensor src2, beta, Tensor fiber, axis):
+    """fiber[j] = alpha * (sum of src1*src2 over every axis but ``axis``) + beta * fiber[j]."""
+    if src2 is None:
+        raise TypeError("sumprod_fiber: src2 must be an nntile.Tensor, got None")
+    _fiber_reduce("sumprod_fiber", NNTILE_OP_sumprod_fiber, alpha, src1, src2, beta, fiber,
+                  axis)
+
+
+# ---- slices: tensors with one axis removed ------------------------------------------------
+
+cdef _slice_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tensor dst, axis):
+    ts = [(src1, "src1" if src2 is not None else "src")]
+    if src2 is not None:
+        ts.append((src2, "src2"))
+    ts.append((dst, "dst"))
+    _float_same(name, ts)
+    cdef Py_ssize_t ax = _norm_axis(name, axis, src1.traits.ndim)
+    if src2 is not None:
+        _same_traits(name, src1, "src1", src2, "src2")
+    _check_slice(name, src1, ts[0][1], dst, "dst", ax)
+    _distinct(name, ts)
+    # nntile_sum_slice_args and nntile_sumprod_slice_args share one layout.
+    cdef nntile_sumprod_slice_args args
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode m[3]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, mm, kk, nn
+    cdef int nbuf = 3 if src2 is not None else 2
+    cdef double beta_value = beta
+    args.alpha = alpha
+    m[0] = STARPU_R
+    m[1] = STARPU_R
+    for i in range(src1.traits.ntiles):
+        src1.traits.tile_coords(i, coords)
+        _mkn(src1.traits, coords, ax, &mm, &kk, &nn)
+        args.m = mm
+        args.k = kk
+        args.n = nn
+        args.beta = beta_value if coords[ax] == 0 else 1.0
+        h[0] = src1.handles[i]
+        if src2 is not None:
+            h[1] = src2.handles[i]
+        h[nbuf - 1] = dst.handles[_drop_axis_tile(dst.traits, coords, src1.traits.ndim, ax,
+                                                  False)]
+        m[nbuf - 1] = STARPU_W if args.beta == 0 else STARPU_RW
+        submit(op, dst.dtype_id, nbuf, h, m, &args, sizeof(args))
+
+
+def sum_slice(alpha, Tensor src, beta, Tensor dst, axis):
+    """dst = alpha * src.sum(axis) + beta * dst."""
+    _slice_reduce("sum_slice", NNTILE_OP_sum_slice, alpha, src, None, beta, dst, axis)
+
+
+def sumprod_slice(alpha, Tensor src1, Tensor src2, beta, Tensor dst, axis):
+    """dst = alpha * (src1*src2).sum(axis) + beta * dst."""
+    if src2 is None:
+        raise TypeError("sumprod_slice: src2 must be an nntile.Tensor, got None")
+    _slice_reduce("sumprod_slice", NNTILE_OP_sumprod_slice, alpha, src1, src2, beta, dst,
+                  axis)
+
+
+cdef _slice_broadcast(str name, int op, alpha, Tensor src, beta, Tensor dst, axis,
+                      bint has_beta):
+    _float_same(name, [(src, "src"), (dst, "dst")])
+    cdef Py_ssize_t ax = _norm_axis(name, axis, dst.traits.ndim)
+    _check_slice(name, dst, "dst", src, "src", ax)
+    _distinct(name, [(src, "src"), (dst, "dst")])
+    cdef nntile_add_slice_args args
+    cdef nntile_prod_slice_args pargs
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, mm, kk, nn
+    m[0] = STARPU_R
+    if has_beta:
+        args.alpha = alpha
+        args.beta = beta
+        m[1] = STARPU_W if args.beta == 0 else STARPU_RW
+    else:
+        pargs.alpha = alpha
+        m[1] = STARPU_RW
+    for i in range(dst.traits.ntiles):
+        dst.traits.tile_coords(i, coords)
+        _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
+        h[0] = src.handles[_drop_axis_tile(src.traits, coords, dst.traits.ndim, ax, False)]
+        h[1] = dst.handles[i]
+        if has_beta:
+            args.m = mm
+            args.k = kk
+            args.n = nn
+            submit(op, dst.dtype_id, 2, h, m, &args, sizeof(args))
+        else:
+            pargs.m = mm
+            pargs.k = kk
+            pargs.n = nn
+            submit(op, dst.dtype_id, 2, h, m, &pargs, sizeof(pargs))
+
+
+def add_slice(alpha, Tensor src, beta, Tensor dst, axis):
+    """dst = alpha * expand_dims(src, axis) + beta * dst (src is dst without ``axis``)."""
+    _slice_broadcast("add_slice", NNTILE_OP_add_slice, alpha, src, beta, dst, axis, True)
+
+
+def prod_slice(alpha, Tensor src, Tensor dst, axis):
+    """dst *= alpha * expand_dims(src, axis) (src is dst without ``axis``)."""
+    _slice_broadcast("prod_slice", NNTILE_OP_prod_slice, alpha, src, 0.0, dst, axis, False)
+
+
+# ---- softmax family ------------------------------------------------------------------------
+
+def maxsumexp(Tensor src, Tensor stats, axis):
+    """stats[..., 0] = max of src along ``axis``, stats[..., 1] = sum of exp(src - max).
+
+    stats has src's shape without ``axis`` plus a last dimension of 2 (in one tile); the
+    running (max, sumexp) pair is merged over the tiles along the axis.
+    """
+    _float_same("maxsumexp", [(src, "src"), (stats, "stats")])
+    cdef Py_ssize_t ax = _norm_axis("maxsumexp", axis, src.traits.ndim)
+    _check_stats("maxsumexp", src, "src", stats, "stats", ax)
+    _maxsumexp(src, stats, ax)
+
+
+cdef _maxsumexp(Tensor src, Tensor stats, Py_ssize_t ax):
+    cdef nntile_maxsumexp_args args
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, mm, kk, nn
+    m[0] = STARPU_R
+    for i in range(src.traits.ntiles):
+        src.traits.tile_coords(i, coords)
+        _mkn(src.traits, coords, ax, &mm, &kk, &nn)
+        args.m = mm
+        args.k = kk
+        args.n = nn
+        args.init = 1 if coords[ax] == 0 else 0
+        m[1] = STARPU_W if args.init else STARPU_RW
+        h[0] = src.handles[i]
+        h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, src.traits.ndim, ax, True)]
+        submit(NNTILE_OP_maxsumexp, src.dtype_id, 2, h, m, &args, sizeof(args))
+
+
+def softmax_inplace(Tensor stats, Tensor dst, axis):
+    """dst = exp(dst - max) / sumexp along ``axis``, with stats from maxsumexp."""
+    _float_same("softmax_inplace", [(stats, "stats"), (dst, "dst")])
+    cdef Py_ssize_t ax = _norm_axis("softmax_inplace", axis, dst.traits.ndim)
+    _check_stats("softmax_inplace", dst, "dst", stats, "stats", ax)
+    cdef nntile_softmax_inplace_args args
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, mm, kk, nn
+    m[0] = STARPU_R
+    m[1] = STARPU_RW
+    for i in range(dst.traits.ntiles):
+        dst.traits.tile_coords(i, coords)
+        _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
+        args.m = mm
+        args.k = kk
+        args.n = nn
+        h[0] = stats.handles[_drop_axis_tile(stats.traits, coords, dst.traits.ndim, ax, True)]
+        h[1] = dst.handles[i]
+        submit(NNTILE_OP_softmax_inplace, dst.dtype_id, 2, h, m, &args, sizeof(args))
+
+
+def softmax_backward(alpha, Tensor p, Tensor sums, Tensor dp, axis):
+    """dp = alpha * p * (dp - sums), sums = (p*dp).sum(axis) (from sumprod_slice)."""
+    _float_same("softmax_backward", [(p, "p"), (sums, "sums"), (dp, "dp")])
+    cdef Py_ssize_t ax = _norm_axis("softmax_backward", axis, dp.traits.ndim)
+    _same_traits("softmax_backward", p, "p", dp, "dp")
+    _check_slice("softmax_backward", dp, "dp", sums, "sums", ax)
+    _distinct("softmax_backward", [(p, "p"), (dp, "dp")])
+    cdef nntile_softmax_backward_args args
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode m[3]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, mm, kk, nn
+    args.alpha = alpha
+    m[0] = STARPU_R
+    m[1] = STARPU_R
+    m[2] = STARPU_RW
+    for i in range(dp.traits.ntiles):
+        dp.traits.tile_coords(i, coords)
+        _mkn(dp.traits, coords, ax, &mm, &kk, &nn)
+        args.m = mm
+        args.k = kk
+        args.n = nn
+        h[0] = p.handles[i]
+        h[1] = sums.handles[_drop_axis_tile(sums.traits, coords, dp.traits.ndim, ax, False)]
+        h[2] = dp.handles[i]
+        submit(NNTILE_OP_softmax_backward, dp.dtype_id, 3, h, m, &args, sizeof(args))
+
+
+def mask_causal(Tensor dst):
+    """Set dst[..., q, k] = -inf where k > q (queries on axis -2, keys on axis -1)."""
+    _float_same("mask_causal", [(dst, "dst")])
+    cdef Py_ssize_t nd = dst.traits.ndim
+    if nd < 2:
+        raise ValueError(f"mask_causal: dst must have at least 2 dimensions (queries, keys), "
+                         f"got shape {dst.traits.shape}")
+    cdef nntile_mask_causal_args args
+    cdef starpu_data_handle_t h[1]
+    cdef starpu_data_access_mode m[1]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, d, batch, tq, tk, qo, ko
+    m[0] = STARPU_RW
+    for i in range(dst.traits.ntiles):
+        dst.traits.tile_coords(i, coords)
+        tq = dst.traits.tile_dim(nd - 2, coords[nd - 2])
+        tk = dst.traits.tile_dim(nd - 1, coords[nd - 1])
+        qo = coords[nd - 2] * dst.traits._basetile[nd - 2]
+        ko = coords[nd - 1] * dst.traits._basetile[nd - 1]
+        if ko + tk - 1 <= qo:
+            continue  # every key of this tile is at or before every query: nothing to mask
+        batch = 1
+        for d in range(nd - 2):
+            batch *= dst.traits.tile_dim(d, coords[d])
+        args.batch = batch
+        args.tq = tq
+        args.tk = tk
+        args.q_offset = qo
+        args.k_offset = ko
+        h[0] = dst.handles[i]
+        submit(NNTILE_OP_mask_causal, dst.dtype_id, 1, h, m, &args, sizeof(args))
+
+
+def logsumexp(Tensor stats, Tensor dst):
+    """dst = max + log(sumexp) from stats [..., 2] (stats' last dimension in one tile)."""
+    _float_same("logsumexp", [(stats, "stats"), (dst, "dst")])
+    _check_lse(stats, dst, "logsumexp")
+    _logsumexp(stats, dst)
+
+
+cdef int _check_lse(Tensor stats, Tensor dst, str op) except -1:
+    return _expect_traits(op, stats, "stats", dst.traits.shape + (2,),
+                          dst.traits.basetile + (2,),
+                          "dst's shape plus a last dimension of 2 in one tile")
+
+
+cdef _logsumexp(Tensor stats, Tensor dst):
+    cdef nntile_logsumexp_args args
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    cdef Py_ssize_t i
+    m[0] = STARPU_R
+    m[1] = STARPU_W
+    for i in range(dst.traits.ntiles):
+        args.n = _tile_nelems(dst, i)
+        # stats' tile grid is dst's grid with a trailing dimension of one tile.
+        h[0] = stats.handles[i]
+        h[1] = dst.handles[i]
+        submit(NNTILE_OP_logsumexp, dst.dtype_id, 2, h, m, &args, sizeof(args))
+
+
+# ---- embedding -----------------------------------------------------------------------------
+
+cdef int _check_embedding(str op, Tensor ids, Tensor table, str trole, Tensor dst,
+                          str drole) except -1:
+    _usable(ids, "ids")
+    _float_same(op, [(table, trole), (dst, drole)])
+    _int64(op, ids, "ids")
+    if table.traits.ndim != 2:
+        raise ValueError(f"{op}: {trole} must have 2 dimensions [vocab, embed], got shape "
+                         f"{table.traits.shape}")
+    _expect_traits(op, dst, drole, ids.traits.shape + (table.traits.shape[1],),
+                   ids.traits.basetile + (table.traits.basetile[1],),
+                   f"ids' shape and tiling plus those of {trole}'s embedding dimension")
+    _distinct(op, [(table, trole), (dst, drole)])
+    return 0
+
+
+cdef _embedding(int op, Tensor ids, Tensor table, Tensor big, bint backward):
+    # nntile_embedding_args and nntile_embedding_backward_args share one layout.
+    cdef nntile_embedding_args args
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode m[3]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t tcoords[2]
+    cdef Py_ssize_t i, vt, nd = big.traits.ndim
+    m[0] = STARPU_R
+    m[1] = STARPU_R
+    m[2] = STARPU_RW
+    if backward:
+        m[1] = STARPU_R   # dy
+        m[2] = STARPU_RW  # dtable
+    for i in range(big.traits.ntiles):
+        big.traits.tile_coords(i, coords)
+        args.e = big.traits.tile_dim(nd - 1, coords[nd - 1])
+        args.rows = ids.traits.tile_nelems_c(coords)
+        h[0] = ids.handles[ids.traits.tile_linear(coords)]
+        tcoords[1] = coords[nd - 1]
+        for vt in range(table.traits._grid[0]):
+            tcoords[0] = vt
+            args.v_offset = vt * table.traits._basetile[0]
+            args.v = table.traits.tile_dim(0, vt)
+            if backward:
+                h[1] = big.handles[i]
+                h[2] = table.handles[table.traits.tile_linear(tcoords)]
+            else:
+                h[1] = table.handles[table.traits.tile_linear(tcoords)]
+                h[2] = big.handles[i]
+            submit(op, big.dtype_id, 3, h, m, &args, sizeof(args))
+
+
+def embedding(Tensor ids, Tensor table, Tensor dst):
+    """dst[..., :] += table[ids[...], :]; ids int64 of shape S, table [V, E], dst S + [E].
+
+    dst accumulates: the caller clears or initialises it first. Ids outside [0, V) add
+    nothing.
+    """
+    _check_embedding("embedding", ids, table, "table", dst, "dst")
+    _embedding(NNTILE_OP_embedding, ids, table, dst, False)
+
+
+def embedding_backward(Tensor ids, Tensor dy, Tensor dtable):
+    """dtable[ids[...], :] += dy[..., :] (accumulates; the caller zeroes dtable first)."""
+    _check_embedding("embedding_backward", ids, dtable, "dtable", dy, "dy")
+    _embedding(NNTILE_OP_embedding_backward, ids, dtable, dy, True)
+
+
+# ---- layer norm over the last axis --------------------------------------------------------
+
+cdef int _check_layernorm(str op, Tensor x, Tensor stats, list vectors) except -1:
+    if x.traits.ndim < 1:
+        raise ValueError(f"{op}: x must have at least 1 dimension")
+    cdef Py_ssize_t last = x.traits.ndim - 1
+    _check_stats(op, x, "x", stats, "stats", last)
+    for t, role in vectors:
+        _check_fiber(op, x, "x", t, role, last)
+    return 0
+
+
+cdef inline Py_ssize_t _rows(TensorTraits t, const Py_ssize_t *coords) noexcept:
+    cdef Py_ssize_t d, r = 1
+    for d in range(t.ndim - 1):
+        r *= t.tile_dim(d, coords[d])
+    return r
+
+
+def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Tensor y):
+    """y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis of x.
+
+    stats (shape x.shape[:-1] + (2,), last dimension in one tile) receives (mean, M2) per
+    row, M2 being the sum of squared deviations; it is reused by layernorm_backward.
+    """
+    ts = [(x, "x"), (gamma, "gamma"), (beta, "beta"), (stats, "stats"), (y, "y")]
+    _float_same("layernorm_forward", ts)
+    _check_layernorm("layernorm_forward", x, stats, [(gamma, "gamma"), (beta, "beta")])
+    _same_traits("layernorm_forward", x, "x", y, "y")
+    _distinct("layernorm_forward", ts)
+    if not eps >= 0:
+        raise ValueError(f"layernorm_forward: eps={eps} must be >= 0")
+    cdef nntile_layernorm_stats_args sargs
+    cdef nntile_layernorm_forward_args fargs
+    cdef starpu_data_handle_t h[5]
+    cdef starpu_data_access_mode m[5]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, d, last = x.traits.ndim - 1
+    m[0] = STARPU_R
+    for i in range(x.traits.ntiles):
+        x.traits.tile_coords(i, coords)
+        sargs.rows = _rows(x.traits, coords)
+        sargs.e = x.traits.tile_dim(last, coords[last])
+        sargs.e_offset = coords[last] * x.traits._basetile[last]
+        h[0] = x.handles[i]
+        h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)]
+        m[1] = STARPU_W if coords[last] == 0 else STARPU_RW
+        submit(NNTILE_OP_layernorm_stats, x.dtype_id, 2, h, m, &sargs, sizeof(sargs))
+    fargs.e_total = x.traits.shape[last]
+    fargs.eps = eps
+    for d in range(4):
+        m[d] = STARPU_R
+    m[4] = STARPU_W
+    for i in range(x.traits.ntiles):
+        x.traits.tile_coords(i, coords)
+        fargs.rows = _rows(x.traits, coords)
+        fargs.e = x.traits.tile_dim(last, coords[last])
+        h[0] = x.handles[i]
+        h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)]
+        h[2] = gamma.handles[coords[last]]
+        h[3] = beta.handles[coords[last]]
+        h[4] = y.handles[i]
+        submit(NNTILE_OP_layernorm_forward, x.dtype_id, 5, h, m, &fargs, sizeof(fargs))
+
+
+def layernorm_backward(Tensor x, Tensor dy, Tensor stats, Tensor gamma, eps, Tensor rowacc,
+                       Tensor dgamma, Tensor dbeta, beta, Tensor dx):
+    """Backward of layernorm_forward over the last axis.
+
+    dgamma += sum over rows of dy * xhat, dbeta += sum over rows of dy (the caller zeroes
+    them), dx = (input gradient) + beta * dx. rowacc is a workspace shaped like stats.
+    """
+    ts = [(x, "x"), (dy, "dy"), (stats, "stats"), (gamma, "gamma"), (rowacc, "rowacc"),
+          (dgamma, "dgamma"), (dbeta, "dbeta"), (dx, "dx")]
+    _float_same("layernorm_backward", ts)
+    _check_layernorm("layernorm_backward", x, stats,
+                     [(gamma, "gamma"), (dgamma, "dgamma"), (dbeta, "dbeta")])
+    _same_traits("layernorm_backward", x, "x", dy, "dy")
+    _same_traits("layernorm_backward", x, "x", dx, "dx")
+    _same_traits("layernorm_backward", stats, "stats", rowacc, "rowacc")
+    _distinct("layernorm_backward", ts)
+    if not eps >= 0:
+        raise ValueError(f"layernorm_backward: eps={eps} must be >= 0")
+    cdef nntile_layernorm_backward_reduce_args rargs
+    cdef nntile_layernorm_backward_args bargs
+    cdef starpu_data_handle_t h[7]
+    cdef starpu_data_access_mode m[7]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, d, last = x.traits.ndim - 1
+    cdef Py_ssize_t s_lin
+    rargs.e_total = x.traits.shape[last]
+    rargs.eps = eps
+    for d in range(4):
+        m[d] = STARPU_R
+    m[5] = STARPU_RW
+    m[6] = STARPU_RW
+    for i in range(x.traits.ntiles):
+        x.traits.tile_coords(i, coords)
+        rargs.rows = _rows(x.traits, coords)
+        rargs.e = x.traits.tile_dim(last, coords[last])
+        rargs.init = 1 if coords[last] == 0 else 0
+        s_lin = _drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)
+        h[0] = x.handles[i]
+        h[1] = dy.handles[i]
+        h[2] = stats.handles[s_lin]
+        h[3] = gamma.handles[coords[last]]
+        h[4] = rowacc.handles[s_lin]
+        h[5] = dgamma.handles[coords[last]]
+        h[6] = dbeta.handles[coords[last]]
+        m[4] = STARPU_W if rargs.init else STARPU_RW
+        submit(NNTILE_OP_layernorm_backward_reduce, x.dtype_id, 7, h, m, &rargs,
+               sizeof(rargs))
+    bargs.e_total = x.traits.shape[last]
+    bargs.eps = eps
+    bargs.beta = beta
+    for d in range(5):
+        m[d] = STARPU_R
+    m[5] = STARPU_W if bargs.beta == 0 else STARPU_RW
+    for i in range(x.traits.ntiles):
+        x.traits.tile_coords(i, coords)
+        bargs.rows = _rows(x.traits, coords)
+        bargs.e = x.traits.tile_dim(last, coords[last])
+        s_lin = _drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)
+        h[0] = x.handles[i]
+        h[1] = dy.handles[i]
+        h[2] = stats.handles[s_lin]
+        h[3] = gamma.handles[coords[last]]
+        h[4] = rowacc.handles[s_lin]
+        h[5] = dx.handles[i]
+        submit(NNTILE_OP_layernorm_backward, x.dtype_id, 6, h, m, &bargs, sizeof(bargs))
+
+
+# ---- cross entropy over the last axis ------------------------------------------------------
+
+cdef Py_ssize_t _check_xent(str op, Tensor logits, Tensor labels, Tensor stats) except -1:
+    _usable(labels, "labels")
+    _int64(op, labels, "labels")
+    if logits.traits.ndim < 1:
+        raise ValueError(f"{op}: logits must have at least 1 dimension [..., vocab]")
+    cdef Py_ssize_t last = logits.traits.ndim - 1
+    _expect_traits(op, labels, "labels", logits.traits.shape[:last],
+                   logits.traits.basetile[:last], "logits without the vocabulary axis")
+    _check_stats(op, logits, "logits", stats, "stats", last)
+    return last
+
+
+def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor picked,
+                  Tensor loss, scale=1.0):
+    """loss = scale * sum over rows of (logsumexp(logits[row]) - logits[row, labels[row]]).
+
+    logits [..., V], labels int64 [...], stats [..., 2], lse and picked [...] are
+    workspaces (stats is reused by cross_entropy_backward); loss holds one element and is
+    overwritten.
+    """
+    ts = [(logits, "logits"), (stats, "stats"), (lse, "lse"), (picked, "picked"),
+          (loss, "loss")]
+    _float_same("cross_entropy", ts)
+    cdef Py_ssize_t last = _check_xent("cross_entropy", logits, labels, stats)
+    _expect_traits("cross_entropy", lse, "lse", labels.traits.shape, labels.traits.basetile,
+                   "the shape and tiling of labels")
+    _expect_traits("cross_entropy", picked, "picked", labels.traits.shape,
+                   labels.traits.basetile, "the shape and tiling of labels")
+    _check_scalar("cross_entropy", loss, "loss")
+    _distinct("cross_entropy", ts)
+    cdef nntile_xent_picked_args pargs
+    cdef nntile_xent_loss_args largs
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode m[3]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, r_lin
+    # Row statistics (max, sumexp) over the vocabulary tiles, then lse = max + log(sumexp).
+    _maxsumexp(logits, stats, last)
+    _logsumexp(stats, lse)
+    # picked[row] = logits[row, label]: each vocabulary tile writes the rows whose label
+    # it holds. The first vocabulary tile opens the picked tile write-only (StarPU refuses
+    # to read a never-written tile); later ones keep what earlier ones wrote (RW). Rows
+    # whose label is outside [0, V) are left undefined.
+    m[0] = STARPU_R
+    m[1] = STARPU_R
+    for i in range(logits.traits.ntiles):
+        logits.traits.tile_coords(i, coords)
+        m[2] = STARPU_W if coords[last] == 0 else STARPU_RW
+        pargs.rows = _rows(logits.traits, coords)
+        pargs.v = logits.traits.tile_dim(last, coords[last])
+        pargs.v_offset = coords[last] * logits.traits._basetile[last]
+        r_lin = labels.traits.tile_linear(coords)
+        h[0] = logits.handles[i]
+        h[1] = labels.handles[r_lin]
+        h[2] = picked.handles[r_lin]
+        submit(NNTILE_OP_xent_picked, logits.dtype_id, 3, h, m, &pargs, sizeof(pargs))
+    # loss = scale * sum (lse - picked), accumulated over the row tiles.
+    largs.alpha = scale
+    for i in range(lse.traits.ntiles):
+        largs.rows = _tile_nelems(lse, i)
+        largs.beta = 0.0 if i == 0 else 1.0
+        m[2] = STARPU_W if i == 0 else STARPU_RW
+        h[0] = lse.handles[i]
+        h[1] = picked.handles[i]
+        h[2] = loss.handles[0]
+        submit(NNTILE_OP_xent_loss, logits.dtype_id, 3, h, m, &largs, sizeof(largs))
+
+
+def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0):
+    """logits = scale * (softmax(logits) - onehot(labels)) in place, using the stats that
+    cross_entropy computed from these logits."""
+    _float_same("cross_entropy_backward", [(logits, "logits"), (stats, "stats")])
+    cdef Py_ssize_t last = _check_xent("cross_entropy_backward", logits, labels, stats)
+    cdef nntile_xent_grad_inplace_args args
+    cdef starpu_data_handle_t h[3]
+    cdef starpu_data_access_mode m[3]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, r_lin
+    args.alpha = scale
+    m[0] = STARPU_R
+    m[1] = STARPU_R
+    m[2] = STARPU_RW
+    for i in range(logits.traits.ntiles):
+        logits.traits.tile_coords(i, coords)
+        args.rows = _rows(logits.traits, coords)
+        args.v = logits.traits.tile_dim(last, coords[last])
+        args.v_offset = coords[last] * logits.traits._basetile[last]
+        r_lin = labels.traits.tile_linear(coords)
+        h[0] = stats.handles[_drop_axis_tile(stats.traits, coords, logits.traits.ndim, last,
+                                             True)]
+        h[1] = labels.handles[r_lin]
+        h[2] = logits.handles[i]
+        submit(NNTILE_OP_xent_grad_inplace, logits.dtype_id, 3, h, m, &args, sizeof(args))
+
+
+# ---- norms and optimizer steps -------------------------------------------------------------
+
+def sumsq(Tensor src, beta, Tensor dst):
+    """dst = sum of src**2 + beta * dst; dst holds one element (chain tensors with beta=1)."""
+    _float_same("sumsq", [(src, "src"), (dst, "dst")])
+    _check_scalar("sumsq", dst, "dst")
+    _distinct("sumsq", [(src, "src"), (dst, "dst")])
+    cdef nntile_sumsq_args args
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    cdef double beta_value = beta
+    cdef Py_ssize_t i
+    m[0] = STARPU_R
+    for i in range(src.traits.ntiles):
+        args.n = _tile_nelems(src, i)
+        args.beta = beta_value if i == 0 else 1.0
+        m[1] = STARPU_W if args.beta == 0 else STARPU_RW
+        h[0] = src.handles[i]
+        h[1] = dst.handles[0]
+        submit(NNTILE_OP_sumsq, dst.dtype_id, 2, h, m, &args, sizeof(args))
+
+
+cdef int _check_optim(str op, list state, Tensor normsq, max_norm, step) except -1:
+    """state: [(p, "p"), (g, "g"), ...] all of p's traits and dtype."""
+    ts = list(state)
+    if normsq is not None:
+        ts.append((normsq, "normsq"))
+    _float_same(op, ts)
+    cdef Tensor p = state[0][0]
+    for t, role in state[1:]:
+        _same_traits(op, p, "p", t, role)
+    if normsq is not None:
+        _check_scalar(op, normsq, "normsq")
+    _distinct(op, ts)
+    if isinstance(step, bool) or not hasattr(step, "__index__"):
+        raise TypeError(f"{op}: step must be an integer, got {step!r}")
+    if step < 1:
+        raise ValueError(f"{op}: step={step} must be >= 1 (the first step is 1)")
+    if not max_norm >= 0:
+        raise ValueError(f"{op}: max_norm={max_norm} must be >= 0 (0 disables clipping)")
+    return 0
+
+
+def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Tensor g,
+              Tensor m, Tensor v, Tensor normsq=None, max_norm=0.0):
+    """One Adam (decoupled=False) or AdamW (decoupled=True) step, as torch.optim.
+
+    m and v are the moment buffers (zero before step 1). With normsq (one element holding
+    the squared global gradient norm) and max_norm > 0, gradients are first clipped as
+    torch.nn.utils.clip_grad_norm_ does.
+    """
+    _check_optim("adam_step", [(p, "p"), (g, "g"), (m, "m"), (v, "v")], normsq, max_norm,
+                 step)
+    cdef nntile_adam_step_args args
+    cdef starpu_data_handle_t h[5]
+    cdef starpu_data_access_mode md[5]
+    args.step = step
+    args.lr = lr
+    args.beta1 = beta1
+    args.beta2 = beta2
+    args.eps = eps
+    args.weight_decay = weight_decay
+    args.decoupled = 1 if decoupled else 0
+    args.max_norm = max_norm
+    md[0] = STARPU_RW
+    md[1] = STARPU_R
+    md[2] = STARPU_RW
+    md[3] = STARPU_RW
+    md[4] = STARPU_R
+    cdef int nbuf = 5 if normsq is not None else 4
+    cdef Py_ssize_t i
+    for i in range(p.traits.ntiles):
+        args.n = _tile_nelems(p, i)
+        h[0] = p.handles[i]
+        h[1] = g.handles[i]
+        h[2] = m.handles[i]
+        h[3] = v.handles[i]
+        if normsq is not None:
+            h[4] = normsq.handles[0]
+        submit(NNTILE_OP_adam_step, p.dtype_id, nbuf, h, md, &args, sizeof(args))
+
+
+def sgd_step(step, lr, momentum, dampening, weight_decay, nesterov, Tensor p, Tensor g,
+             Tensor buf, Tensor normsq=None, max_norm=0.0):
+    """One SGD step as torch.optim.SGD (momentum buffer ``buf`` is set at step 1).
+
+    With normsq (one element: the squared global gradient norm) and max_norm > 0,
+    gradients are first clipped as torch.nn.utils.clip_grad_norm_ does.
+    """
+    _check_optim("sgd_step", [(p, "p"), (g, "g"), (buf, "buf")], normsq, max_norm, step)
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError("sgd_step: nesterov needs momentum > 0 and dampening = 0")
+    cdef nntile_sgd_step_args args
+    cdef starpu_data_handle_t h[4]
+    cdef starpu_data_access_mode md[4]
+    args.step = step
+    args.lr = lr
+    args.momentum = momentum
+    args.dampening = dampening
+    args.weight_decay = weight_decay
+    args.nesterov = 1 if nesterov else 0
+    args.max_norm = max_norm
+    md[0] = STARPU_RW
+    md[1] = STARPU_R
+    # The buffer is set from the gradient at step 1 and unused without momentum: it is
+    # read only for momentum > 0 after step 1 (StarPU refuses to read a never-written tile).
+    md[2] = STARPU_RW if args.momentum != 0 and args.step > 1 else STARPU_W
+    md[3] = STARPU_R
+    cdef int nbuf = 4 if normsq is not None else 3
+    cdef Py_ssize_t i
+    for i in range(p.traits.ntiles):
+        args.n = _tile_nelems(p, i)
+        h[0] = p.handles[i]
+        h[1] = g.handles[i]
+        h[2] = buf.handles[i]
+        if normsq is not None:
+            h[3] = normsq.handles[0]
+        submit(NNTILE_OP_sgd_step, p.dtype_id, nbuf, h, md, &args, sizeof(args))

@@ -1,0 +1,6 @@
+"""Layers of tiled tensors: each holds parameter and gradient tensors and submits tensor ops."""
+from nntile.nn.layers import (Attention, Block, Embedding, LayerNorm, Linear, MLP, Module,
+                              Parameter)
+
+__all__ = ["Attention", "Block", "Embedding", "LayerNorm", "Linear", "MLP", "Module",
+           "Parameter"]

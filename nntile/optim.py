@@ -1,0 +1,128 @@
+"""Optimizers and learning-rate schedules; every update is one task per parameter tile.
+
+Clipping by global gradient norm stays on the workers: the squared norm is accumulated into a
+one-element tensor that each update task reads, so no step waits for the host.
+"""
+import math
+
+from nntile import Tensor, ops
+
+
+class LRSchedule:
+    """Linear warm-up from 0 to ``lr`` over ``warmup`` steps, then cosine decay to ``min_lr``
+    at ``total`` steps (constant after ``warmup`` when ``total`` is None)."""
+
+    def __init__(self, lr, warmup=0, total=None, min_lr=0.0):
+        if lr <= 0 or warmup < 0 or (total is not None and total < warmup):
+            raise ValueError(f"learning-rate schedule: lr={lr}, warmup={warmup}, total={total}")
+        self.lr, self.warmup, self.total, self.min_lr = lr, warmup, total, min_lr
+
+    def __call__(self, step):
+        """Learning rate of optimizer step ``step`` (1-based)."""
+        if self.warmup and step <= self.warmup:
+            return self.lr * step / self.warmup
+        if self.total is None or self.total == self.warmup:
+            return self.lr
+        progress = min(1.0, (step - self.warmup) / (self.total - self.warmup))
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * progress))
+
+    def state(self):
+        return {"lr": self.lr, "warmup": self.warmup, "total": self.total, "min_lr": self.min_lr}
+
+
+class Optimizer:
+    def __init__(self, named_parameters, lr, max_grad_norm=None):
+        self.params = list(named_parameters)
+        if not self.params:
+            raise ValueError("optimizer got no parameters")
+        self.schedule = lr if isinstance(lr, LRSchedule) else LRSchedule(lr)
+        if max_grad_norm is not None and max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm={max_grad_norm} must be positive")
+        self.max_grad_norm = max_grad_norm
+        self.step_count = 0
+        dtype = self.params[0][1].value.dtype
+        self.normsq = Tensor((1,), (1,), dtype) if max_grad_norm else None
+
+    def _submit_grad_norm(self):
+        for i, (_, param) in enumerate(self.params):
+            ops.sumsq(param.grad, 0.0 if i == 0 else 1.0, self.normsq)
+
+    def grad_norm(self):
+        """Global gradient norm of the last step (waits for it)."""
+        if self.normsq is None:
+            raise RuntimeError("grad_norm is measured only with max_grad_norm set")
+        return math.sqrt(float(self.normsq.to_array()[0]))
+
+    def step(self):
+        self.step_count += 1
+        if self.normsq is not None:
+            self._submit_grad_norm()
+        lr = self.schedule(self.step_count)
+        for _, param in self.params:
+            self._update(param, lr)
+        return lr
+
+    def state_tensors(self):
+        """Optimizer state tensors keyed by '<parameter name>/<state name>'."""
+        return {}
+
+
+class AdamW(Optimizer):
+    """torch.optim.AdamW (``decoupled=True``) or Adam with L2 weight decay (``decoupled=False``)."""
+
+    def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.01, max_grad_norm=None, decoupled=True):
+        super().__init__(named_parameters, lr, max_grad_norm)
+        self.betas, self.eps, self.weight_decay, self.decoupled = betas, eps, weight_decay, decoupled
+        self.moments = {}
+        for name, param in self.params:
+            m = Tensor(param.value.shape, param.value.basetile, param.value.dtype)
+            v = Tensor(param.value.shape, param.value.basetile, param.value.dtype)
+            m.clear()
+            v.clear()
+            self.moments[name] = (m, v)
+        self._by_param = {id(p): n for n, p in self.params}
+
+    def _update(self, param, lr):
+        m, v = self.moments[self._by_param[id(param)]]
+        ops.adam_step(self.step_count, lr, self.betas[0], self.betas[1], self.eps,
+                      self.weight_decay, self.decoupled, param.value, param.grad, m, v,
+                      self.normsq, self.max_grad_norm or 0.0)
+
+    def state_tensors(self):
+        out = {}
+        for name, (m, v) in self.moments.items():
+            out[f"{name}/exp_avg"] = m
+            out[f"{name}/exp_avg_sq"] = v
+        return out
+
+
+def Adam(named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+         max_grad_norm=None):
+    return AdamW(named_parameters, lr, betas, eps, weight_decay, max_grad_norm, decoupled=False)
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD: momentum, dampening, Nesterov, L2 weight decay."""
+
+    def __init__(self, named_parameters, lr=1e-2, momentum=0.0, dampening=0.0,
+                 weight_decay=0.0, nesterov=False, max_grad_norm=None):
+        super().__init__(named_parameters, lr, max_grad_norm)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum needs momentum > 0 and dampening 0")
+        self.momentum, self.dampening = momentum, dampening
+        self.weight_decay, self.nesterov = weight_decay, nesterov
+        self.buffers = {}
+        for name, param in self.params:
+            buf = Tensor(param.value.shape, param.value.basetile, param.value.dtype)
+            buf.clear()
+            self.buffers[name] = buf
+        self._by_param = {id(p): n for n, p in self.params}
+
+    def _update(self, param, lr):
+        ops.sgd_step(self.step_count, lr, self.momentum, self.dampening, self.weight_decay,
+                     self.nesterov, param.value, param.grad, self.buffers[self._by_param[id(param)]],
+                     self.normsq, self.max_grad_norm or 0.0)
+
+    def state_tensors(self):
+        return {f"{name}/momentum_buffer": buf for name, buf in self.buffers.items()}

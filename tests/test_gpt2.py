@@ -1,0 +1,129 @@
+"""GPT-2 on StarPU against transformers' GPT2LMHeadModel: same weights, same numbers."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import nntile
+from nntile.models import GPT2Config, GPT2LMHead
+from nntile.optim import AdamW, LRSchedule
+
+B, T = 2, 37
+CONFIG = dict(vocab_size=1000, n_positions=64, n_embd=96, n_layer=2, n_head=3)
+TILINGS = {
+    "one tile": {},
+    "regular": dict(batch=1, seq=37, embd=48, head=1, inner=192, vocab=500),
+    "partial everywhere": dict(batch=1, seq=10, embd=40, head=2, inner=100, vocab=300),
+}
+
+
+def hf_model(tied, dtype):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(**CONFIG, n_inner=None, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, tie_word_embeddings=tied)
+    model = transformers.GPT2LMHeadModel(config).to(dtype)
+    with torch.no_grad():  # larger-than-default weights so every path carries signal
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return model.eval()
+
+
+def rel(a, b):
+    return np.linalg.norm(np.asarray(a, np.float64) - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def tokens(seed):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, CONFIG["vocab_size"], (B, T)),
+            rng.integers(0, CONFIG["vocab_size"], (B, T)))
+
+
+def hf_loss_and_grads(model, ids, targets):
+    model.zero_grad()
+    logits = model(torch.from_numpy(ids)).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             torch.from_numpy(targets).reshape(-1))
+    loss.backward()
+    grads = {n: p.grad.detach().numpy() for n, p in model.named_parameters()}
+    return logits.detach().numpy(), loss.item(), grads
+
+
+@pytest.mark.parametrize("tiling", list(TILINGS), ids=list(TILINGS))
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("dtype, tol", [("fp32", 1e-5), ("fp64", 1e-10)])
+def test_parity_with_transformers(ctx, tiling, tied, dtype, tol):
+    torch_dtype = torch.float32 if dtype == "fp32" else torch.float64
+    hf = hf_model(tied, torch_dtype)
+    ids, targets = tokens(1)
+    ref_logits, ref_loss, ref_grads = hf_loss_and_grads(hf, ids, targets)
+    model = GPT2LMHead.from_transformers(hf, B, T, TILINGS[tiling], dtype)
+    assert rel(model.forward(ids), ref_logits) < tol
+    model.zero_grad()
+    loss = model.loss(ids, targets)
+    assert abs(loss - ref_loss) / abs(ref_loss) < tol
+    model.backward()
+    grads = model.gradients()
+    assert set(grads) == set(ref_grads)
+    for name, ref in ref_grads.items():
+        assert rel(grads[name], ref) < tol, name
+    model.unregister()
+
+
+def test_adamw_with_warmup_and_clipping_matches_torch(ctx):
+    hf = hf_model(False, torch.float32)
+    model = GPT2LMHead.from_transformers(hf, B, T, TILINGS["partial everywhere"], "fp32")
+    schedule = LRSchedule(1e-3, warmup=3, total=10, min_lr=1e-4)
+    opt = AdamW(model.named_parameters(), lr=schedule, weight_decay=0.1, max_grad_norm=0.5)
+    torch_opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
+    for step in range(1, 11):
+        ids, targets = tokens(100 + step)
+        _, ref_loss, _ = hf_loss_and_grads(hf, ids, targets)
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 0.5)
+        for group in torch_opt.param_groups:
+            group["lr"] = schedule(step)
+        torch_opt.step()
+        model.zero_grad()
+        loss = model.loss(ids, targets)
+        model.backward()
+        opt.step()
+        assert abs(loss - ref_loss) / ref_loss < 1e-5
+    ours = model.state_dict()
+    E = CONFIG["n_embd"]
+    bad = {}
+    for name, p in hf.named_parameters():
+        ref = p.detach().numpy()
+        mine = ours[name]
+        if name.endswith("attn.c_attn.bias"):
+            # The key bias adds the same q.b_k to every score of a query, which softmax
+            # ignores: its exact gradient is 0, and both sides compute rounding noise that
+            # Adam normalises into full-size steps. Checked apart, by the step size bound.
+            key = slice(E, 2 * E)
+            assert np.abs(mine[key] - ref[key]).max() <= 2 * 10 * 1e-3
+            mine, ref = np.delete(mine, np.s_[E:2 * E]), np.delete(ref, np.s_[E:2 * E])
+        if not rel(mine, ref) < 1e-5:
+            bad[name] = rel(mine, ref)
+    assert not bad
+    model.unregister()
+
+
+def test_bad_input(ctx):
+    with pytest.raises(ValueError, match="divisible"):
+        GPT2Config(n_embd=100, n_head=3)
+    config = GPT2Config(**CONFIG)
+    with pytest.raises(ValueError, match="n_positions"):
+        GPT2LMHead(config, 1, 65)
+    with pytest.raises(ValueError, match="head"):
+        GPT2LMHead(config, 1, 8, {"head": 4})
+    with pytest.raises(ValueError, match="unknown keys"):
+        GPT2LMHead(config, 1, 8, {"heads": 1})
+    model = GPT2LMHead(config, 1, 8)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.forward(np.full((1, 8), 1000))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.loss(np.zeros((1, 8), int), np.full((1, 8), -1))
+    with pytest.raises(ValueError, match="shape"):
+        model.forward(np.zeros((1, 9), int))
+    with pytest.raises(RuntimeError, match="loss"):
+        model.backward()
+    model.unregister()
