@@ -186,6 +186,18 @@ class Context:
             ret = starpu_task_wait_for_all()
         check(ret, "starpu_task_wait_for_all")
 
+    def pause(self):
+        """Stop the workers (they otherwise poll for tasks and keep the CPU cores busy),
+        e.g. while another library computes; tasks submitted meanwhile wait for resume()."""
+        self._check_running()
+        with nogil:
+            starpu_pause()
+
+    def resume(self):
+        self._check_running()
+        with nogil:
+            starpu_resume()
+
     def shutdown(self):
         """Wait for submitted tasks, release every tile still registered, stop StarPU."""
         global _running_context
