@@ -133,9 +133,12 @@ def extensions():
         extra_link_args=link_args,
     )
     core.cu_sources = cu_sources
+    # Layers and models are typed Cython classes that only call the core module's ops.
+    python_level = [Extension(name, [path], include_dirs=include_dirs, define_macros=macros)
+                    for name, path in (("nntile.nn.layers", "nntile/nn/layers.pyx"),
+                                       ("nntile.models.gpt2", "nntile/models/gpt2.pyx"))]
     print(f"nntile build: StarPU from {libdir}, CUDA {'on' if cuda else 'off'}")
-    return cythonize([core], compiler_directives={"language_level": "3"},
-                     compile_time_env={})
+    return cythonize([core, *python_level], compiler_directives={"language_level": "3"})
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildWithNvcc})

@@ -41,7 +41,7 @@ def main(steps=int(os.environ.get("NNTILE_DEMO_STEPS", "60"))):
         return x, y
 
     with nntile.Context(verbose=True):
-        model = GPT2LMHead(config, batch, seq, dict(batch=4, seq=64, vocab=128))
+        model = GPT2LMHead(config, dict(batch=4, seq=64, vocab=128))
         init = {k: 0.02 * rng.standard_normal(v.shape) for k, v in model.state_dict().items()}
         for k in init:
             if k.endswith("ln_1.weight") or k.endswith("ln_2.weight") or k.endswith("ln_f.weight"):

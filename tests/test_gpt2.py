@@ -57,8 +57,10 @@ def test_parity_with_transformers(ctx, tiling, tied, dtype, tol):
     hf = hf_model(tied, torch_dtype)
     ids, targets = tokens(1)
     ref_logits, ref_loss, ref_grads = hf_loss_and_grads(hf, ids, targets)
-    model = GPT2LMHead.from_transformers(hf, B, T, TILINGS[tiling], dtype)
+    model = GPT2LMHead.from_transformers(hf, TILINGS[tiling], dtype)
     assert rel(model.forward(ids), ref_logits) < tol
+    # another [batch, seq] shape through the same model: causal, so a prefix's logits agree
+    assert rel(model.forward(ids[:1, :20]), ref_logits[:1, :20]) < tol
     model.zero_grad()
     loss = model.loss(ids, targets)
     assert abs(loss - ref_loss) / abs(ref_loss) < tol
@@ -72,7 +74,7 @@ def test_parity_with_transformers(ctx, tiling, tied, dtype, tol):
 
 def test_adamw_with_warmup_and_clipping_matches_torch(ctx):
     hf = hf_model(False, torch.float32)
-    model = GPT2LMHead.from_transformers(hf, B, T, TILINGS["partial everywhere"], "fp32")
+    model = GPT2LMHead.from_transformers(hf, TILINGS["partial everywhere"], "fp32")
     schedule = LRSchedule(1e-3, warmup=3, total=10, min_lr=1e-4)
     opt = AdamW(model.named_parameters(), lr=schedule, weight_decay=0.1, max_grad_norm=0.5)
     torch_opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
@@ -111,19 +113,23 @@ def test_bad_input(ctx):
     with pytest.raises(ValueError, match="divisible"):
         GPT2Config(n_embd=100, n_head=3)
     config = GPT2Config(**CONFIG)
-    with pytest.raises(ValueError, match="n_positions"):
-        GPT2LMHead(config, 1, 65)
     with pytest.raises(ValueError, match="head"):
-        GPT2LMHead(config, 1, 8, {"head": 4})
+        GPT2LMHead(config, {"head": 4})
+    with pytest.raises(ValueError, match="vocab"):
+        GPT2LMHead(config, {"vocab": 0})
     with pytest.raises(ValueError, match="unknown keys"):
-        GPT2LMHead(config, 1, 8, {"heads": 1})
-    model = GPT2LMHead(config, 1, 8)
+        GPT2LMHead(config, {"heads": 1})
+    model = GPT2LMHead(config)
+    with pytest.raises(ValueError, match="n_positions"):
+        model.forward(np.zeros((1, 65), int))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.forward(np.full((1, 8), 1000))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.loss(np.zeros((1, 8), int), np.full((1, 8), -1))
-    with pytest.raises(ValueError, match="shape"):
-        model.forward(np.zeros((1, 9), int))
+    with pytest.raises(ValueError, match="batch, seq"):
+        model.forward(np.zeros(9, int))
+    with pytest.raises(ValueError, match="targets have shape"):
+        model.loss(np.zeros((1, 8), int), np.zeros((1, 7), int))
     with pytest.raises(RuntimeError, match="loss"):
         model.backward()
     model.unregister()

@@ -17,7 +17,7 @@ ncpu, steps = int(sys.argv[1]) if len(sys.argv) > 1 else {ncpu}, {steps}
 config = GPT2Config(vocab_size=300, n_positions=32, n_embd=48, n_layer=2, n_head=3)
 rng = np.random.default_rng(0)
 with nntile.Context(ncpu={ncpu}):
-    model = GPT2LMHead(config, 2, 24, dict(batch=1, seq=10, embd=20, head=2, inner=70, vocab=128))
+    model = GPT2LMHead(config, dict(batch=1, seq=10, embd=20, head=2, inner=70, vocab=128))
     model.load_state_dict({{k: 0.05 * rng.standard_normal(v.shape)
                             for k, v in model.state_dict().items()}})
     opt = AdamW(model.named_parameters(), lr=1e-3, max_grad_norm=1.0)

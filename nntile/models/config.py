@@ -1,0 +1,65 @@
+"""GPT-2 configuration (the fields of transformers' GPT2Config that matter)."""
+import dataclasses
+import json
+import os
+
+
+TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
+
+
+@dataclasses.dataclass
+class GPT2Config:
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int = None
+    layer_norm_epsilon: float = 1e-5
+    activation_function: str = "gelu_new"
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPT2Config.{name}={value!r} must be a positive integer")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPT2Config: n_embd={self.n_embd} is not divisible by "
+                             f"n_head={self.n_head}")
+        if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner < 1):
+            raise ValueError(f"GPT2Config.n_inner={self.n_inner!r} must be a positive integer")
+        if self.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"GPT2Config.activation_function={self.activation_function!r}: "
+                             "only the tanh approximation of GELU (gelu_new) is implemented")
+
+    @property
+    def inner(self):
+        return self.n_inner or 4 * self.n_embd
+
+    @classmethod
+    def from_dict(cls, data):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+    @classmethod
+    def from_json(cls, path):
+        """Reads our own config or a transformers GPT-2 ``config.json``."""
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("model_type", "gpt2") != "gpt2":
+            raise ValueError(f"{path}: model_type {data['model_type']!r} is not gpt2")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_transformers(cls, hf_config):
+        return cls.from_dict(hf_config.to_dict())
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def num_parameters(self):
+        E, V, P, L, I = self.n_embd, self.vocab_size, self.n_positions, self.n_layer, self.inner
+        per_layer = 4 * E + (3 * E * E + 3 * E) + (E * E + E) + (E * I + I) + (I * E + E)
+        head = 0 if self.tie_word_embeddings else V * E
+        return V * E + P * E + L * per_layer + 2 * E + head

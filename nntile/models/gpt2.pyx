@@ -1,0 +1,277 @@
+# cython: language_level=3
+"""GPT-2 with a language-model head on tiled tensors: transformers' GPT2LMHeadModel without
+dropout, as a typed Cython class. Parameters are named as transformers' ``state_dict`` keys,
+except inside attention, whose fused c_attn is kept as q, k, v so that heads can be tiled."""
+import numpy as np
+
+from nntile._core.core cimport Tensor
+from nntile import ops
+from nntile.models.config import GPT2Config, TILING_KEYS
+from nntile.nn.layers cimport Block, Embedding, LayerNorm, Module, Parameter
+
+
+cdef class _Workspace:
+    """Tensors that depend on the [batch, seq] shape of the data."""
+    cdef Tensor ids, labels, positions, x0, dx, dx_other, logits, stats, lse, picked
+
+    def __init__(self, int B, int T, int bt, int tt, dict tiles, config, str dtype):
+        cdef int E = config.n_embd, V = config.vocab_size
+        self.ids = Tensor((B, T), (bt, tt), "int64")
+        self.labels = Tensor((B, T), (bt, tt), "int64")
+        self.positions = Tensor.from_array(np.broadcast_to(np.arange(T), (B, T)), (bt, tt))
+        act = ((B, T, E), (bt, tt, tiles["embd"]), dtype)
+        self.x0 = Tensor(*act)
+        self.dx = Tensor(*act)
+        self.dx_other = Tensor(*act)
+        self.logits = Tensor((B, T, V), (bt, tt, tiles["vocab"]), dtype)
+        self.stats = Tensor((B, T, 2), (bt, tt, 2), dtype)
+        self.lse = Tensor((B, T), (bt, tt), dtype)
+        self.picked = Tensor((B, T), (bt, tt), dtype)
+
+    def unregister(self):
+        for t in (self.ids, self.labels, self.positions, self.x0, self.dx, self.dx_other,
+                  self.logits, self.stats, self.lse, self.picked):
+            t.unregister()
+
+
+cdef class GPT2LMHead(Module):
+    """GPT-2 language model over tiles.
+
+    ``tiling`` gives tile sizes for keys batch, seq, embd, head (heads per tile), inner (MLP)
+    and vocab; a missing key means one tile for that dimension. Batch and seq tiles are
+    clipped to the data's shape, so any [batch, seq] with seq <= n_positions can be used.
+    """
+    cdef readonly object config
+    cdef readonly dict tiles
+    cdef readonly list blocks
+    cdef readonly Embedding wte, wpe
+    cdef readonly LayerNorm ln_f
+    cdef readonly Parameter lm_head
+    cdef readonly Tensor loss_value
+    cdef dict _workspaces
+    cdef _Workspace _ws
+    cdef Tensor _h
+    cdef bint _ready_for_backward
+
+    def __init__(self, config, tiling=None, str dtype="fp32"):
+        if dtype not in ("fp32", "fp64", "tf32"):
+            raise ValueError(f"GPT2LMHead: dtype {dtype!r}; use fp32, tf32 or fp64")
+        if not isinstance(config, GPT2Config):
+            raise TypeError(f"GPT2LMHead needs a GPT2Config, got {type(config).__name__}")
+        super().__init__(dtype)
+        self.config = config
+        self.tiles = self.check_tiling(tiling or {}, config)
+        t = self.tiles
+        E, V = config.n_embd, config.vocab_size
+        self.wte = self.add_child("transformer.wte", Embedding(V, t["vocab"], E, t["embd"], dtype))
+        self.wpe = self.add_child("transformer.wpe", Embedding(
+            config.n_positions, min(t["seq"], config.n_positions), E, t["embd"], dtype))
+        self.blocks = [self.add_child(f"transformer.h.{i}", Block(config, t, dtype))
+                       for i in range(config.n_layer)]
+        self.ln_f = self.add_child("transformer.ln_f", LayerNorm(E, t["embd"],
+                                                                config.layer_norm_epsilon, dtype))
+        if config.tie_word_embeddings:
+            self.lm_head = self.wte.weight
+        else:
+            self.lm_head = self.add_param("lm_head.weight", (V, E), (t["vocab"], t["embd"]))
+        self.loss_value = Tensor((1,), (1,), dtype)
+        self._workspaces = {}
+        self._ready_for_backward = False
+
+    @staticmethod
+    def check_tiling(tiling, config):
+        unknown = set(tiling) - set(TILING_KEYS)
+        if unknown:
+            raise ValueError(f"tiling: unknown keys {sorted(unknown)}; use {list(TILING_KEYS)}")
+        sizes = {"embd": config.n_embd, "head": config.n_head, "inner": config.inner,
+                 "vocab": config.vocab_size, "seq": config.n_positions, "batch": None}
+        tiles = {}
+        for key in TILING_KEYS:
+            value = tiling.get(key, sizes[key])
+            if value is None:  # batch: one tile for the whole batch unless told otherwise
+                tiles[key] = None
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"tiling[{key!r}]={value!r} must be an integer")
+            if value < 1 or (sizes[key] is not None and value > sizes[key]):
+                limit = f"between 1 and the {key} size {sizes[key]}" if sizes[key] else ">= 1"
+                raise ValueError(f"tiling[{key!r}]={value} must be {limit}")
+            tiles[key] = int(value)
+        return tiles
+
+    @property
+    def dtype_name(self):
+        return self.dtype
+
+    # ---- parameters in transformers' layout ----------------------------------------------
+
+    def _hf_views(self):
+        """(transformers name, its shape, [(our parameter, cut of the transformers array)])."""
+        E = self.config.n_embd
+        for name, param in self.named_parameters():
+            if name.split(".")[-2] in ("q", "k", "v"):
+                continue
+            shape = param.value.shape
+            hf_shape = (E, E) if name.endswith("attn.c_proj.weight") else shape
+            yield name, hf_shape, [(param, lambda a, shape=shape: a.reshape(shape))]
+        for i in range(self.config.n_layer):
+            attn = (<Block> self.blocks[i]).attn
+            qkv = (attn.q, attn.k, attn.v)
+            prefix = f"transformer.h.{i}.attn.c_attn."
+            yield prefix + "weight", (E, 3 * E), [
+                (layer.weight, (lambda a, j=j, s=layer.weight.value.shape:
+                                a[:, j * E:(j + 1) * E].reshape(s)))
+                for j, layer in enumerate(qkv)]
+            yield prefix + "bias", (3 * E,), [
+                (layer.bias, (lambda a, j=j, s=layer.bias.value.shape:
+                              a[j * E:(j + 1) * E].reshape(s)))
+                for j, layer in enumerate(qkv)]
+
+    def load_state_dict(self, state):
+        """Load numpy arrays keyed by transformers' GPT-2 parameter names."""
+        for hf_name, hf_shape, pieces in self._hf_views():
+            if hf_name not in state:
+                raise KeyError(f"state dict has no {hf_name!r}")
+            array = np.asarray(state[hf_name])
+            if array.shape != hf_shape:
+                raise ValueError(f"{hf_name}: shape {array.shape}, the model expects {hf_shape}")
+            for param, cut in pieces:
+                param.value.write(cut(array))
+
+    def _collect(self, which):
+        out = {}
+        for hf_name, hf_shape, pieces in self._hf_views():
+            arrays = [getattr(param, which).to_array() for param, _ in pieces]
+            if len(arrays) == 3:
+                arrays = [a.reshape(hf_shape[:-1] + (-1,)) for a in arrays]
+                out[hf_name] = np.concatenate(arrays, axis=-1)
+            else:
+                out[hf_name] = arrays[0].reshape(hf_shape)
+        return out
+
+    def state_dict(self):
+        """Parameters as numpy arrays keyed by transformers' names."""
+        return self._collect("value")
+
+    def gradients(self):
+        """Gradients as numpy arrays keyed by transformers' names."""
+        return self._collect("grad")
+
+    @classmethod
+    def from_transformers(cls, hf_model, tiling=None, dtype="fp32"):
+        model = cls(GPT2Config.from_transformers(hf_model.config), tiling, dtype)
+        model.load_state_dict({k: v.detach().cpu().numpy()
+                               for k, v in hf_model.state_dict().items()})
+        return model
+
+    def to_transformers(self):
+        """A transformers GPT2LMHeadModel holding a copy of the weights."""
+        import torch
+        from transformers import GPT2Config as HFConfig, GPT2LMHeadModel
+        c = self.config
+        hf = GPT2LMHeadModel(HFConfig(
+            vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd,
+            n_layer=c.n_layer, n_head=c.n_head, n_inner=c.n_inner,
+            layer_norm_epsilon=c.layer_norm_epsilon, activation_function=c.activation_function,
+            tie_word_embeddings=c.tie_word_embeddings, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0))
+        hf = hf.to(torch.float64 if self.dtype == "fp64" else torch.float32)
+        state = self.state_dict()
+        with torch.no_grad():
+            for name, tensor in hf.state_dict().items():
+                if name in state:
+                    tensor.copy_(torch.from_numpy(np.ascontiguousarray(state[name])))
+        return hf
+
+    # ---- forward, loss, backward ---------------------------------------------------------
+
+    def _check_tokens(self, array, str what):
+        array = np.asarray(array)
+        if array.ndim != 2:
+            raise ValueError(f"{what} must be [batch, seq], got shape {array.shape}")
+        if array.shape[1] > self.config.n_positions or array.size == 0:
+            raise ValueError(f"{what} has shape {array.shape}: the sequence length must be "
+                             f"between 1 and n_positions={self.config.n_positions}")
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"{what} must hold integers, got {array.dtype}")
+        if array.min() < 0 or array.max() >= self.config.vocab_size:
+            bad = array[(array < 0) | (array >= self.config.vocab_size)][0]
+            raise ValueError(f"{what} holds token id {bad}, outside the vocabulary "
+                             f"[0, {self.config.vocab_size})")
+        return array
+
+    cdef _Workspace _workspace(self, int B, int T):
+        key = (B, T)
+        ws = self._workspaces.get(key)
+        if ws is None:
+            bt = min(self.tiles["batch"] or B, B)
+            tt = min(self.tiles["seq"], T)
+            ws = _Workspace(B, T, bt, tt, self.tiles, self.config, self.dtype)
+            self._workspaces[key] = ws
+        return ws
+
+    cdef Tensor _forward(self, input_ids):
+        ids = self._check_tokens(input_ids, "input_ids")
+        cdef _Workspace ws = self._workspace(ids.shape[0], ids.shape[1])
+        self._ws = ws
+        ws.ids.write(ids)
+        ws.x0.clear()
+        self.wte.forward(ws.ids, ws.x0)
+        self.wpe.forward(ws.positions, ws.x0)
+        cdef Tensor x = ws.x0
+        for block in self.blocks:
+            x = (<Block> block).forward(x)
+        self._h = self.ln_f.forward(x)
+        ops.gemm(1.0, self._h, "N", self.lm_head.value, "T", 0.0, ws.logits)
+        return ws.logits
+
+    def forward(self, input_ids):
+        """Logits [batch, seq, vocab] as a numpy array."""
+        self._ready_for_backward = False
+        return self._forward(input_ids).to_array()
+
+    def loss(self, input_ids, targets):
+        """Mean cross-entropy of next-token targets (already shifted) as a float; activations
+        are kept for ``backward``."""
+        self.submit_loss(input_ids, targets)
+        return float(self.loss_value.to_array()[0])
+
+    def submit_loss(self, input_ids, targets):
+        """Submit forward and loss without waiting; the loss lands in ``loss_value``."""
+        input_ids = self._check_tokens(input_ids, "input_ids")
+        targets = self._check_tokens(targets, "targets")
+        if targets.shape != input_ids.shape:
+            raise ValueError(f"targets have shape {targets.shape} but input_ids {input_ids.shape}")
+        cdef Tensor logits = self._forward(input_ids)
+        cdef _Workspace ws = self._ws
+        ws.labels.write(targets)
+        ops.cross_entropy(logits, ws.labels, ws.stats, ws.lse, ws.picked, self.loss_value,
+                          1.0 / input_ids.size)
+        self._ready_for_backward = True
+
+    def backward(self, double scale=1.0):
+        """Accumulate every parameter's gradient of the last loss, times ``scale`` (for
+        gradient accumulation over micro-batches, pass 1/number of micro-batches)."""
+        if not self._ready_for_backward:
+            raise RuntimeError("backward() needs a loss() first (forward() alone keeps no loss)")
+        self._ready_for_backward = False
+        cdef _Workspace ws = self._ws
+        cdef Tensor dlogits = ws.logits
+        ops.cross_entropy_backward(dlogits, ws.labels, ws.stats, scale / ws.ids.traits.size)
+        ops.gemm(1.0, dlogits, "T", self._h, "N", 1.0, self.lm_head.grad, ndim=2)
+        cdef Tensor dx = ws.dx, other = ws.dx_other
+        # StarPU orders the reuse of dx_other after ln_f has read it (data dependencies).
+        ops.gemm(1.0, dlogits, "N", self.lm_head.value, "N", 0.0, other)
+        self.ln_f.backward(other, dx, 0.0)
+        for block in reversed(self.blocks):
+            (<Block> block).backward(dx, other)
+            dx, other = other, dx
+        self.wte.backward(dx)
+        self.wpe.backward(dx)
+
+    def unregister(self):
+        for ws in self._workspaces.values():
+            ws.unregister()
+        self._workspaces.clear()
+        self.loss_value.unregister()
+        Module.unregister(self)

@@ -1,0 +1,69 @@
+# Typed layer classes, for other Cython modules (models) to cimport.
+from nntile._core.core cimport Tensor
+
+
+cdef class Parameter:
+    cdef readonly Tensor value
+    cdef readonly Tensor grad
+
+
+cdef class Module:
+    cdef dict _params
+    cdef dict _children
+    cdef dict _buffers
+    cdef readonly str dtype
+    cpdef Parameter add_param(self, str name, tuple shape, tuple basetile)
+    cpdef Module add_child(self, str name, Module module)
+    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile)
+
+
+cdef class Linear(Module):
+    cdef readonly int in_ndim
+    cdef readonly tuple out_shape
+    cdef readonly tuple out_tiles
+    cdef readonly Parameter weight
+    cdef readonly Parameter bias
+    cdef Tensor x
+    cpdef Tensor forward(self, Tensor x)
+    cpdef backward(self, Tensor dy, Tensor dx=*, double beta=*)
+
+
+cdef class LayerNorm(Module):
+    cdef readonly double eps
+    cdef readonly Parameter weight
+    cdef readonly Parameter bias
+    cdef Tensor x
+    cdef Tensor stats
+    cpdef Tensor forward(self, Tensor x)
+    cpdef backward(self, Tensor dy, Tensor dx, double beta)
+
+
+cdef class Embedding(Module):
+    cdef readonly Parameter weight
+    cdef Tensor ids
+    cpdef forward(self, Tensor ids, Tensor dst)
+    cpdef backward(self, Tensor dy)
+
+
+cdef class Attention(Module):
+    cdef readonly int n_head
+    cdef readonly int head_dim
+    cdef readonly Linear q, k, v, c_proj
+    cdef Tensor q_out, k_out, v_out, p, o
+    cpdef Tensor forward(self, Tensor x)
+    cpdef backward(self, Tensor dy, Tensor dx, double beta)
+
+
+cdef class MLP(Module):
+    cdef readonly Linear c_fc, c_proj
+    cdef Tensor a
+    cpdef Tensor forward(self, Tensor x)
+    cpdef backward(self, Tensor dy, Tensor dx, double beta)
+
+
+cdef class Block(Module):
+    cdef readonly LayerNorm ln_1, ln_2
+    cdef readonly Attention attn
+    cdef readonly MLP mlp
+    cpdef Tensor forward(self, Tensor x)
+    cpdef backward(self, Tensor dy, Tensor dx)
