@@ -107,6 +107,7 @@ config=(
     --disable-build-examples --disable-build-tests --disable-build-doc
     --disable-fortran --disable-opencl --disable-socl --disable-starpupy
     --disable-openmp --disable-fxt --disable-mlr --disable-starpurm --disable-julia
+    --disable-starpufft --disable-max-fpga --disable-hip
     --enable-maxcudadev=8
 )
 if [ "$mpi" = 1 ]; then

@@ -3,6 +3,10 @@
 #include <stdint.h>
 #include "codelets.h"
 #include "kernels/kernels.h"
+#if NNTILE_HAVE_CUDA
+#include <starpu_cublas_v2.h>
+#include "../cuda/cuda_kernels.h"
+#endif
 
 #define BUF(i) ((void *)STARPU_VECTOR_GET_PTR(buffers[i]))
 
@@ -32,7 +36,51 @@
 
 #define WRAPPERS(op, nbuf) CPU_WRAPPER(op, fp32, nbuf) CPU_WRAPPER(op, fp64, nbuf)
 #define WRAPPERS_OPT(op, nbuf) CPU_WRAPPER_OPT(op, fp32, nbuf) CPU_WRAPPER_OPT(op, fp64, nbuf)
-NNTILE_OPS(WRAPPERS, WRAPPERS_OPT)
+NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
+
+#if NNTILE_HAVE_CUDA
+/* CUDA twins run asynchronously on the worker's stream (STARPU_CUDA_ASYNC codelets). */
+#define CUDA_WRAPPER(op, dtype, kdtype, nbuf)                                                   \
+    static void cuda_##op##_##dtype(void *buffers[], void *cl_arg)                             \
+    {                                                                                           \
+        nntile_cuda_##op##_##kdtype(cl_arg, starpu_cuda_get_local_stream(), BUFS_##nbuf);      \
+    }
+#define CUDA_WRAPPER_OPT(op, dtype, kdtype, nbuf)                                               \
+    static void cuda_##op##_##dtype(void *buffers[], void *cl_arg)                             \
+    {                                                                                           \
+        int given = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current());                       \
+        nntile_cuda_##op##_##kdtype(cl_arg, starpu_cuda_get_local_stream(), BUFS_##nbuf,        \
+                                    given > nbuf ? BUF(nbuf) : NULL);                           \
+    }
+#define CUDA_WRAPPER_BLAS(op, dtype, kdtype, nbuf)                                              \
+    static void cuda_##op##_##dtype(void *buffers[], void *cl_arg)                             \
+    {                                                                                           \
+        nntile_cuda_##op##_##kdtype(cl_arg, starpu_cublas_get_local_handle(), BUFS_##nbuf);    \
+    }
+/* tf32 stores fp32: only its GEMM differs (TF32 tensor cores). */
+#define CUDA_WRAPPERS(op, nbuf) CUDA_WRAPPER(op, fp32, fp32, nbuf) \
+    CUDA_WRAPPER(op, fp64, fp64, nbuf) CUDA_WRAPPER(op, tf32, fp32, nbuf)
+#define CUDA_WRAPPERS_OPT(op, nbuf) CUDA_WRAPPER_OPT(op, fp32, fp32, nbuf) \
+    CUDA_WRAPPER_OPT(op, fp64, fp64, nbuf) CUDA_WRAPPER_OPT(op, tf32, fp32, nbuf)
+#define CUDA_WRAPPERS_BLAS(op, nbuf) CUDA_WRAPPER_BLAS(op, fp32, fp32, nbuf) \
+    CUDA_WRAPPER_BLAS(op, fp64, fp64, nbuf) CUDA_WRAPPER_BLAS(op, tf32, tf32, nbuf)
+NNTILE_OPS(CUDA_WRAPPERS, CUDA_WRAPPERS_OPT, CUDA_WRAPPERS_BLAS)
+
+static void cuda_copy_bytes(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    size_t bytes = STARPU_VECTOR_GET_NX(buffers[0]) * STARPU_VECTOR_GET_ELEMSIZE(buffers[0]);
+    cudaMemcpyAsync(BUF(1), BUF(0), bytes, cudaMemcpyDeviceToDevice,
+                    starpu_cuda_get_local_stream());
+}
+
+typedef void (*cuda_func)(void *[], void *);
+static const cuda_func cuda_funcs[NNTILE_OP_COUNT][3] = {
+#define CUDA_FUNCS(op, nbuf) {cuda_##op##_fp32, cuda_##op##_fp64, cuda_##op##_tf32},
+    NNTILE_OPS(CUDA_FUNCS, CUDA_FUNCS, CUDA_FUNCS)
+#undef CUDA_FUNCS
+};
+#endif
 
 /* Tile copies move bytes, whatever the dtype. */
 static void cpu_copy_bytes(void *buffers[], void *cl_arg)
@@ -55,13 +103,13 @@ typedef void (*cpu_func)(void *[], void *);
 
 static const char *op_names[NNTILE_OP_COUNT] = {
 #define NAME(op, nbuf) #op,
-    NNTILE_OPS(NAME, NAME)
+    NNTILE_OPS(NAME, NAME, NAME)
 #undef NAME
 };
 
 static const cpu_func cpu_funcs[NNTILE_OP_COUNT][2] = {
 #define FUNCS(op, nbuf) {cpu_##op##_fp32, cpu_##op##_fp64},
-    NNTILE_OPS(FUNCS, FUNCS)
+    NNTILE_OPS(FUNCS, FUNCS, FUNCS)
 #undef FUNCS
 };
 
@@ -102,6 +150,21 @@ void nntile_codelets_init(void)
     for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
         define_codelet(NNTILE_OP_copy, dtype, cpu_copy_bytes);
     define_codelet(NNTILE_OP_fill, NNTILE_INT64, cpu_fill_int64);
+#if NNTILE_HAVE_CUDA
+    for (int op = 0; op < NNTILE_OP_COUNT; ++op)
+        for (int dtype = 0; dtype < 3; ++dtype) {
+            struct starpu_codelet *cl = &codelets[op][dtype];
+            cl->where |= STARPU_CUDA;
+            cl->cuda_funcs[0] = cuda_funcs[op][dtype];
+            cl->cuda_flags[0] = STARPU_CUDA_ASYNC;
+        }
+    for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype) {
+        struct starpu_codelet *cl = &codelets[NNTILE_OP_copy][dtype];
+        cl->where |= STARPU_CUDA;
+        cl->cuda_funcs[0] = cuda_copy_bytes;
+        cl->cuda_flags[0] = STARPU_CUDA_ASYNC;
+    }
+#endif
     initialized = 1;
 }
 
@@ -116,6 +179,20 @@ struct starpu_codelet *nntile_codelet(int op, int dtype)
 const char *nntile_op_name(int op)
 {
     return (op >= 0 && op < NNTILE_OP_COUNT) ? op_names[op] : "?";
+}
+
+void nntile_cuda_start(void)
+{
+#if NNTILE_HAVE_CUDA
+    starpu_cublas_init();
+#endif
+}
+
+void nntile_cuda_stop(void)
+{
+#if NNTILE_HAVE_CUDA
+    starpu_cublas_shutdown();
+#endif
 }
 
 extern void openblas_set_num_threads(int);

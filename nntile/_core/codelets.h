@@ -9,8 +9,9 @@
 
 #include <starpu.h>
 
-/* X(op, number of buffers). X_OPT(op, n): n buffers and one optional last buffer. */
-#define NNTILE_OPS(X, X_OPT)                                                                   \
+/* X(op, number of buffers). X_OPT(op, n): n buffers and one optional last buffer.
+ * X_BLAS(op, n): like X, but its CUDA kernel takes the worker's cuBLAS handle, not a stream. */
+#define NNTILE_OPS(X, X_OPT, X_BLAS)                                                                   \
     X(fill, 1) X(copy, 2) X(subcopy, 2) X(add, 2) X(scal, 1) X(prod, 3)                         \
     X(gelu, 2) X(gelu_backward, 3) X(gelutanh, 2) X(gelutanh_backward, 3)                       \
     X(add_fiber, 2) X(prod_fiber, 2) X(sum_fiber, 2) X(sumprod_fiber, 3)                        \
@@ -19,11 +20,11 @@
     X(logsumexp, 2) X(xent_picked, 3) X(xent_loss, 3) X(xent_grad_inplace, 3)                   \
     X(embedding, 3) X(embedding_backward, 3)                                                    \
     X(layernorm_stats, 2) X(layernorm_forward, 5) X(layernorm_backward_reduce, 7)               \
-    X(layernorm_backward, 6) X(gemm, 3) X(sumsq, 2)                                             \
+    X(layernorm_backward, 6) X_BLAS(gemm, 3) X(sumsq, 2)                                             \
     X_OPT(adam_step, 4) X_OPT(sgd_step, 3)
 
 #define NNTILE_OP_ENUM(op, nbuf) NNTILE_OP_##op,
-enum nntile_op { NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM) NNTILE_OP_COUNT };
+enum nntile_op { NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM) NNTILE_OP_COUNT };
 #undef NNTILE_OP_ENUM
 
 /* Storage types of tiles. tf32 stores fp32 and differs only in the GEMM compute mode. */
@@ -49,5 +50,9 @@ const char *nntile_op_name(int op);
 
 /* Set OpenBLAS to one thread: each StarPU CPU worker is already one thread. */
 void nntile_blas_single_thread(void);
+
+/* cuBLAS handles of the CUDA workers: after starpu_init, before starpu_shutdown. */
+void nntile_cuda_start(void);
+void nntile_cuda_stop(void);
 
 #endif

@@ -27,6 +27,8 @@ cdef int check(int ret, str call) except -1:
 cdef extern from "codelets.h" nogil:
     void nntile_codelets_init()
     void nntile_blas_single_thread()
+    void nntile_cuda_start()
+    void nntile_cuda_stop()
     int NNTILE_HAVE_CUDA
 
 cdef extern from "Python.h":
@@ -148,6 +150,7 @@ class Context:
             raise RuntimeError("StarPU found no worker to run tasks on (ncpu=0 and no GPU?)")
         check(ret, "starpu_init")
         nntile_codelets_init()
+        nntile_cuda_start()
         _epoch += 1
         self._epoch = _epoch
         _running_context = self
@@ -186,6 +189,30 @@ class Context:
             ret = starpu_task_wait_for_all()
         check(ret, "starpu_task_wait_for_all")
 
+    def profiling(self, bint enable=True):
+        """Turn StarPU's per-worker time accounting on or off (see worker_stats)."""
+        self._check_running()
+        cdef int ret = starpu_profiling_status_set(STARPU_PROFILING_ENABLE if enable
+                                                   else STARPU_PROFILING_DISABLE)
+        if ret < 0:  # on success it returns the previous status, 0 or 1
+            check(ret, "starpu_profiling_status_set")
+
+    def worker_stats(self):
+        """Seconds each worker spent in total, executing tasks and sleeping since the last
+        call (StarPU resets the counters on reading); needs profiling(True)."""
+        self._check_running()
+        cdef starpu_profiling_worker_info info
+        cdef unsigned i
+        stats = []
+        for i in range(starpu_worker_get_count()):
+            check(starpu_profiling_worker_get_info(i, &info), "starpu_profiling_worker_get_info")
+            stats.append(dict(worker=self.workers[i],
+                              total_s=starpu_timing_timespec_to_us(&info.total_time) * 1e-6,
+                              executing_s=starpu_timing_timespec_to_us(&info.executing_time) * 1e-6,
+                              sleeping_s=starpu_timing_timespec_to_us(&info.sleeping_time) * 1e-6,
+                              tasks=info.executed_tasks))
+        return stats
+
     def pause(self):
         """Stop the workers (they otherwise poll for tasks and keep the CPU cores busy),
         e.g. while another library computes; tasks submitted meanwhile wait for resume()."""
@@ -211,6 +238,7 @@ class Context:
         finally:
             _running_context = None
             with nogil:
+                nntile_cuda_stop()
                 starpu_shutdown()
 
     def __enter__(self):

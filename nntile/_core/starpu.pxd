@@ -134,3 +134,20 @@ cdef extern from "starpu.h" nogil:
 cdef extern from "starpu.h" nogil:
     int STARPU_CL_ARGS
     int starpu_task_insert(starpu_codelet *cl, ...)
+
+cdef extern from "starpu_profiling.h" nogil:
+    struct timespec:
+        long tv_sec
+        long tv_nsec
+    struct starpu_profiling_worker_info:
+        timespec start_time
+        timespec total_time
+        timespec executing_time
+        timespec sleeping_time
+        timespec waiting_time
+        int executed_tasks
+    int STARPU_PROFILING_ENABLE
+    int STARPU_PROFILING_DISABLE
+    int starpu_profiling_status_set(int status)
+    int starpu_profiling_worker_get_info(int workerid, starpu_profiling_worker_info *info)
+    double starpu_timing_timespec_to_us(timespec *ts)

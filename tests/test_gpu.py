@@ -1,0 +1,88 @@
+"""GPU runs of the tiled GPT-2 against the CPU path (skipped without CUDA)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import nntile
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not nntile.HAVE_CUDA, reason="nntile built without CUDA")]
+
+COMPARE = """
+import json, sys
+import numpy as np, torch, transformers, nntile
+from nntile.models import GPT2LMHead
+from nntile.optim import AdamW
+cfg = json.loads(sys.argv[1])
+torch.manual_seed(0)
+hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**cfg["model"], resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False))
+rng = np.random.default_rng(0)
+V = cfg["model"]["vocab_size"]
+ids = rng.integers(0, V, (cfg["batch"], cfg["seq"]))
+targets = rng.integers(0, V, (cfg["batch"], cfg["seq"]))
+results = {}
+for name, ncuda, dtype in cfg["runs"]:
+    with nntile.Context(ncuda=ncuda, ncpu=cfg.get("ncpu")) as ctx:
+        model = GPT2LMHead.from_transformers(hf, cfg["tiling"], dtype)
+        opt = AdamW(model.named_parameters(), lr=1e-3, max_grad_norm=1.0)
+        losses = []
+        for step in range(cfg["steps"]):
+            model.zero_grad()
+            losses.append(model.loss(ids, targets))
+            model.backward()
+            if step + 1 < cfg["steps"]:
+                opt.step()
+        grads = model.gradients()
+        results[name] = (losses, grads, ctx.workers)
+        model.unregister()
+ref_losses, ref_grads, _ = results[cfg["runs"][0][0]]
+out = {}
+for name, (losses, grads, workers) in results.items():
+    rel = {k: float(np.linalg.norm(grads[k] - ref_grads[k]) / np.linalg.norm(ref_grads[k]))
+           for k in ref_grads}
+    out[name] = dict(losses=losses, max_grad_rel=max(rel.values()),
+                     worst=max(rel, key=rel.get), workers=workers)
+print("RESULT" + json.dumps(out))
+"""
+
+
+def compare(cfg):
+    """Train the same transformers-initialised model under each (name, ncuda, dtype) run."""
+    proc = subprocess.run([sys.executable, "-c", COMPARE, json.dumps(cfg)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):])
+
+
+def test_small_gpt2_gpu_matches_cpu():
+    out = compare(dict(model=dict(vocab_size=1000, n_positions=64, n_embd=96, n_layer=2, n_head=3),
+                       batch=2, seq=37, steps=3,
+                       tiling=dict(batch=1, seq=10, embd=40, head=2, inner=100, vocab=300),
+                       runs=[("cpu", 0, "fp32"), ("gpu_fp32", 1, "fp32"), ("gpu_tf32", 1, "tf32")]))
+    print(out)
+    cpu = out["cpu"]
+    for a, b in zip(cpu["losses"], out["gpu_fp32"]["losses"]):
+        assert abs(a - b) <= 1e-5 * abs(a)
+    assert out["gpu_fp32"]["max_grad_rel"] < 1e-4
+    for a, b in zip(cpu["losses"], out["gpu_tf32"]["losses"]):
+        assert abs(a - b) <= 2e-3 * abs(a)
+    assert out["gpu_tf32"]["max_grad_rel"] < 3e-2
+
+
+@pytest.mark.slow
+def test_gpt2_124m_gpu_matches_cpu():
+    """GPT-2 124M (untied head): loss and gradients on the GPU against the CPU fp32 path."""
+    out = compare(dict(model=dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12,
+                                  n_head=12),
+                       batch=2, seq=128, steps=1, tiling=dict(vocab=8192, inner=1536),
+                       runs=[("cpu", 0, "fp32"), ("gpu_fp32", 1, "fp32"), ("gpu_tf32", 1, "tf32")]))
+    print("GPT-2 124M GPU vs CPU:", json.dumps(out))
+    cpu = out["cpu"]["losses"][0]
+    assert abs(out["gpu_fp32"]["losses"][0] - cpu) <= 1e-4 * cpu
+    assert out["gpu_fp32"]["max_grad_rel"] <= 1e-4
+    assert abs(out["gpu_tf32"]["losses"][0] - cpu) <= 2e-3 * cpu
+    assert out["gpu_tf32"]["max_grad_rel"] <= 3e-2
