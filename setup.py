@@ -18,6 +18,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CU_SOURCES = {}  # extension name -> CUDA sources compiled by nvcc
 
 
 def fail(message):
@@ -85,7 +86,7 @@ class BuildWithNvcc(build_ext):
     """Compiles nntile/cuda/*.cu with nvcc into objects linked into the core module."""
 
     def build_extension(self, ext):
-        cu_sources = getattr(ext, "cu_sources", [])
+        cu_sources = CU_SOURCES.get(ext.name, [])
         if cu_sources:
             home = cuda_home()
             objdir = os.path.join(self.build_temp, "cuda")
@@ -93,15 +94,24 @@ class BuildWithNvcc(build_ext):
             include = [f"-I{d}" for d in ext.include_dirs]
             archs = os.environ.get("NNTILE_CUDA_ARCHS", "80;90").split(";")
             gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
-            for src in cu_sources:
+            headers = glob.glob("nntile/cuda/*.h*") + glob.glob("nntile/_core/kernels/*.h")
+            newest_header = max((os.path.getmtime(h) for h in headers), default=0)
+
+            def compile_one(src):
                 obj = os.path.join(objdir, os.path.basename(src) + ".o")
-                if not os.path.exists(obj) or os.path.getmtime(obj) < os.path.getmtime(src):
+                if (not os.path.exists(obj)
+                        or os.path.getmtime(obj) < max(os.path.getmtime(src), newest_header)):
                     cmd = [os.path.join(home, "bin", "nvcc"), "-c", src, "-o", obj, "-O3",
                            "-std=c++17", "-Xcompiler", "-fPIC", "-DNNTILE_HAVE_CUDA=1",
                            *gencode, *include]
                     print(" ".join(cmd))
                     subprocess.run(cmd, check=True)
-                ext.extra_objects.append(obj)
+                return obj
+
+            # nvcc is slow and single-threaded: compile the files side by side.
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                ext.extra_objects.extend(pool.map(compile_one, cu_sources))
         super().build_extension(ext)
 
 
@@ -132,7 +142,7 @@ def extensions():
         extra_compile_args=["-O3", f"-march={march}", "-fno-math-errno", "-Wno-unused-function"],
         extra_link_args=link_args,
     )
-    core.cu_sources = cu_sources
+    CU_SOURCES[core.name] = cu_sources  # cythonize() copies extensions, so keep them aside
     # Layers and models are typed Cython classes that only call the core module's ops.
     python_level = [Extension(name, [path], include_dirs=include_dirs, define_macros=macros)
                     for name, path in (("nntile.nn.layers", "nntile/nn/layers.pyx"),

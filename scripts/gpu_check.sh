@@ -4,11 +4,12 @@
 # Builds StarPU with CUDA from the tarball, builds nntile with CUDA, runs the CUDA kernel
 # tests, the GPU model tests, a short GPT-2 training run on the GPU and the GPU benchmark,
 # then prints a summary. Logs go to $NNTILE_GPU_LOGS (default build/gpu-check).
+# Arguments pick steps (default: all): build kernels model train bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export STARPU_TARBALL="${STARPU_TARBALL:-$PWD/vendor/starpu-1.4.10+dfsg.tar.gz}"
 logs="${NNTILE_GPU_LOGS:-build/gpu-check}"
-mkdir -p "$logs"
+mkdir -p "$logs" build
 summary=()
 step() {  # step NAME COMMAND...: run, log, remember the outcome
     local name="$1"; shift
@@ -24,16 +25,20 @@ step() {  # step NAME COMMAND...: run, log, remember the outcome
     tail -n 5 "$logs/$name.log"
 }
 
+steps="${*:-build kernels model train bench}"
+want() { [[ " $steps " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
-step starpu bash -c 'NNTILE_CUDA=1 scripts/install_starpu.sh | tail -n 1 > build/starpu-prefix' || exit 1
-export NNTILE_STARPU_PREFIX="$(cat build/starpu-prefix)"
-step build env NNTILE_CUDA=1 python3 setup.py build_ext --inplace || exit 1
+if want build || [ ! -f build/starpu-prefix ]; then
+    step starpu bash -c 'NNTILE_CUDA=1 scripts/install_starpu.sh | tail -n 1 > build/starpu-prefix' || exit 1
+    export NNTILE_STARPU_PREFIX="$(cat build/starpu-prefix)"
+    step build env NNTILE_CUDA=1 python3 setup.py build_ext --inplace || exit 1
+fi
 python3 -c "import nntile; assert nntile.HAVE_CUDA, 'nntile built without CUDA'" || exit 1
 export PYTHONUNBUFFERED=1
-step cuda-kernels python3 -m pytest -q -p no:cacheprovider tests/cuda
-step gpu-model python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py
-step gpu-train python3 -m nntile.demo
-step gpu-bench python3 -m pytest -q -s -p no:cacheprovider bench/test_gpt2_gpu.py --benchmark-only
+want kernels && step cuda-kernels python3 -m pytest -q -p no:cacheprovider tests/cuda
+want model && step gpu-model python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py
+want train && step gpu-train python3 -m nntile.demo
+want bench && step gpu-bench python3 -m pytest -q -s -p no:cacheprovider bench/test_gpt2_gpu.py --benchmark-only
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null
 echo "=== summary ($(cat "$logs/gpu.txt"))"
 printf '%s\n' "${summary[@]}"

@@ -1,0 +1,605 @@
+/* Shared device helpers for the nntile CUDA kernels (internal).
+ *
+ * Kernels are templates over the storage type T; C_t<T> is the compute type
+ * (float for fp32 and bf16, double for fp64), ld()/st<T>() convert between
+ * them, as LOAD/STORE do on the CPU side.  Reductions accumulate in double
+ * for every dtype, like the CPU kernels. */
+#ifndef NNTILE_CUDA_COMMON_CUH
+#define NNTILE_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <math_constants.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <mutex>
+#include <type_traits>
+
+#include "cuda_kernels.h"
+
+/* Internal symbols get hidden visibility (only the extern "C" entry points,
+ * declared in cuda_kernels.h, are exported from a shared library). */
+#define NNTILE_CUDA_BEGIN                                                    \
+    _Pragma("GCC visibility push(hidden)") namespace nntile_cuda {
+#define NNTILE_CUDA_END } _Pragma("GCC visibility pop")
+
+NNTILE_CUDA_BEGIN
+
+typedef __nv_bfloat16 bf16;
+
+/* ---------------------------------------------------------------- types */
+
+template <typename T> struct Compute;
+template <> struct Compute<float> { typedef float type; };
+template <> struct Compute<double> { typedef double type; };
+template <> struct Compute<bf16> { typedef float type; };
+template <typename T> using C_t = typename Compute<T>::type;
+
+/* ABI pointer type (as in cuda_kernels.h) -> storage type */
+template <typename A> struct Storage { typedef A type; };
+template <> struct Storage<uint16_t> { typedef bf16 type; };
+
+__host__ __device__ __forceinline__ float ld(float x) { return x; }
+__host__ __device__ __forceinline__ double ld(double x) { return x; }
+__host__ __device__ __forceinline__ float ld(bf16 x)
+{
+    return __bfloat162float(x);
+}
+
+template <typename T> __host__ __device__ __forceinline__ T st(C_t<T> x);
+template <> __host__ __device__ __forceinline__ float st<float>(float x)
+{
+    return x;
+}
+template <> __host__ __device__ __forceinline__ double st<double>(double x)
+{
+    return x;
+}
+template <> __host__ __device__ __forceinline__ bf16 st<bf16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+
+/* ---------------------------------------------------------------- math */
+
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float m_erf(float x) { return erff(x); }
+__device__ __forceinline__ double m_erf(double x) { return erf(x); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+
+template <typename C> __device__ __forceinline__ C ninf();
+template <> __device__ __forceinline__ float ninf<float>()
+{
+    return -CUDART_INF_F;
+}
+template <> __device__ __forceinline__ double ninf<double>()
+{
+    return -CUDART_INF;
+}
+
+/* The CPU's VEXP (common.h): exp with the same range clamps (results that
+ * would be subnormal flush to 0, results near the top of the range give
+ * +inf).  Full-precision expf/exp inside the range (<= 2 ulp). */
+__device__ __forceinline__ float vexp(float x)
+{
+    const float r = expf(x);
+    return x > 88.37f ? CUDART_INF_F : (x < -87.33f ? 0.0f : r);
+}
+__device__ __forceinline__ double vexp(double x)
+{
+    const double r = exp(x);
+    return x > 709.43 ? CUDART_INF : (x < -708.39 ? 0.0 : r);
+}
+
+/* Shift before exponentiation: the max, or 0 when it is -inf. */
+template <typename C> __device__ __forceinline__ C exp_shift(C m)
+{
+    return m == ninf<C>() ? (C)0 : m;
+}
+
+/* ---------------------------------------------------------------- launch */
+
+constexpr int kBlock = 256;      /* threads per block of most kernels */
+constexpr int64_t kMaxGrid = 65536; /* grid cap; kernels grid-stride */
+constexpr int kWaveBlocks = 1024;  /* ~8 blocks of 256 per SM (H100) */
+
+inline unsigned grid_for(int64_t work, int per_block = kBlock)
+{
+    int64_t g = (work + per_block - 1) / per_block;
+    if (g < 1)
+        g = 1;
+    if (g > kMaxGrid)
+        g = kMaxGrid;
+    return (unsigned)g;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#define NNTILE_GRID_STRIDE(I, i, n)                                         \
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (I)(n);        \
+         i += (I)gridDim.x * blockDim.x)
+
+/* Stream-ordered scratch memory (no host synchronisation) for split
+ * reductions: a few KB to a few MB.  It comes from a memory pool of our own
+ * per device that keeps its memory (release threshold: unlimited), so that
+ * an allocation after a synchronisation does not go back to the driver
+ * (the default pool returns its memory at every synchronisation).  ptr is
+ * NULL when allocation failed; callers then take a path without scratch. */
+inline cudaMemPool_t scratch_pool()
+{
+    constexpr int kMaxDev = 64;
+    static std::mutex mu;
+    static cudaMemPool_t pools[kMaxDev];
+    static bool tried[kMaxDev];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDev) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!tried[dev]) {
+        tried[dev] = true;
+        cudaMemPoolProps props;
+        memset(&props, 0, sizeof(props));
+        props.allocType = cudaMemAllocationTypePinned;
+        props.handleTypes = cudaMemHandleTypeNone;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = dev;
+        if (cudaMemPoolCreate(&pools[dev], &props) == cudaSuccess) {
+            uint64_t keep = UINT64_MAX;
+            cudaMemPoolSetAttribute(pools[dev],
+                                    cudaMemPoolAttrReleaseThreshold, &keep);
+        } else {
+            pools[dev] = nullptr;
+            (void)cudaGetLastError();
+        }
+    }
+    return pools[dev];
+}
+
+struct Scratch {
+    void *ptr = nullptr;
+    cudaStream_t stream;
+    Scratch(size_t bytes, cudaStream_t s) : stream(s)
+    {
+        cudaMemPool_t pool = scratch_pool();
+        const cudaError_t err =
+            pool ? cudaMallocFromPoolAsync(&ptr, bytes, pool, s)
+                 : cudaMallocAsync(&ptr, bytes, s);
+        if (err != cudaSuccess) {
+            ptr = nullptr;
+            (void)cudaGetLastError();
+        }
+    }
+    ~Scratch()
+    {
+        if (ptr)
+            cudaFreeAsync(ptr, stream);
+    }
+    Scratch(const Scratch &) = delete;
+    Scratch &operator=(const Scratch &) = delete;
+};
+
+/* ---------------------------------------------------------------- reductions */
+
+struct SumOp {
+    template <typename V> __device__ V operator()(V a, V b) const
+    {
+        return a + b;
+    }
+};
+struct MaxOp {
+    template <typename V> __device__ V operator()(V a, V b) const
+    {
+        return b > a ? b : a;
+    }
+};
+
+template <typename V, typename Op>
+__device__ __forceinline__ V warp_allreduce(V v, Op op)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* All-reduce inside groups of TPR consecutive threads (TPR a multiple of 32
+ * dividing blockDim.x).  Every thread of the block must call it (it
+ * synchronises the block when TPR > 32).  sh: blockDim.x/32 entries. */
+template <int TPR, typename V, typename Op>
+__device__ __forceinline__ V group_allreduce(V v, Op op, V *sh)
+{
+    v = warp_allreduce(v, op);
+    if constexpr (TPR > 32) {
+        constexpr int W = TPR / 32;
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        __syncthreads();
+        if (lane == 0)
+            sh[warp] = v;
+        __syncthreads();
+        const int g0 = warp / W * W;
+        v = sh[g0];
+#pragma unroll
+        for (int w = 1; w < W; ++w)
+            v = op(v, sh[g0 + w]);
+    }
+    return v;
+}
+
+/* Sum of NA doubles over a 1-D block (blockDim.x a multiple of 32, at most
+ * 1024); the result is valid in thread 0.  Every thread must call it; it
+ * synchronises first, so it may be called repeatedly. */
+template <int NA>
+__device__ __forceinline__ void block_sum(double (&acc)[NA])
+{
+    __shared__ double sh[NA][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nw = blockDim.x >> 5;
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+        acc[a] = warp_allreduce(acc[a], SumOp());
+    __syncthreads();
+    if (lane == 0)
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+            sh[a][warp] = acc[a];
+    __syncthreads();
+    if (warp == 0)
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+            acc[a] = warp_allreduce(lane < nw ? sh[a][lane] : 0.0, SumOp());
+}
+
+/* Threads per row for row-wise kernels (block of kBlock threads holds
+ * kBlock/TPR rows). */
+template <typename F> void dispatch_tpr(int64_t len, F &&f)
+{
+    if (len <= 32)
+        f(std::integral_constant<int, 32>());
+    else if (len <= 128)
+        f(std::integral_constant<int, 64>());
+    else if (len <= 512)
+        f(std::integral_constant<int, 128>());
+    else
+        f(std::integral_constant<int, 256>());
+}
+
+inline unsigned row_grid(int64_t rows, int tpr)
+{
+    return grid_for(rows, kBlock / tpr);
+}
+
+/* Row loop: a group of TPR threads per row, groups stride over rows.  The
+ * bounds are uniform per block, so group_allreduce may be used inside when
+ * inactive groups (r >= rows) still take part. */
+#define NNTILE_ROW_LOOP(TPR, rows, r, tid, active)                          \
+    constexpr int RPB_ = kBlock / (TPR);                                     \
+    const int grp_ = threadIdx.x / (TPR);                                    \
+    const int tid = threadIdx.x % (TPR);                                     \
+    for (int64_t r0_ = (int64_t)blockIdx.x * RPB_; r0_ < (rows);             \
+         r0_ += (int64_t)gridDim.x * RPB_)                                   \
+        for (int64_t r = r0_ + grp_, once_ = 0; once_ < 1; ++once_)          \
+            for (bool active = r < (rows), o2_ = true; o2_; o2_ = false)
+
+/* ---- full reduction of n terms to NA doubles:
+ *   term(i, acc) adds term i into acc[0..NA); epi(acc) stores the result. */
+template <int NA, typename Term, typename Epi>
+__global__ void flat_reduce_k(int64_t n, Term term, Epi epi, double *partial)
+{
+    double acc[NA];
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+        acc[a] = 0.0;
+#pragma unroll 4
+    NNTILE_GRID_STRIDE(int64_t, i, n)
+        term(i, acc);
+    block_sum<NA>(acc);
+    if (threadIdx.x == 0) {
+        if (partial == nullptr)
+            epi(acc);
+        else
+            for (int a = 0; a < NA; ++a)
+                partial[(int64_t)a * gridDim.x + blockIdx.x] = acc[a];
+    }
+}
+
+template <int NA, typename Epi>
+__global__ void flat_finish_k(int nparts, const double *partial, Epi epi)
+{
+    double acc[NA];
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+        acc[a] = 0.0;
+        for (int i = threadIdx.x; i < nparts; i += blockDim.x)
+            acc[a] += partial[(int64_t)a * nparts + i];
+    }
+    block_sum<NA>(acc);
+    if (threadIdx.x == 0)
+        epi(acc);
+}
+
+template <int NA, typename Term, typename Epi>
+void flat_reduce(int64_t n, Term term, Epi epi, cudaStream_t stream)
+{
+    int64_t nb = ceil_div(n, (int64_t)kBlock * 16); /* >= 16 terms/thread */
+    if (nb > 1024)
+        nb = 1024;
+    if (nb > 1) {
+        Scratch sc((size_t)NA * nb * sizeof(double), stream);
+        if (sc.ptr) {
+            double *part = (double *)sc.ptr;
+            flat_reduce_k<NA><<<(unsigned)nb, kBlock, 0, stream>>>(n, term,
+                                                                   epi, part);
+            flat_finish_k<NA><<<1, kBlock, 0, stream>>>((int)nb, part, epi);
+            return;
+        }
+    }
+    flat_reduce_k<NA><<<1, 1024, 0, stream>>>(n, term, epi, nullptr);
+}
+
+/* ---- column reduction on [outer, red, inner] over the middle axis:
+ *   term(o, j, l, acc) adds element (o, j, l); epi(o, l, acc) stores.
+ * Block 32x8: x runs along the contiguous inner axis (coalesced), y over
+ * red.  When there are few blocks the red axis is split over gridDim.z with
+ * double partials in stream-ordered scratch and a finishing kernel. */
+template <int NA, typename Term, typename Epi>
+__global__ void colsum_k(int64_t outer, int64_t red, int64_t inner,
+                         int64_t chunk, Term term, Epi epi, double *partial)
+{
+    __shared__ double sh[NA][8][33];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t l = (int64_t)blockIdx.x * 32 + tx;
+    const int64_t j0 = (int64_t)blockIdx.z * chunk;
+    const int64_t j1 = j0 + chunk < red ? j0 + chunk : red;
+    for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
+        double acc[NA];
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+            acc[a] = 0.0;
+        if (l < inner) {
+#pragma unroll 4
+            for (int64_t j = j0 + ty; j < j1; j += 8)
+                term(o, j, l, acc);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+            sh[a][ty][tx] = acc[a];
+        __syncthreads();
+        if (ty == 0 && l < inner) {
+#pragma unroll
+            for (int a = 0; a < NA; ++a) {
+                double s = sh[a][0][tx];
+#pragma unroll
+                for (int t = 1; t < 8; ++t)
+                    s += sh[a][t][tx];
+                acc[a] = s;
+            }
+            if (partial == nullptr)
+                epi(o, l, acc);
+            else
+                for (int a = 0; a < NA; ++a)
+                    partial[(((int64_t)blockIdx.z * NA + a) * outer + o) * inner
+                            + l] = acc[a];
+        }
+    }
+}
+
+template <int NA, typename Epi>
+__global__ void colsum_finish_k(int64_t outer, int64_t inner, int split,
+                                const double *partial, Epi epi)
+{
+    NNTILE_GRID_STRIDE(int64_t, idx, outer * inner) {
+        double acc[NA];
+        for (int a = 0; a < NA; ++a) {
+            double s = 0.0;
+            for (int z = 0; z < split; ++z)
+                s += partial[((int64_t)z * NA + a) * outer * inner + idx];
+            acc[a] = s;
+        }
+        epi(idx / inner, idx % inner, acc);
+    }
+}
+
+/* number of splits of a reduction axis of length red when nblocks blocks
+ * cover the outputs (1 = no split) */
+inline int split_for(int64_t nblocks, int64_t red, int64_t min_chunk)
+{
+    if (nblocks >= kWaveBlocks)
+        return 1;
+    int64_t s = ceil_div(kWaveBlocks, nblocks);
+    const int64_t by_len = red / min_chunk;
+    if (s > by_len)
+        s = by_len;
+    if (s > 64)
+        s = 64;
+    return s < 1 ? 1 : (int)s;
+}
+
+template <int NA, typename Term, typename Epi>
+void colsum(int64_t outer, int64_t red, int64_t inner, Term term, Epi epi,
+            cudaStream_t stream)
+{
+    if (outer <= 0 || inner <= 0)
+        return;
+    const dim3 block(32, 8);
+    const int64_t gx = ceil_div(inner, 32);
+    const int64_t gy = outer < 65535 ? outer : 65535;
+    int split = split_for(gx * gy, red, 256);
+    if (split > 1) {
+        const int64_t chunk = ceil_div(red, split);
+        split = (int)ceil_div(red, chunk);
+        Scratch sc((size_t)split * NA * outer * inner * sizeof(double),
+                   stream);
+        if (sc.ptr) {
+            double *part = (double *)sc.ptr;
+            colsum_k<NA><<<dim3((unsigned)gx, (unsigned)gy, split), block, 0,
+                           stream>>>(outer, red, inner, chunk, term, epi,
+                                     part);
+            colsum_finish_k<NA><<<grid_for(outer * inner), kBlock, 0,
+                                  stream>>>(outer, inner, split, part, epi);
+            return;
+        }
+    }
+    colsum_k<NA><<<dim3((unsigned)gx, (unsigned)gy, 1), block, 0, stream>>>(
+        outer, red, inner, red > 0 ? red : 1, term, epi, nullptr);
+}
+
+/* ---- row reduction on [rows, len] (contiguous rows):
+ *   term(r, j, acc), epi(r, acc) */
+template <int TPR, int NA, typename Term, typename Epi>
+__global__ void rowsum_k(int64_t rows, int64_t len, Term term, Epi epi)
+{
+    __shared__ double sh[NA][kBlock / 32];
+    NNTILE_ROW_LOOP(TPR, rows, r, tid, active) {
+        double acc[NA];
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+            acc[a] = 0.0;
+        if (active) {
+#pragma unroll 4
+            for (int64_t j = tid; j < len; j += TPR)
+                term(r, j, acc);
+        }
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+            acc[a] = group_allreduce<TPR>(acc[a], SumOp(), sh[a]);
+        if (active && tid == 0)
+            epi(r, acc);
+    }
+}
+
+template <int NA, typename Term, typename Epi>
+void rowsum(int64_t rows, int64_t len, Term term, Epi epi,
+            cudaStream_t stream)
+{
+    if (rows <= 0)
+        return;
+    dispatch_tpr(len, [&](auto tpr) {
+        constexpr int TPR = decltype(tpr)::value;
+        rowsum_k<TPR, NA><<<row_grid(rows, TPR), kBlock, 0, stream>>>(
+            rows, len, term, epi);
+    });
+}
+
+/* ---------------------------------------------------------------- epilogues */
+
+/* out[idx] = alpha*acc + beta*out[idx] (out not read when beta == 0);
+ * idx = 0 (flat), r (rows) or o*ostride + l (columns) */
+template <typename T> struct AxpbyEpi {
+    T *out;
+    double alpha, beta;
+    int64_t ostride;
+    __device__ void store(int64_t idx, double acc) const
+    {
+        double s = alpha * acc;
+        if (beta != 0.0)
+            s += beta * (double)ld(out[idx]);
+        out[idx] = st<T>((C_t<T>)s);
+    }
+    __device__ void operator()(const double (&acc)[1]) const
+    {
+        store(0, acc[0]);
+    }
+    __device__ void operator()(int64_t r, const double (&acc)[1]) const
+    {
+        store(r, acc[0]);
+    }
+    __device__ void operator()(int64_t o, int64_t l,
+                               const double (&acc)[1]) const
+    {
+        store(o * ostride + l, acc[0]);
+    }
+};
+
+/* sum of src1 (PROD false) or src1*src2 (products in double) at element
+ * (o*red + j)*inner + l of a [outer, red, inner] array */
+template <typename T, bool PROD> struct SumTerm {
+    const T *s1, *s2;
+    int64_t red, inner;
+    __device__ void at(int64_t idx, double (&acc)[1]) const
+    {
+        if (PROD)
+            acc[0] += (double)ld(s1[idx]) * (double)ld(s2[idx]);
+        else
+            acc[0] += (double)ld(s1[idx]);
+    }
+    __device__ void operator()(int64_t i, double (&acc)[1]) const
+    {
+        at(i, acc);
+    }
+    __device__ void operator()(int64_t r, int64_t j, double (&acc)[1]) const
+    {
+        at(r * red + j, acc);
+    }
+    __device__ void operator()(int64_t o, int64_t j, int64_t l,
+                               double (&acc)[1]) const
+    {
+        at((o * red + j) * inner + l, acc);
+    }
+};
+
+/* ---- element-wise over [m, k, n] with broadcast:
+ *   op(idx, j, s) with j the fiber index and s = i*n + l the slice index.
+ * 32-bit index math when the tile has fewer than 2^31 elements. */
+template <bool N1, typename I, typename Op>
+__global__ void mkn_k(I total, I k, I n, Op op)
+{
+    NNTILE_GRID_STRIDE(I, idx, total) {
+        I j, sl;
+        if (N1) {
+            const I i = idx / k;
+            j = idx - i * k;
+            sl = i;
+        } else {
+            const I q = idx / n;
+            const I l = idx - q * n;
+            const I i = q / k;
+            j = q - i * k;
+            sl = i * n + l;
+        }
+        op((int64_t)idx, (int64_t)j, (int64_t)sl);
+    }
+}
+
+template <typename Op>
+void mkn(int64_t m, int64_t k, int64_t n, Op op, cudaStream_t stream)
+{
+    if (m <= 0 || k <= 0 || n <= 0)
+        return;
+    const int64_t total = m * k * n;
+    const unsigned g = grid_for(total);
+    if (total < ((int64_t)1 << 31)) {
+        if (n == 1)
+            mkn_k<true, uint32_t><<<g, kBlock, 0, stream>>>(
+                (uint32_t)total, (uint32_t)k, 1u, op);
+        else
+            mkn_k<false, uint32_t><<<g, kBlock, 0, stream>>>(
+                (uint32_t)total, (uint32_t)k, (uint32_t)n, op);
+    } else {
+        if (n == 1)
+            mkn_k<true, uint64_t><<<g, kBlock, 0, stream>>>(
+                (uint64_t)total, (uint64_t)k, 1u, op);
+        else
+            mkn_k<false, uint64_t><<<g, kBlock, 0, stream>>>(
+                (uint64_t)total, (uint64_t)k, (uint64_t)n, op);
+    }
+}
+
+NNTILE_CUDA_END
+
+/* ---------------------------------------------------------------- exports
+ * NNTILE_CUDA_EXPORT_<dtype>(X): X(abi_type, storage_type, suffix) */
+#define NNTILE_CUDA_INSTANTIATE(X)                                          \
+    X(float, float, fp32)                                                    \
+    X(double, double, fp64)                                                  \
+    X(uint16_t, nntile_cuda::bf16, bf16)
+
+#endif /* NNTILE_CUDA_COMMON_CUH */

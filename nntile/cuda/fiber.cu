@@ -1,0 +1,158 @@
+/* Fiber kernels on axis layout [m, k, n] (twins of _core/kernels/fiber.inc);
+ * a fiber has k elements. */
+#include "common.cuh"
+
+NNTILE_CUDA_BEGIN
+
+/* dst[i,j,l] = alpha*fiber[j] + beta*dst[i,j,l] */
+template <typename T> struct AddFiberOp {
+    const T *fiber;
+    T *dst;
+    C_t<T> alpha, beta;
+    int accumulate;
+    __device__ void operator()(int64_t idx, int64_t j, int64_t) const
+    {
+        const C_t<T> a = alpha * ld(fiber[j]);
+        dst[idx] = st<T>(accumulate ? a + beta * ld(dst[idx]) : a);
+    }
+};
+
+template <typename T>
+void add_fiber(const nntile_add_fiber_args *a, cudaStream_t s,
+               const T *fiber, T *dst)
+{
+    mkn(a->m, a->k, a->n,
+        AddFiberOp<T>{fiber, dst, (C_t<T>)a->alpha, (C_t<T>)a->beta,
+                      a->beta != 0.0}, s);
+}
+
+/* dst[i,j,l] *= alpha*fiber[j] */
+template <typename T> struct ProdFiberOp {
+    const T *fiber;
+    T *dst;
+    C_t<T> alpha;
+    __device__ void operator()(int64_t idx, int64_t j, int64_t) const
+    {
+        dst[idx] = st<T>(alpha * ld(fiber[j]) * ld(dst[idx]));
+    }
+};
+
+template <typename T>
+void prod_fiber(const nntile_prod_fiber_args *a, cudaStream_t s,
+                const T *fiber, T *dst)
+{
+    mkn(a->m, a->k, a->n, ProdFiberOp<T>{fiber, dst, (C_t<T>)a->alpha}, s);
+}
+
+/* fiber[j] = alpha * sum_{i,l} f(i,j,l) for n > 1: one block per j (and per
+ * chunk of i when the reduction is split). */
+template <typename T, bool PROD, typename Epi>
+__global__ void fibersum_k(int64_t m, int64_t k, int64_t n, int64_t chunk,
+                           const T *__restrict__ s1, const T *__restrict__ s2,
+                           Epi epi, double *partial)
+{
+    const SumTerm<T, PROD> term{s1, s2, 0, 0};
+    const int64_t i0 = (int64_t)blockIdx.y * chunk;
+    const int64_t i1 = i0 + chunk < m ? i0 + chunk : m;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarps = blockDim.x >> 5;
+    for (int64_t j = blockIdx.x; j < k; j += gridDim.x) {
+        double acc[1] = {0.0};
+        if (n >= 32) {
+            /* warps over i, lanes along the contiguous l */
+            for (int64_t i = i0 + warp; i < i1; i += nwarps) {
+                const int64_t base = (i * k + j) * n;
+                for (int64_t l = lane; l < n; l += 32)
+                    term.at(base + l, acc);
+            }
+        } else if (i1 > i0) {
+            const int64_t cnt = (i1 - i0) * n;
+            for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+                const int64_t di = t / n;
+                const int64_t l = t - di * n;
+                term.at(((i0 + di) * k + j) * n + l, acc);
+            }
+        }
+        block_sum<1>(acc);
+        if (threadIdx.x == 0) {
+            if (partial == nullptr)
+                epi(0, j, acc);
+            else
+                partial[(int64_t)blockIdx.y * k + j] = acc[0];
+        }
+    }
+}
+
+template <typename T, bool PROD>
+void fiber_reduce(int64_t m, int64_t k, int64_t n, double alpha, double beta,
+                  const T *s1, const T *s2, T *fiber, cudaStream_t s)
+{
+    if (k <= 0)
+        return;
+    const AxpbyEpi<T> epi{fiber, alpha, beta, 0};
+    if (m <= 0 || n <= 0)
+        n = 1, m = 0;
+    if (n == 1) {
+        /* [m, k]: column sums, coalesced along k */
+        colsum<1>(1, m, k, SumTerm<T, PROD>{s1, s2, m, k}, epi, s);
+        return;
+    }
+    const unsigned gx = (unsigned)(k < kMaxGrid ? k : kMaxGrid);
+    int split = split_for(gx, m, ceil_div(4096, n));
+    if (split > 1) {
+        const int64_t chunk = ceil_div(m, split);
+        split = (int)ceil_div(m, chunk);
+        Scratch sc((size_t)split * k * sizeof(double), s);
+        if (sc.ptr) {
+            double *part = (double *)sc.ptr;
+            fibersum_k<T, PROD><<<dim3(gx, split), kBlock, 0, s>>>(
+                m, k, n, chunk, s1, s2, epi, part);
+            colsum_finish_k<1><<<grid_for(k), kBlock, 0, s>>>(1, k, split,
+                                                              part, epi);
+            return;
+        }
+    }
+    fibersum_k<T, PROD><<<dim3(gx, 1), kBlock, 0, s>>>(m, k, n, m, s1, s2,
+                                                       epi, nullptr);
+}
+
+template <typename T>
+void sum_fiber(const nntile_sum_fiber_args *a, cudaStream_t s, const T *src,
+               T *fiber)
+{
+    fiber_reduce<T, false>(a->m, a->k, a->n, a->alpha, a->beta, src, nullptr,
+                           fiber, s);
+}
+
+template <typename T>
+void sumprod_fiber(const nntile_sumprod_fiber_args *a, cudaStream_t s,
+                   const T *s1, const T *s2, T *fiber)
+{
+    fiber_reduce<T, true>(a->m, a->k, a->n, a->alpha, a->beta, s1, s2, fiber,
+                          s);
+}
+
+NNTILE_CUDA_END
+
+using namespace nntile_cuda;
+
+#define EXPORT(A, T, S)                                                       \
+extern "C" void nntile_cuda_add_fiber_##S(                                    \
+    const struct nntile_add_fiber_args *args, cudaStream_t stream,            \
+    const A *fiber, A *dst)                                                   \
+{ add_fiber<T>(args, stream, (const T *)fiber, (T *)dst); }                   \
+extern "C" void nntile_cuda_prod_fiber_##S(                                   \
+    const struct nntile_prod_fiber_args *args, cudaStream_t stream,           \
+    const A *fiber, A *dst)                                                   \
+{ prod_fiber<T>(args, stream, (const T *)fiber, (T *)dst); }                  \
+extern "C" void nntile_cuda_sum_fiber_##S(                                    \
+    const struct nntile_sum_fiber_args *args, cudaStream_t stream,            \
+    const A *src, A *fiber)                                                   \
+{ sum_fiber<T>(args, stream, (const T *)src, (T *)fiber); }                   \
+extern "C" void nntile_cuda_sumprod_fiber_##S(                                \
+    const struct nntile_sumprod_fiber_args *args, cudaStream_t stream,        \
+    const A *src1, const A *src2, A *fiber)                                   \
+{ sumprod_fiber<T>(args, stream, (const T *)src1, (const T *)src2,            \
+                   (T *)fiber); }
+
+NNTILE_CUDA_INSTANTIATE(EXPORT)

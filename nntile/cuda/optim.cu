@@ -1,0 +1,132 @@
+/* Optimizer steps mirroring torch.optim (twins of _core/kernels/optim.inc):
+ * element math in the compute type with scalars rounded to it; the step
+ * scalars are computed on the host in double exactly as on the CPU.
+ * Gradient clipping (max_norm > 0 and normsq != NULL): normsq is a DEVICE
+ * pointer to the squared global norm, read inside the kernel. */
+#include "common.cuh"
+
+NNTILE_CUDA_BEGIN
+
+template <typename T>
+__device__ __forceinline__ C_t<T> clip_coef(int clip, double max_norm,
+                                            const T *normsq)
+{
+    typedef C_t<T> C;
+    if (!clip)
+        return (C)1;
+    const C norm = m_sqrt(ld(normsq[0]));
+    const C coef = (C)max_norm / (norm + (C)1e-6);
+    return coef < (C)1 ? coef : (C)1;
+}
+
+template <typename C> struct AdamScalars {
+    C p_scale, c_wd, w1, w1c, b2, w2, neg_step_size, bc2_sqrt, eps;
+    int lerp_low; /* torch lerp: weight < 0.5 */
+    int clip;
+    double max_norm;
+};
+
+template <typename T>
+__global__ void adam_step_k(int64_t n, AdamScalars<C_t<T>> k,
+                            T *__restrict__ p, const T *__restrict__ g,
+                            T *__restrict__ m, T *__restrict__ v,
+                            const T *__restrict__ normsq)
+{
+    typedef C_t<T> C;
+    const C coef = clip_coef(k.clip, k.max_norm, normsq);
+    NNTILE_GRID_STRIDE(int64_t, i, n) {
+        const C pi = ld(p[i]) * k.p_scale;
+        const C gi = ld(g[i]) * coef + k.c_wd * pi;
+        const C mi0 = ld(m[i]);
+        const C mi = k.lerp_low ? mi0 + k.w1 * (gi - mi0)
+                                : gi - (gi - mi0) * k.w1c;
+        const C vi = ld(v[i]) * k.b2 + k.w2 * gi * gi;
+        const C denom = m_sqrt(vi) / k.bc2_sqrt + k.eps;
+        m[i] = st<T>(mi);
+        v[i] = st<T>(vi);
+        p[i] = st<T>(pi + k.neg_step_size * mi / denom);
+    }
+}
+
+template <typename T>
+void adam_step(const nntile_adam_step_args *a, cudaStream_t s, T *p,
+               const T *g, T *m, T *v, const T *normsq)
+{
+    typedef C_t<T> C;
+    if (a->n <= 0)
+        return;
+    const double lr = a->lr, beta1 = a->beta1, beta2 = a->beta2;
+    const double wd = a->weight_decay;
+    const double step = (double)a->step;
+    AdamScalars<C> k;
+    k.clip = a->max_norm > 0.0 && normsq != nullptr;
+    k.max_norm = a->max_norm;
+    k.p_scale = a->decoupled ? (C)(1.0 - lr * wd) : (C)1;
+    k.c_wd = a->decoupled ? (C)0 : (C)wd;
+    k.w1 = (C)(1.0 - beta1);
+    k.w1c = (C)1 - k.w1;
+    k.b2 = (C)beta2;
+    k.w2 = (C)(1.0 - beta2);
+    const double bc1 = 1.0 - pow(beta1, step);
+    const double bc2 = 1.0 - pow(beta2, step);
+    k.neg_step_size = (C)(-(lr / bc1));
+    k.bc2_sqrt = (C)sqrt(bc2);
+    k.eps = (C)a->eps;
+    k.lerp_low = fabs(1.0 - beta1) < 0.5;
+    adam_step_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, k, p, g, m, v,
+                                                  normsq);
+}
+
+template <typename T>
+__global__ void sgd_step_k(int64_t n, C_t<T> wd, C_t<T> mom, C_t<T> damp,
+                           C_t<T> neg_lr, int use_momentum, int first,
+                           int nesterov, int clip, double max_norm,
+                           T *__restrict__ p, const T *__restrict__ g,
+                           T *__restrict__ buf, const T *__restrict__ normsq)
+{
+    typedef C_t<T> C;
+    const C coef = clip_coef(clip, max_norm, normsq);
+    NNTILE_GRID_STRIDE(int64_t, i, n) {
+        const C pi = ld(p[i]);
+        const C gi = ld(g[i]) * coef + wd * pi;
+        if (!use_momentum) {
+            p[i] = st<T>(pi + neg_lr * gi);
+        } else {
+            const C bi = first ? gi : ld(buf[i]) * mom + damp * gi;
+            buf[i] = st<T>(bi);
+            p[i] = st<T>(pi + neg_lr * (nesterov ? gi + mom * bi : bi));
+        }
+    }
+}
+
+template <typename T>
+void sgd_step(const nntile_sgd_step_args *a, cudaStream_t s, T *p,
+              const T *g, T *buf, const T *normsq)
+{
+    typedef C_t<T> C;
+    if (a->n <= 0)
+        return;
+    sgd_step_k<<<grid_for(a->n), kBlock, 0, s>>>(
+        a->n, (C)a->weight_decay, (C)a->momentum, (C)(1.0 - a->dampening),
+        (C)(-a->lr), a->momentum != 0.0, a->step <= 1, a->nesterov != 0,
+        a->max_norm > 0.0 && normsq != nullptr, a->max_norm, p, g, buf,
+        normsq);
+}
+
+NNTILE_CUDA_END
+
+using namespace nntile_cuda;
+
+#define EXPORT(A, T, S)                                                       \
+extern "C" void nntile_cuda_adam_step_##S(                                    \
+    const struct nntile_adam_step_args *args, cudaStream_t stream, A *p,      \
+    const A *g, A *m, A *v, const A *normsq)                                  \
+{ adam_step<T>(args, stream, (T *)p, (const T *)g, (T *)m, (T *)v,            \
+               (const T *)normsq); }                                          \
+extern "C" void nntile_cuda_sgd_step_##S(                                     \
+    const struct nntile_sgd_step_args *args, cudaStream_t stream, A *p,       \
+    const A *g, A *buf, const A *normsq)                                      \
+{ sgd_step<T>(args, stream, (T *)p, (const T *)g, (T *)buf,                   \
+              (const T *)normsq); }
+
+NNTILE_CUDA_INSTANTIATE(EXPORT)

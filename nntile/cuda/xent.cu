@@ -1,0 +1,112 @@
+/* Cross-entropy kernels (twins of _core/kernels/xent.inc).  Logits tiles are
+ * [rows, v] and cover vocabulary entries [v_offset, v_offset + v); labels
+ * are global vocabulary indices (int64). */
+#include "common.cuh"
+
+NNTILE_CUDA_BEGIN
+
+template <typename T>
+__global__ void xent_picked_k(int64_t rows, int64_t v, int64_t v_offset,
+                              const T *__restrict__ logits,
+                              const int64_t *__restrict__ labels,
+                              T *__restrict__ picked)
+{
+    NNTILE_GRID_STRIDE(int64_t, r, rows) {
+        const int64_t c = labels[r] - v_offset;
+        if ((uint64_t)c < (uint64_t)v)
+            picked[r] = logits[r * v + c];
+    }
+}
+
+template <typename T>
+void xent_picked(const nntile_xent_picked_args *a, cudaStream_t s,
+                 const T *logits, const int64_t *labels, T *picked)
+{
+    if (a->rows <= 0 || a->v <= 0)
+        return;
+    xent_picked_k<<<grid_for(a->rows), kBlock, 0, s>>>(a->rows, a->v,
+                                                       a->v_offset, logits,
+                                                       labels, picked);
+}
+
+/* loss = alpha*(sum lse - sum picked) + beta*loss */
+template <typename T> struct XentLossTerm {
+    const T *lse, *picked;
+    __device__ void operator()(int64_t i, double (&acc)[2]) const
+    {
+        acc[0] += (double)ld(lse[i]);
+        acc[1] += (double)ld(picked[i]);
+    }
+};
+template <typename T> struct XentLossEpi {
+    T *loss;
+    double alpha, beta;
+    __device__ void operator()(const double (&acc)[2]) const
+    {
+        double s = alpha * (acc[0] - acc[1]);
+        if (beta != 0.0)
+            s += beta * (double)ld(loss[0]);
+        loss[0] = st<T>((C_t<T>)s);
+    }
+};
+
+template <typename T>
+void xent_loss(const nntile_xent_loss_args *a, cudaStream_t s, const T *lse,
+               const T *picked, T *loss)
+{
+    flat_reduce<2>(a->rows > 0 ? a->rows : 0, XentLossTerm<T>{lse, picked},
+                   XentLossEpi<T>{loss, a->alpha, a->beta}, s);
+}
+
+/* logits = alpha*(softmax(logits) - onehot(label)), global row stats.
+ * Element-wise over the flat tile (vocabulary tiles are often odd-sized,
+ * so rows are not aligned; the flat form keeps every warp aligned). */
+template <typename T> struct XentGradOp {
+    const T *stats;
+    const int64_t *labels;
+    T *logits;
+    int64_t v_offset;
+    C_t<T> alpha;
+    __device__ void operator()(int64_t idx, int64_t c, int64_t r) const
+    {
+        typedef C_t<T> C;
+        const C sh = exp_shift(ld(stats[2 * r]));
+        const C sum = ld(stats[2 * r + 1]);
+        const C inv = sum > (C)0 ? (C)1 / sum : (C)0;
+        const C e = vexp(ld(logits[idx]) - sh);
+        if (c == labels[r] - v_offset)
+            logits[idx] = st<T>(alpha * (e * inv - (C)1));
+        else
+            logits[idx] = st<T>(e * (alpha * inv));
+    }
+};
+
+template <typename T>
+void xent_grad_inplace(const nntile_xent_grad_inplace_args *a, cudaStream_t s,
+                       const T *stats, const int64_t *labels, T *logits)
+{
+    mkn(a->rows, a->v, 1,
+        XentGradOp<T>{stats, labels, logits, a->v_offset, (C_t<T>)a->alpha},
+        s);
+}
+
+NNTILE_CUDA_END
+
+using namespace nntile_cuda;
+
+#define EXPORT(A, T, S)                                                       \
+extern "C" void nntile_cuda_xent_picked_##S(                                  \
+    const struct nntile_xent_picked_args *args, cudaStream_t stream,          \
+    const A *logits, const int64_t *labels, A *picked)                        \
+{ xent_picked<T>(args, stream, (const T *)logits, labels, (T *)picked); }     \
+extern "C" void nntile_cuda_xent_loss_##S(                                    \
+    const struct nntile_xent_loss_args *args, cudaStream_t stream,            \
+    const A *lse, const A *picked, A *loss)                                   \
+{ xent_loss<T>(args, stream, (const T *)lse, (const T *)picked, (T *)loss); } \
+extern "C" void nntile_cuda_xent_grad_inplace_##S(                            \
+    const struct nntile_xent_grad_inplace_args *args, cudaStream_t stream,    \
+    const A *stats, const int64_t *labels, A *logits)                         \
+{ xent_grad_inplace<T>(args, stream, (const T *)stats, labels,                \
+                       (T *)logits); }
+
+NNTILE_CUDA_INSTANTIATE(EXPORT)

@@ -1,0 +1,168 @@
+"""Rough timings of the CUDA kernels at GPT-2-small tile sizes (not a test).
+
+    python3 tests/cuda/bench_cuda_kernels.py
+
+Builds the library like the tests do, times each call with CUDA events on
+one stream (median of 20 after warm-up) and prints the effective bandwidth
+(bytes that must be read and written / time) or TFLOP/s for GEMM."""
+import ctypes
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cuda_kernels as T  # noqa: E402
+
+cp = T.cp
+
+
+def main():
+    env = T.Env(tempfile.mkdtemp(prefix="nntile_cuda_bench_"))
+    s = env.stream
+    rng = np.random.default_rng(0)
+
+    def arr(*shape, dtype=np.float32, fill=None):
+        with s:
+            if fill is not None:
+                return cp.full(shape, fill, dtype=dtype)
+            return cp.asarray(rng.standard_normal(shape).astype(dtype))
+
+    def bench(name, op, dt, args, bufs, nbytes=None, flops=None):
+        st_ = T.make_args(op, args)
+        fn = getattr(env.cuda, f"nntile_cuda_{op}_{dt}")
+        first = env.handle if op == "gemm" else ctypes.c_void_p(s.ptr)
+        ptrs = [None if b is None else ctypes.c_void_p(b.data.ptr) for b in bufs]
+        for _ in range(3):
+            fn(ctypes.byref(st_), first, *ptrs)
+        times = []
+        for _ in range(20):
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(s)
+            fn(ctypes.byref(st_), first, *ptrs)
+            e1.record(s)
+            e1.synchronize()
+            times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3)
+        t = float(np.median(times))
+        extra = ""
+        if nbytes:
+            extra = f"{nbytes / t / 1e9:8.0f} GB/s"
+        if flops:
+            extra = f"{flops / t / 1e12:8.1f} TFLOP/s"
+        print(f"{name:48s} {t * 1e6:9.1f} us {extra}")
+
+    tok, e, ff, vocab = 8192, 768, 3072, 50257
+    x = arr(tok, ff)
+    y = arr(tok, ff)
+    b = arr(ff)
+    n = tok * ff
+    bench("add (beta=1) [8192x3072]", "add", "fp32",
+          dict(n=n, alpha=1.0, beta=1.0), [x, y], 12 * n)
+    bench("gelutanh [8192x3072]", "gelutanh", "fp32", dict(n=n), [x, y], 8 * n)
+    bench("gelutanh_backward [8192x3072]", "gelutanh_backward", "fp32",
+          dict(n=n, beta=0.0), [x, y, arr(tok, ff)], 12 * n)
+    bench("add_fiber bias [8192x3072]", "add_fiber", "fp32",
+          dict(m=tok, k=ff, n=1, alpha=1.0, beta=1.0), [b, x], 8 * n)
+    bench("sum_fiber bias grad [8192x3072]", "sum_fiber", "fp32",
+          dict(m=tok, k=ff, n=1, alpha=1.0, beta=0.0), [x, b], 4 * n)
+    bench("sum_fiber n>1 [64x768x128]", "sum_fiber", "fp32",
+          dict(m=64, k=768, n=128, alpha=1.0, beta=0.0), [x, b], 4 * 64 * 768 * 128)
+    bench("sum_slice rows [8192x3072]", "sum_slice", "fp32",
+          dict(m=tok, k=ff, n=1, alpha=1.0, beta=0.0), [x, arr(tok)], 4 * n)
+    bench("sumprod_slice cols [64x3072x128]", "sumprod_slice", "fp32",
+          dict(m=64, k=3072, n=128, alpha=1.0, beta=0.0), [x, y, arr(64, 128)],
+          8 * 64 * 3072 * 128)
+    bench("sumsq [25M]", "sumsq", "fp32", dict(n=n, beta=0.0), [x, arr(1)], 4 * n)
+    # attention scores: [batch*heads*tq, tk] rows, softmax over tk
+    rows, tk = 8 * 12 * 1024, 1024
+    sc = arr(rows, tk)
+    stt = arr(rows, 2)
+    bench("maxsumexp attn [98304x1024]", "maxsumexp", "fp32",
+          dict(m=rows, k=tk, n=1, init=1), [sc, stt], 4 * rows * tk)
+    with s:
+        stt[:, 0] = 5.0
+        stt[:, 1] = 1000.0
+    bench("softmax_inplace attn [98304x1024]", "softmax_inplace", "fp32",
+          dict(m=rows, k=tk, n=1), [stt, sc], 8 * rows * tk)
+    bench("maxsumexp cols [96x1024x1024] n>1", "maxsumexp", "fp32",
+          dict(m=96, k=1024, n=1024, init=1), [sc, arr(96, 1024, 2)],
+          4 * 96 * 1024 * 1024)
+    bench("mask_causal [96x1024x1024]", "mask_causal", "fp32",
+          dict(batch=96, tq=1024, tk=1024, q_offset=0, k_offset=0), [sc],
+          2 * 96 * 1024 * 1024)
+    # logits: [tokens, vocab tile]
+    lrows, vt = 2048, vocab
+    lg = arr(lrows, vt)
+    lst = arr(lrows, 2)
+    labels = None
+    with s:
+        labels = cp.asarray(rng.integers(0, vt, lrows).astype(np.int64))
+    bench("maxsumexp logits [2048x50257]", "maxsumexp", "fp32",
+          dict(m=lrows, k=vt, n=1, init=1), [lg, lst], 4 * lrows * vt)
+    with s:
+        lst[:, 0] = 5.0
+        lst[:, 1] = 1000.0
+    bench("xent_grad_inplace [2048x50257]", "xent_grad_inplace", "fp32",
+          dict(rows=lrows, v=vt, v_offset=0, alpha=1.0), [lst, labels, lg],
+          8 * lrows * vt)
+    xe = arr(tok, e)
+    lst2 = arr(tok, 2)
+    g, be = arr(e), arr(e)
+    bench("layernorm_stats [8192x768]", "layernorm_stats", "fp32",
+          dict(rows=tok, e=e, e_offset=0), [xe, lst2], 4 * tok * e)
+    with s:
+        lst2[:, 0] = 0.0
+        lst2[:, 1] = float(e)
+    bench("layernorm_forward [8192x768]", "layernorm_forward", "fp32",
+          dict(rows=tok, e=e, e_total=e, eps=1e-5),
+          [xe, lst2, g, be, arr(tok, e)], 8 * tok * e)
+    bench("layernorm_backward_reduce [8192x768]", "layernorm_backward_reduce",
+          "fp32", dict(rows=tok, e=e, e_total=e, eps=1e-5, init=1),
+          [xe, arr(tok, e), lst2, g, arr(tok, 2), arr(e), arr(e)], 8 * tok * e)
+    bench("layernorm_backward [8192x768]", "layernorm_backward", "fp32",
+          dict(rows=tok, e=e, e_total=e, eps=1e-5, beta=0.0),
+          [xe, arr(tok, e), lst2, g, arr(tok, 2), arr(tok, e)], 12 * tok * e)
+    with s:
+        ids = cp.asarray(rng.integers(0, vocab, tok).astype(np.int64))
+    tab = arr(vocab, e)
+    bench("embedding [8192x768]", "embedding", "fp32",
+          dict(rows=tok, e=e, v_offset=0, v=vocab), [ids, tab, xe], 12 * tok * e)
+    bench("embedding_backward [8192x768]", "embedding_backward", "fp32",
+          dict(rows=tok, e=e, v_offset=0, v=vocab), [ids, xe, tab], 12 * tok * e)
+    npar = vocab * e
+    p, gg, m, v = arr(npar), arr(npar), arr(npar, fill=0.0), arr(npar, fill=0.0)
+    bench("adam_step [38.6M]", "adam_step", "fp32",
+          dict(n=npar, step=3, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8,
+               weight_decay=0.1, decoupled=1, max_norm=1.0),
+          [p, gg, m, v, arr(1, fill=4.0)], 28 * npar)
+    # subcopy: a [4096, 768] block out of [8192, 3072]
+    bench("subcopy 2-D [4096x768 of 8192x3072]", "subcopy", "fp32",
+          dict(ndim=2, src_shape=[tok, ff], dst_shape=[4096, 768],
+               copy_shape=[4096, 768], src_offset=[7, 100], dst_offset=[0, 0]),
+          [x, arr(4096, 768)], 8 * 4096 * 768)
+    bench("subcopy 3-D [64x64x96 of 128x128x128]", "subcopy", "fp32",
+          dict(ndim=3, src_shape=[128, 128, 128], dst_shape=[64, 64, 96],
+               copy_shape=[64, 64, 96], src_offset=[1, 2, 3],
+               dst_offset=[0, 0, 0]), [x, arr(64, 64, 96)], 8 * 64 * 64 * 96)
+    # GEMM: [8192x768] x [768x3072]
+    M, N, K = tok, ff, e
+    for dt, ty in (("fp32", np.float32), ("tf32", np.float32),
+                   ("bf16", np.uint16)):
+        A = arr(M, K, dtype=np.float32)
+        B = arr(K, N, dtype=np.float32)
+        C = arr(M, N, dtype=np.float32)
+        if ty is np.uint16:
+            with s:
+                A = cp.zeros((M, K), dtype=np.uint16) + 0x3F80
+                B = cp.zeros((K, N), dtype=np.uint16) + 0x3F80
+                C = cp.zeros((M, N), dtype=np.uint16)
+        bench(f"gemm {dt} {M}x{N}x{K}", "gemm", dt,
+              dict(transA=0, transB=0, M=M, N=N, K=K, alpha=1.0, beta=0.0,
+                   batch1=1, batch2=1, lda=K, ldb=N, ldc=N),
+              [A, B, C], flops=2.0 * M * N * K)
+    env.close()
+
+
+if __name__ == "__main__":
+    main()
