@@ -141,6 +141,9 @@ def extensions():
         define_macros=macros,
         extra_compile_args=["-O3", f"-march={march}", "-fno-math-errno", "-Wno-unused-function"],
         extra_link_args=link_args,
+        # relink when CUDA sources or any header change, not only the listed sources
+        depends=sorted(glob.glob("nntile/cuda/*") + glob.glob("nntile/_core/kernels/*")
+                       + glob.glob("nntile/_core/*.h") + glob.glob("nntile/_core/*.p*")),
     )
     CU_SOURCES[core.name] = cu_sources  # cythonize() copies extensions, so keep them aside
     # Layers and models are typed Cython classes that only call the core module's ops.

@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if want build || [ ! -f build/starpu-prefix ]; then
     step starpu bash -c 'NNTILE_CUDA=1 scripts/install_starpu.sh | tail -n 1 > build/starpu-prefix' || exit 1
     export NNTILE_STARPU_PREFIX="$(cat build/starpu-prefix)"
-    step build env NNTILE_CUDA=1 python3 setup.py build_ext --inplace || exit 1
+    step build env NNTILE_CUDA=1 python3 setup.py build_ext --inplace --force -j "$(nproc)" || exit 1
 fi
 python3 -c "import nntile; assert nntile.HAVE_CUDA, 'nntile built without CUDA'" || exit 1
 export PYTHONUNBUFFERED=1
