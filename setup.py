@@ -131,7 +131,7 @@ def extensions():
     if cuda:
         home = cuda_home()
         include_dirs.append(os.path.join(home, "include"))
-        link_args += [f"-L{os.path.join(home, 'lib64')}", "-lcudart", "-lcublas",
+        link_args += [f"-L{os.path.join(home, 'lib64')}", "-lcudart", "-lcublas", "-lstdc++",
                       f"-Wl,-rpath,{os.path.join(home, 'lib64')}"]
         cu_sources = sorted(glob.glob("nntile/cuda/*.cu"))
     core = Extension(
