@@ -30,7 +30,9 @@ STEPS = 5
 
 @pytest.fixture(scope="module")
 def gpu_ctx():
-    ctx = nntile.Context(ncuda=1, ncpu=int(os.environ.get("NNTILE_BENCH_GPU_NCPU", "1")),
+    # No CPU workers by default: with history-based models still uncalibrated, dmda would
+    # force some large GEMMs onto a CPU core just to measure them.
+    ctx = nntile.Context(ncuda=1, ncpu=int(os.environ.get("NNTILE_BENCH_GPU_NCPU", "0")),
                          verbose=True)
     yield ctx
     ctx.shutdown()

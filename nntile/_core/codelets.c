@@ -90,15 +90,6 @@ static void cpu_copy_bytes(void *buffers[], void *cl_arg)
     memcpy(BUF(1), BUF(0), bytes);
 }
 
-static void cpu_fill_int64(void *buffers[], void *cl_arg)
-{
-    const struct nntile_fill_args *args = cl_arg;
-    int64_t *dst = BUF(0);
-    int64_t value = (int64_t)args->value;
-    for (int64_t i = 0; i < args->n; ++i)
-        dst[i] = value;
-}
-
 typedef void (*cpu_func)(void *[], void *);
 
 static const char *op_names[NNTILE_OP_COUNT] = {
@@ -149,7 +140,6 @@ void nntile_codelets_init(void)
     }
     for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
         define_codelet(NNTILE_OP_copy, dtype, cpu_copy_bytes);
-    define_codelet(NNTILE_OP_fill, NNTILE_INT64, cpu_fill_int64);
 #if NNTILE_HAVE_CUDA
     for (int op = 0; op < NNTILE_OP_COUNT; ++op)
         for (int dtype = 0; dtype < 3; ++dtype) {

@@ -90,8 +90,13 @@ def fill(value, Tensor dst):
     cdef starpu_data_handle_t h[1]
     cdef starpu_data_access_mode m[1]
     args.value = float(value)
-    if dst.dtype == "int64" and args.value != int(value):
-        raise ValueError(f"fill: {value!r} is not an integer, and dst is int64")
+    if dst.dtype == "int64":
+        if args.value != int(value):
+            raise ValueError(f"fill: {value!r} is not an integer, and dst is int64")
+        # Integer tensors hold token ids, written from the host; filling them there keeps
+        # every task kernel floating-point (and runnable on any worker).
+        dst.write(np.full(dst.traits.shape, int(value), dtype=np.int64))
+        return
     m[0] = STARPU_W
     cdef Py_ssize_t i
     for i in range(dst.traits.ntiles):
