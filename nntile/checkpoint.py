@@ -1,0 +1,273 @@
+"""HDF5 checkpoints: one file ``ckpt-<step>.h5`` per checkpoint.
+
+Layout::
+
+    params/<parameter name>               one dataset per parameter, chunks = its tile shape
+    optim/<parameter name>/<state name>   the optimizer's state tensors (Adam moments, ...)
+    attrs: format, format_version, config, tiling, dtype, step, schedule, optimizer,
+           rng, data, train, tokenizer (JSON strings, except format/dtype/step)
+
+Tensors are written tile by tile (one HDF5 chunk per tile, with a Fletcher-32 checksum), so
+no whole tensor, let alone the whole model, is gathered in memory. Loading reads one tensor
+at a time and cuts it into the destination's tiles, so a checkpoint loads into any tiling. Saving is atomic: the file is
+written as ``*.tmp``, flushed, fsynced and renamed over its final name; a failed save removes
+its temporary file and leaves every older checkpoint as it was.
+"""
+import json
+import os
+import re
+
+import numpy as np
+
+from nntile.cli_common import CLIError
+
+FORMAT = "nntile-checkpoint"
+FORMAT_VERSION = 1
+NAME_RE = re.compile(r"^ckpt-(\d+)\.h5$")
+REQUIRED = ("config", "tiling", "dtype", "step")
+JSON_ATTRS = ("config", "tiling", "schedule", "optimizer", "rng", "data", "train", "tokenizer",
+              "source")
+NUMPY_DTYPES = {"fp32": np.float32, "tf32": np.float32, "fp64": np.float64}
+
+
+class CheckpointError(CLIError):
+    """A checkpoint cannot be read, does not fit the model, or cannot be written."""
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise CheckpointError("h5py is not installed (pip install h5py)") from None
+    return h5py
+
+
+def checkpoint_name(step):
+    return f"ckpt-{int(step)}.h5"
+
+
+def list_checkpoints(directory):
+    """[(step, path)] of the finished checkpoints in a directory, oldest first."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        match = NAME_RE.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(directory, name)))
+    return sorted(found)
+
+
+def latest(directory):
+    found = list_checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def prune(directory, keep):
+    """Delete all but the newest ``keep`` checkpoints (keep <= 0 keeps them all)."""
+    if not keep or keep <= 0:
+        return []
+    removed = []
+    for _, path in list_checkpoints(directory)[:-keep]:
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _write_tile(dataset, slices, array):
+    """One tile into its chunk (a separate function so tests can make it fail)."""
+    dataset[slices] = array
+
+
+def _write_tensor(group, name, tensor):
+    npdtype = NUMPY_DTYPES.get(tensor.dtype, None) or tensor.numpy_dtype
+    # Fletcher-32 checksums per chunk: damaged data fails to read instead of loading quietly.
+    ds = group.create_dataset(name, shape=tensor.shape, dtype=npdtype,
+                              chunks=tuple(tensor.basetile), fletcher32=True)
+    traits = tensor.traits
+    for i in range(tensor.ntiles):
+        _write_tile(ds, traits.tile_slices(i), tensor.tile_to_array(i))
+
+
+def _fsync_path(path, directory=False):
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:
+            raise
+    finally:
+        os.close(fd)
+
+
+def save(path, model, optimizer=None, meta=None):
+    """Write a checkpoint atomically; raise CheckpointError (older files untouched) on failure.
+
+    ``meta`` holds the JSON-able attributes (config, tiling, dtype, step, schedule, optimizer,
+    rng, data, train, tokenizer); the tensors come from ``model.named_parameters()`` and
+    ``optimizer.state_tensors()``.
+    """
+    h5py = _h5py()
+    meta = dict(meta or {})
+    for key in REQUIRED:
+        if key not in meta:
+            raise ValueError(f"checkpoint metadata needs {key!r}")
+    tmp = path + ".tmp"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["dtype"] = str(meta["dtype"])
+            f.attrs["step"] = int(meta["step"])
+            for key in JSON_ATTRS:
+                if key in meta:
+                    f.attrs[key] = json.dumps(meta[key])
+            params = f.create_group("params")
+            for name, param in model.named_parameters():
+                _write_tensor(params, name, param.value)
+            if optimizer is not None:
+                optim = f.create_group("optim")
+                for name, tensor in optimizer.state_tensors().items():
+                    _write_tensor(optim, name, tensor)
+            f.flush()
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+        _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, (OSError, RuntimeError, ValueError, TypeError)):
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise CheckpointError(f"cannot save checkpoint {path}: {reason}") from None
+        raise
+    return path
+
+
+class Checkpoint:
+    """A checkpoint's metadata, checked on opening; tensors are read by ``load_*``."""
+
+    def __init__(self, path):
+        self.path = path
+        if not os.path.exists(path):
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        if os.path.isdir(path):
+            raise CheckpointError(f"checkpoint {path} is a directory, not an .h5 file")
+        h5py = _h5py()
+        try:
+            with h5py.File(path, "r") as f:
+                attrs = {k: f.attrs[k] for k in f.attrs}
+                self.param_names = self._names(f, "params")
+                self.optim_names = self._names(f, "optim")
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {path} is not a readable HDF5 file (truncated "
+                                  f"or corrupt?): {str(exc).splitlines()[0]}") from None
+        if attrs.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path} is not an nntile checkpoint (attribute "
+                                  f"'format' is {attrs.get('format')!r})")
+        version = int(attrs.get("format_version", 0))
+        if version > FORMAT_VERSION or version < 1:
+            raise CheckpointError(f"checkpoint {path} has format version {version}; this "
+                                  f"nntile reads version {FORMAT_VERSION}")
+        for key in REQUIRED:
+            if key not in attrs:
+                raise CheckpointError(f"checkpoint {path} lacks the attribute {key!r}")
+        self.meta = {}
+        for key, value in attrs.items():
+            if key in JSON_ATTRS:
+                try:
+                    value = json.loads(value)
+                except (TypeError, ValueError):
+                    raise CheckpointError(f"checkpoint {path}: attribute {key!r} is not valid "
+                                          "JSON") from None
+            elif isinstance(value, np.generic):
+                value = value.item()
+            self.meta[key] = value
+        self.step = int(self.meta["step"])
+        self.dtype = str(self.meta["dtype"])
+        if self.dtype not in NUMPY_DTYPES:
+            raise CheckpointError(f"checkpoint {path}: attribute 'dtype' is {self.dtype!r}")
+        if not isinstance(self.meta["config"], dict) or not isinstance(self.meta["tiling"], dict):
+            raise CheckpointError(f"checkpoint {path}: attributes 'config' and 'tiling' must "
+                                  "be JSON objects")
+
+    @staticmethod
+    def _names(f, group):
+        if group not in f:
+            return []
+        names = []
+        f[group].visititems(lambda name, obj: names.append(name)
+                            if hasattr(obj, "shape") else None)
+        return names
+
+    @property
+    def config(self):
+        from nntile.models import GPT2Config
+        try:
+            return GPT2Config.from_dict(self.meta["config"])
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {self.path}: attribute 'config' is invalid: "
+                                  f"{exc}") from None
+
+    @property
+    def has_optimizer(self):
+        return bool(self.optim_names)
+
+    def get(self, key, default=None):
+        return self.meta.get(key, default)
+
+    def _load(self, group, tensors, what):
+        h5py = _h5py()
+        expected = set(tensors)
+        present = set(self.param_names if group == "params" else self.optim_names)
+        extra = sorted(present - expected)
+        if extra:
+            raise CheckpointError(f"checkpoint {self.path} holds {group}/{extra[0]}, which "
+                                  f"the {what} does not have (a different model?)")
+        try:
+            f = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {self.path} is not a readable HDF5 file: "
+                                  f"{str(exc).splitlines()[0]}") from None
+        with f:
+            for name, tensor in tensors.items():
+                key = f"{group}/{name}"
+                if key not in f:
+                    raise CheckpointError(f"checkpoint {self.path} has no dataset {key}")
+                ds = f[key]
+                if not hasattr(ds, "shape"):
+                    raise CheckpointError(f"checkpoint {self.path}: {key} is not a dataset")
+                if tuple(ds.shape) != tuple(tensor.shape):
+                    raise CheckpointError(f"checkpoint {self.path}: {key} has shape "
+                                          f"{tuple(ds.shape)}, the {what} expects "
+                                          f"{tuple(tensor.shape)}")
+                if ds.dtype.kind != "f":
+                    raise CheckpointError(f"checkpoint {self.path}: {key} has dtype {ds.dtype}")
+                try:
+                    array = ds[()]
+                except (OSError, ValueError, RuntimeError) as exc:
+                    raise CheckpointError(f"checkpoint {self.path}: cannot read {key} "
+                                          f"(truncated or corrupt?): "
+                                          f"{str(exc).splitlines()[0]}") from None
+                tensor.write(array)  # re-cut into the destination's tiles
+
+    def load_params(self, model):
+        tensors = {name: param.value for name, param in model.named_parameters()}
+        self._load("params", tensors, "model")
+
+    def load_optimizer(self, optimizer):
+        if not self.has_optimizer:
+            raise CheckpointError(f"checkpoint {self.path} holds no optimizer state (imported "
+                                  "weights? start from it with --init instead of --resume)")
+        self._load("optim", optimizer.state_tensors(), "optimizer")
+        state = self.meta.get("optimizer") or {}
+        if "step_count" not in state:
+            raise CheckpointError(f"checkpoint {self.path}: attribute 'optimizer' lacks "
+                                  "step_count")
+        optimizer.step_count = int(state["step_count"])

@@ -1,0 +1,150 @@
+"""What the command-line programs share: one-line errors with exit code 2, the model and
+tiling flags, and the StarPU flags."""
+import argparse
+import os
+import sys
+
+TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
+
+
+class CLIError(Exception):
+    """Bad input: printed as one line on stderr, exit code 2, no traceback."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error message (no usage dump) and exit code 2."""
+
+    def error(self, message):
+        raise CLIError(message)
+
+
+def run_cli(func, argv=None, prog="nntile"):
+    """Run ``func(argv)``; bad input and known failures end as one line and exit code 2."""
+    try:
+        return func(argv) or 0
+    except CLIError as exc:
+        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def nonneg_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def add_tiling_args(parser):
+    group = parser.add_argument_group("tiling (tile sizes; default: one tile per dimension)")
+    for key in TILE_FLAGS:
+        group.add_argument(f"--tile-{key}", type=positive_int, default=None, metavar="N")
+
+
+def add_runtime_args(parser):
+    group = parser.add_argument_group("StarPU runtime (default: StarPU's environment)")
+    group.add_argument("--ncpu", type=nonneg_int, default=None, help="CPU workers")
+    group.add_argument("--ncuda", type=nonneg_int, default=None, help="CUDA workers")
+    group.add_argument("--sched", default=None, help="StarPU scheduler (lws, dmdasd, ...)")
+
+
+def tiling_from_args(args):
+    return {key: getattr(args, f"tile_{key}") for key in TILE_FLAGS
+            if getattr(args, f"tile_{key}", None) is not None}
+
+
+def check_dtype(dtype):
+    if dtype == "bf16":
+        raise CLIError("--dtype bf16 is not implemented yet; use fp32, tf32 or fp64")
+    if dtype not in ("fp32", "tf32", "fp64"):
+        raise CLIError(f"--dtype {dtype!r}: use fp32, tf32 or fp64")
+    return dtype
+
+
+def resolve_tiling(tiling, config, batch=None, seq=None):
+    """Tile sizes, each checked against its dimension; a full dict for the checkpoint."""
+    sizes = {"batch": batch, "seq": seq if seq is not None else config.n_positions,
+             "embd": config.n_embd, "head": config.n_head, "inner": config.inner,
+             "vocab": config.vocab_size}
+    what = {"batch": "the batch size", "seq": "the sequence length", "embd": "n_embd",
+            "head": "n_head", "inner": "the MLP width", "vocab": "the vocabulary size"}
+    out = {}
+    for key in TILE_FLAGS:
+        value = tiling.get(key)
+        if value is None:
+            out[key] = sizes[key]
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CLIError(f"--tile-{key} {value!r} must be a positive integer")
+        if sizes[key] is not None and value > sizes[key]:
+            raise CLIError(f"--tile-{key} {value} is larger than {what[key]} ({sizes[key]})")
+        out[key] = value
+    return out
+
+
+def model_tiling(tiles):
+    """The tiling argument of GPT2LMHead (batch and seq tiles are clipped to the data)."""
+    return {k: v for k, v in tiles.items() if v is not None}
+
+
+def start_context(args, verbose=True):
+    """Start StarPU with the runtime flags; print its workers and settings on stderr."""
+    import nntile
+    # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
+    os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
+    os.environ.setdefault("STARPU_SILENT", "1")
+    try:
+        ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise CLIError(f"cannot start StarPU: {exc}") from None
+    if verbose:
+        print(ctx.describe(), file=sys.stderr)
+    return ctx
+
+
+def model_from_checkpoint(ckpt, args=None, batch=None, seq=None, dtype=None):
+    """A GPT2LMHead holding a checkpoint's weights: the checkpoint's tiling, except where
+    tile flags say otherwise (batch and seq tiles clipped to the data's shape)."""
+    from nntile.models import GPT2LMHead
+    config = ckpt.config
+    tiling = {k: v for k, v in (ckpt.get("tiling") or {}).items() if v is not None}
+    limits = {"batch": batch, "seq": seq}
+    for key, limit in limits.items():
+        if key in tiling and limit is not None:
+            tiling[key] = min(tiling[key], limit)
+    given = tiling_from_args(args) if args is not None else {}
+    tiling.update(given)
+    tiles = resolve_tiling(tiling, config, batch, seq)
+    dtype = check_dtype(dtype) if dtype else ckpt.dtype
+    model = GPT2LMHead(config, tiling=model_tiling(tiles), dtype=dtype)
+    ckpt.load_params(model)
+    return model
+
+
+def checkpoint_seq_len(ckpt, requested=None):
+    """The sequence length to run a checkpoint at: asked, else its training one, else
+    n_positions; checked against n_positions."""
+    config = ckpt.config
+    seq = requested or (ckpt.get("train") or {}).get("seq_len") or config.n_positions
+    if seq > config.n_positions:
+        raise CLIError(f"--seq-len {seq} is larger than the model's n_positions "
+                       f"({config.n_positions})")
+    return int(seq)

@@ -1,0 +1,401 @@
+"""Token data in nanoGPT's format, and ``nntile-prepare`` that makes it.
+
+A data directory holds ``train.bin`` and ``val.bin``: flat arrays of uint16 token ids, read
+through ``np.memmap``. An optional ``meta.json`` names the tokenizer and the vocabulary size.
+Training batches are windows at random offsets drawn from a seeded numpy Generator, whose state
+is saved in checkpoints; evaluation batches are fixed windows spread evenly over a split.
+"""
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+
+import numpy as np
+
+from nntile.cli_common import CLIError, ArgumentParser, run_cli
+
+SPLITS = ("train", "val")
+TOKEN_DTYPE = np.dtype(np.uint16)
+BYTE_VOCAB = 256
+GPT2_EOT = 50256
+DEFAULT_VAL_FRACTION = 0.1
+STDLIB_CORPUS_VERSION = 1
+
+
+# ---- tokenizers --------------------------------------------------------------------------
+
+class ByteTokenizer:
+    """Every byte of UTF-8 text is a token; always available."""
+    name = "byte"
+    vocab_size = BYTE_VOCAB
+    eot = None
+
+    def encode(self, data):
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        return np.frombuffer(data, dtype=np.uint8).astype(TOKEN_DTYPE)
+
+    def decode(self, ids):
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """transformers' GPT2TokenizerFast, loaded from local files only (no download)."""
+
+    def __init__(self, name_or_path):
+        self.name = "gpt2"
+        self.path = name_or_path
+        try:
+            from transformers import GPT2TokenizerFast
+            import transformers
+            transformers.logging.set_verbosity_error()
+            self.tok = GPT2TokenizerFast.from_pretrained(name_or_path, local_files_only=True)
+        except Exception as exc:  # ImportError, OSError, ValueError...: all mean "not here"
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CLIError(f"the GPT-2 tokenizer {name_or_path!r} cannot be loaded from local "
+                           f"files ({reason}); use --tokenizer byte, or a local directory "
+                           "holding a tokenizer saved by transformers") from None
+        probe = "def hello(): return 'world'\n"
+        if len(self.tok) < 2 or self.tok.decode(self.tok.encode(probe)) != probe:
+            # transformers may build an empty tokenizer when no files are found
+            raise CLIError(f"the GPT-2 tokenizer {name_or_path!r} is not available in local "
+                           f"files (what loads has {len(self.tok)} tokens and does not "
+                           "round-trip text); use --tokenizer byte, or a local directory "
+                           "holding a tokenizer saved by transformers")
+        self.vocab_size = len(self.tok)
+        if self.vocab_size > 65536:
+            raise CLIError(f"tokenizer {name_or_path!r} has {self.vocab_size} tokens: more than "
+                           "uint16 data files can hold")
+        self.eot = self.tok.eos_token_id
+
+    def encode(self, data):
+        if isinstance(data, bytes):
+            data = data.decode("utf-8", errors="replace")
+        return np.asarray(self.tok.encode(data), dtype=TOKEN_DTYPE)
+
+    def decode(self, ids):
+        return self.tok.decode([int(i) for i in ids])
+
+
+def get_tokenizer(spec, path=None):
+    """``byte``, ``gpt2`` (transformers' cached files) or a local tokenizer directory."""
+    if spec in (None, "byte"):
+        return ByteTokenizer()
+    return HFTokenizer(path or spec)
+
+
+# ---- preparing data ----------------------------------------------------------------------
+
+def _input_files(inputs):
+    files = []
+    for item in inputs:
+        if os.path.isdir(item):
+            found = []
+            for root, dirs, names in os.walk(item):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found += [os.path.join(root, n) for n in names if not n.startswith(".")]
+            if not found:
+                raise CLIError(f"input directory {item} holds no files")
+            files += sorted(found)
+        elif os.path.exists(item):
+            files.append(item)
+        else:
+            raise CLIError(f"input {item} does not exist")
+    return files
+
+
+def _read_file(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CLIError(f"cannot read input {path}: {exc.strerror or exc}") from None
+
+
+def _atomic_write_array(path, array):
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(np.ascontiguousarray(array, dtype=TOKEN_DTYPE).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_dataset(out_dir, train, val, meta):
+    """Write train.bin, val.bin and meta.json (each file atomically)."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        _atomic_write_array(os.path.join(out_dir, "train.bin"), train)
+        _atomic_write_array(os.path.join(out_dir, "val.bin"), val)
+        meta = dict(meta, train_tokens=int(len(train)), val_tokens=int(len(val)),
+                    dtype="uint16")
+        tmp = os.path.join(out_dir, "meta.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(meta, f, indent=1)
+        os.replace(tmp, os.path.join(out_dir, "meta.json"))
+    except OSError as exc:
+        raise CLIError(f"cannot write data to {out_dir}: {exc.strerror or exc}") from None
+
+
+def split_tokens(tokens, val_fraction):
+    """The last ``val_fraction`` of the token stream is the validation split."""
+    n_val = max(1, int(round(len(tokens) * val_fraction)))
+    if len(tokens) - n_val < 2 or n_val < 2:
+        raise CLIError(f"the input holds only {len(tokens)} tokens: too few for a train and a "
+                       "validation split")
+    return tokens[:-n_val], tokens[-n_val:]
+
+
+def prepare(inputs, out_dir, tokenizer="byte", val_fraction=DEFAULT_VAL_FRACTION):
+    """Tokenize files (directories are walked in sorted order) into ``out_dir``."""
+    if not 0 < val_fraction < 1:
+        raise CLIError(f"--val-fraction {val_fraction} must be between 0 and 1")
+    tok = get_tokenizer(tokenizer)
+    files = _input_files(inputs)
+    pieces = []
+    for path in files:
+        ids = tok.encode(_read_file(path))
+        pieces.append(ids)
+        if tok.eot is not None:
+            pieces.append(np.array([tok.eot], dtype=TOKEN_DTYPE))
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, TOKEN_DTYPE)
+    if len(tokens) == 0:
+        raise CLIError("the inputs hold no text")
+    train, val = split_tokens(tokens, val_fraction)
+    meta = {"tokenizer": tok.name, "vocab_size": tok.vocab_size}
+    if tok.name != "byte":
+        meta["tokenizer_path"] = tok.path if not os.path.isdir(tok.path) \
+            else os.path.abspath(tok.path)
+    write_dataset(out_dir, train, val, meta)
+    return meta | {"train_tokens": len(train), "val_tokens": len(val), "files": len(files)}
+
+
+def stdlib_files():
+    """The running Python's standard-library ``.py`` sources, in a fixed order."""
+    root = sysconfig.get_paths()["stdlib"]
+    found = []
+    for base, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "dist-packages",
+                                                    "__pycache__") and not d.startswith("."))
+        found += [os.path.join(base, n) for n in names if n.endswith(".py")]
+    return root, sorted(found, key=lambda p: os.path.relpath(p, root))
+
+
+def _cache_root():
+    base = os.environ.get("NNTILE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nntile")
+    return os.path.join(base, "data")
+
+
+def default_data_dir(fallback_parent=None, quiet=False):
+    """The embedded corpus (standard-library sources, bytes), prepared once into a cache
+    directory (or ``fallback_parent/data`` when the cache cannot be written)."""
+    root, files = stdlib_files()
+    key = hashlib.sha1(f"{STDLIB_CORPUS_VERSION}:{root}:{sys.version}:{len(files)}".encode())
+    name = f"stdlib-py{sys.version_info[0]}{sys.version_info[1]}-byte-{key.hexdigest()[:10]}"
+    candidates = [os.path.join(_cache_root(), name)]
+    if fallback_parent:
+        candidates.append(os.path.join(fallback_parent, "data", name))
+    for target in candidates:
+        if os.path.exists(os.path.join(target, "meta.json")):
+            return target
+    errors = []
+    for target in candidates:
+        parent = os.path.dirname(target)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+        except OSError as exc:
+            errors.append(f"{parent}: {exc.strerror or exc}")
+            continue
+        try:
+            if not quiet:
+                print(f"nntile: preparing the embedded corpus ({len(files)} standard-library "
+                      f".py files, byte-level) into {target}", file=sys.stderr)
+            tokens = np.concatenate([ByteTokenizer().encode(_read_file(p)) for p in files])
+            train, val = split_tokens(tokens, DEFAULT_VAL_FRACTION)
+            write_dataset(tmp, train, val, {"tokenizer": "byte", "vocab_size": BYTE_VOCAB,
+                                            "source": f"python stdlib {root}"})
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                if not os.path.exists(os.path.join(target, "meta.json")):
+                    raise  # another process did not win the race: a real failure
+            return target
+        except (OSError, CLIError) as exc:
+            errors.append(f"{target}: {exc}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    raise CLIError("cannot prepare the embedded corpus: " + "; ".join(errors))
+
+
+# ---- reading data ------------------------------------------------------------------------
+
+class TokenData:
+    """The splits of a data directory, checked: readable, whole uint16 tokens, long enough,
+    every id inside the vocabulary."""
+
+    def __init__(self, path):
+        self.path = path
+        if not os.path.exists(path):
+            raise CLIError(f"data directory {path} does not exist")
+        if not os.path.isdir(path):
+            raise CLIError(f"data path {path} is not a directory (it should hold train.bin "
+                           "and val.bin)")
+        self.meta = {}
+        meta_path = os.path.join(path, "meta.json")
+        if os.path.exists(meta_path):
+            try:
+                with open(meta_path) as f:
+                    self.meta = json.load(f)
+                if not isinstance(self.meta, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as exc:
+                raise CLIError(f"cannot read {meta_path}: {exc}") from None
+        self.splits = {split: self._open(split) for split in SPLITS}
+        self._max = {}
+
+    def _open(self, split):
+        file = os.path.join(self.path, f"{split}.bin")
+        if not os.path.exists(file):
+            raise CLIError(f"data file {file} does not exist")
+        if not os.path.isfile(file):
+            raise CLIError(f"data file {file} is not a regular file")
+        try:
+            with open(file, "rb") as f:
+                f.read(2)
+            size = os.path.getsize(file)
+        except OSError as exc:
+            raise CLIError(f"cannot read data file {file}: {exc.strerror or exc}") from None
+        if size == 0:
+            raise CLIError(f"data file {file} is empty")
+        if size % TOKEN_DTYPE.itemsize:
+            raise CLIError(f"data file {file} has {size} bytes: not a whole number of uint16 "
+                           "tokens (odd size; truncated or not nanoGPT format?)")
+        return np.memmap(file, dtype=TOKEN_DTYPE, mode="r")
+
+    @property
+    def tokenizer(self):
+        return self.meta.get("tokenizer", "byte" if self.vocab_hint <= BYTE_VOCAB else "gpt2")
+
+    @property
+    def vocab_hint(self):
+        """The vocabulary size of meta.json, else the smallest that holds every token id."""
+        if "vocab_size" in self.meta:
+            return int(self.meta["vocab_size"])
+        return max(BYTE_VOCAB, self.max_token() + 1)
+
+    def max_token(self, split=None):
+        splits = [split] if split else list(SPLITS)
+        result = 0
+        for s in splits:
+            if s not in self._max:
+                data = self.splits[s]
+                chunk = 1 << 24
+                self._max[s] = int(max(int(data[i:i + chunk].max())
+                                       for i in range(0, len(data), chunk)))
+            result = max(result, self._max[s])
+        return result
+
+    def check(self, vocab_size, seq_len):
+        """Raise CLIError unless every split can feed a model of this vocabulary and length."""
+        for split, data in self.splits.items():
+            file = os.path.join(self.path, f"{split}.bin")
+            if len(data) < seq_len + 1:
+                raise CLIError(f"data file {file} holds {len(data)} tokens: fewer than "
+                               f"sequence length + 1 = {seq_len + 1}")
+            top = self.max_token(split)
+            if top >= vocab_size:
+                raise CLIError(f"data file {file} holds token id {top}, outside the model's "
+                               f"vocabulary of {vocab_size} (wrong --vocab-size or tokenizer?)")
+
+    def __len__(self):
+        return len(self.splits["train"])
+
+
+class BatchSampler:
+    """Training batches: ``batch`` windows of ``seq + 1`` tokens at offsets drawn from a numpy
+    Generator. ``state()``/``set_state()`` capture the generator and the count of batches
+    drawn, so that a resumed run reads the very same batches."""
+
+    def __init__(self, tokens, batch, seq, seed):
+        self.tokens, self.batch, self.seq = tokens, batch, seq
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.batches_drawn = 0
+
+    def next(self):
+        starts = self.rng.integers(0, len(self.tokens) - self.seq, size=self.batch)
+        self.batches_drawn += 1
+        return windows(self.tokens, starts, self.seq)
+
+    def state(self):
+        return {"bit_generator": self.rng.bit_generator.state,
+                "batches_drawn": self.batches_drawn,
+                "tokens_drawn": self.batches_drawn * self.batch * self.seq}
+
+    def set_state(self, state):
+        try:
+            self.rng.bit_generator.state = state["bit_generator"]
+            self.batches_drawn = int(state["batches_drawn"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"data sampler state is invalid ({exc})") from None
+
+
+def windows(tokens, starts, seq):
+    """Inputs and next-token targets [len(starts), seq] as int64."""
+    idx = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(seq + 1)
+    block = np.asarray(tokens[idx], dtype=np.int64)
+    return block[:, :-1], block[:, 1:]
+
+
+def eval_starts(n_tokens, seq, count):
+    """``count`` window offsets spread evenly over a split (fixed: same every evaluation)."""
+    last = n_tokens - seq - 1
+    return np.linspace(0, last, count).round().astype(np.int64)
+
+
+def eval_batches(tokens, batch, seq, nbatches):
+    """The fixed evaluation batches of a split: list of (inputs, targets)."""
+    starts = eval_starts(len(tokens), seq, batch * nbatches)
+    return [windows(tokens, starts[i * batch:(i + 1) * batch], seq) for i in range(nbatches)]
+
+
+# ---- nntile-prepare ----------------------------------------------------------------------
+
+def prepare_main(argv=None):
+    parser = ArgumentParser(prog="nntile-prepare", description=(
+        "Tokenize text files into nanoGPT-format train.bin/val.bin (uint16) and meta.json."))
+    parser.add_argument("inputs", nargs="*", metavar="INPUT",
+                        help="text files or directories (walked in sorted order); none: the "
+                             "running Python's standard-library sources")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--tokenizer", default="byte",
+                        help="byte (default), gpt2 (transformers' cached GPT-2 tokenizer) or a "
+                             "local tokenizer directory")
+    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
+                        help="share of the tokens (taken from the end) for val.bin")
+    args = parser.parse_args(argv)
+    inputs = args.inputs
+    if not inputs:
+        inputs = stdlib_files()[1]
+    info = prepare(inputs, args.out, args.tokenizer, args.val_fraction)
+    print(f"nntile-prepare: {info['files']} files -> {info['train_tokens']:,} train + "
+          f"{info['val_tokens']:,} val tokens ({info['tokenizer']}, vocabulary "
+          f"{info['vocab_size']}) in {args.out}")
+    return 0
+
+
+def main(argv=None):
+    return run_cli(prepare_main, argv, "nntile-prepare")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""nntile-generate: continue a prompt with a trained checkpoint.
+
+    nntile-generate --checkpoint checkpoints/ckpt-600.h5 --prompt "def main(" --max-new-tokens 200
+
+The tiled model always runs on one [1, seq_len] window, padded on the right: the model is
+causal, so the logits at position t depend only on tokens up to t, and no tensor is
+reallocated as the text grows. Longer texts slide the window.
+"""
+import codecs
+import sys
+
+import numpy as np
+
+from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
+                               checkpoint_seq_len, model_from_checkpoint, nonneg_int,
+                               positive_int, run_cli, start_context)
+
+
+def build_parser():
+    p = ArgumentParser(prog="nntile-generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="an nntile checkpoint (.h5)")
+    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--max-new-tokens", type=nonneg_int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=nonneg_int, default=0, help="sample among the k likeliest "
+                   "tokens (0: all)")
+    p.add_argument("--greedy", action="store_true", help="always take the likeliest token")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seq-len", type=positive_int, help="window length (the checkpoint's "
+                   "training length, else n_positions)")
+    p.add_argument("--tokenizer", help="byte, gpt2 or a local tokenizer directory (default: "
+                   "what the checkpoint was trained with)")
+    p.add_argument("--dtype", help="compute in fp32, tf32 or fp64 (default: the checkpoint's)")
+    p.add_argument("--verbose", action="store_true", help="print StarPU's workers")
+    add_tiling_args(p)
+    add_runtime_args(p)
+    return p
+
+
+def pick_token(logits, rng, temperature, top_k, greedy):
+    """The next token from a vector of logits."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if greedy or temperature == 0:
+        return int(np.argmax(logits))
+    logits = logits / temperature
+    if top_k and top_k < len(logits):
+        cut = np.partition(logits, -top_k)[-top_k]
+        logits = np.where(logits < cut, -np.inf, logits)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    return int(rng.choice(len(probs), p=probs))
+
+
+class Printer:
+    """Writes decoded text to stdout as tokens arrive."""
+
+    def __init__(self, tokenizer, out=sys.stdout):
+        self.tok = tokenizer
+        self.out = out
+        self.ids = []
+        self.shown = ""
+        self.bytes = codecs.getincrementaldecoder("utf-8")(errors="replace") \
+            if tokenizer.name == "byte" else None
+
+    def add(self, token):
+        if self.bytes is not None:
+            text = self.bytes.decode(bytes([token]))
+        else:
+            self.ids.append(token)
+            full = self.tok.decode(self.ids)
+            if full.endswith("\ufffd"):  # an unfinished multi-byte character: wait
+                return
+            text = full[len(self.shown):] if full.startswith(self.shown) else full
+            self.shown = full
+        self.out.write(text)
+        self.out.flush()
+
+    def finish(self):
+        if self.bytes is not None:
+            self.out.write(self.bytes.decode(b"", final=True))
+        self.out.write("\n")
+        self.out.flush()
+
+
+def generate_main(argv=None):
+    from nntile.checkpoint import Checkpoint
+    from nntile.data import get_tokenizer
+    args = build_parser().parse_args(argv)
+    if not args.greedy and not args.temperature > 0:
+        raise CLIError(f"--temperature {args.temperature} must be > 0 (or use --greedy)")
+    ckpt = Checkpoint(args.checkpoint)
+    config = ckpt.config
+    info = ckpt.get("tokenizer") or {}
+    name = args.tokenizer or info.get("name") or ("byte" if config.vocab_size <= 256 else None)
+    if name is None:
+        raise CLIError(f"checkpoint {args.checkpoint} names no tokenizer: pass --tokenizer")
+    tok = get_tokenizer(name, None if args.tokenizer else info.get("path"))
+    if tok.vocab_size > config.vocab_size:
+        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than the "
+                       f"model's vocabulary of {config.vocab_size}")
+    seq = checkpoint_seq_len(ckpt, args.seq_len)
+    ids = [int(i) for i in tok.encode(args.prompt)]
+    if not ids:  # nothing to condition on: start from a newline (or end-of-text)
+        ids = [tok.eot] if tok.eot is not None else [int(tok.encode("\n")[0])]
+    rng = np.random.default_rng(args.seed)
+    ctx = start_context(args, verbose=args.verbose)
+    printer = Printer(tok)
+    sys.stdout.write(args.prompt)
+    sys.stdout.flush()
+    try:
+        model = model_from_checkpoint(ckpt, args, 1, seq, args.dtype)
+        window = np.zeros((1, seq), dtype=np.int64)
+        for _ in range(args.max_new_tokens):
+            context = ids[-seq:]
+            window[0, :len(context)] = context
+            window[0, len(context):] = 0  # padding: never seen by the positions we read
+            logits = model.forward(window)[0, len(context) - 1, :tok.vocab_size]
+            token = pick_token(logits, rng, args.temperature, args.top_k, args.greedy)
+            ids.append(token)
+            printer.add(token)
+    finally:
+        ctx.shutdown()
+    printer.finish()
+    return 0
+
+
+def main(argv=None):
+    return run_cli(generate_main, argv, "nntile-generate")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

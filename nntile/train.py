@@ -1,0 +1,577 @@
+"""nntile-train: train a GPT-2 on tiles scheduled by StarPU, with HDF5 checkpoints.
+
+    nntile-train                          # small byte-level model on the Python stdlib sources
+    nntile-train --data DIR --n-layer 6 --n-embd 384 --seq-len 256 --steps 5000
+    nntile-train --resume latest          # continue the run in --out (bit for bit on CPU)
+
+Flags left out fall back, in order, to the checkpoint being resumed and then to the defaults.
+Ctrl-C or SIGTERM ends the current step, saves a checkpoint and exits with 130 or 143; a second
+signal abandons the step (the checkpoint then holds the step before).
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
+                               check_dtype, model_tiling, nonneg_int, positive_int,
+                               resolve_tiling, run_cli, start_context, tiling_from_args)
+
+MODEL_DEFAULTS = dict(n_layer=4, n_head=4, n_embd=128, seq_len=128)
+TRAIN_DEFAULTS = dict(batch_size=8, grad_accum=1, steps=1500, lr=2e-3, min_lr=2e-4, warmup=100,
+                      weight_decay=0.01, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0,
+                      eval_every=250, eval_batches=4, save_every=500, keep=3, seed=1337)
+# Tiles of the default run: two batch tiles keep two CPU workers busy.
+DEFAULT_TILES = dict(batch=4)
+BIG_VOCAB_TILE = 8192
+CONFIG_FLAGS = ("n_layer", "n_head", "n_embd", "vocab_size")
+METRICS = "metrics.jsonl"
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return value
+
+
+def nonneg_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} must be a number >= 0")
+    return value
+
+
+def build_parser():
+    p = ArgumentParser(prog="nntile-train", description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("model (default: 4 layers, 4 heads, n_embd 128, seq 128, the "
+                             "data's vocabulary)")
+    g.add_argument("--config", help="model config JSON: nntile's or transformers' config.json")
+    g.add_argument("--n-layer", type=positive_int)
+    g.add_argument("--n-head", type=positive_int)
+    g.add_argument("--n-embd", type=positive_int)
+    g.add_argument("--seq-len", type=positive_int, help="training sequence length "
+                   "(also n_positions when the model comes from flags)")
+    g.add_argument("--vocab-size", type=positive_int)
+    g.add_argument("--dtype", help="fp32 (default), tf32, fp64 (bf16: not implemented yet)")
+    add_tiling_args(p)
+    g = p.add_argument_group("training")
+    g.add_argument("--batch-size", type=positive_int, help="sequences per micro-batch (8)")
+    g.add_argument("--grad-accum", type=positive_int, help="micro-batches per step (1)")
+    g.add_argument("--steps", type=positive_int, help="total optimizer steps (1500)")
+    g.add_argument("--lr", type=positive_float, help="peak learning rate (2e-3)")
+    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (2e-4)")
+    g.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps (100, at most steps/10)")
+    g.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay (0.01)")
+    g.add_argument("--beta1", type=nonneg_float, help="Adam beta1 (0.9)")
+    g.add_argument("--beta2", type=nonneg_float, help="Adam beta2 (0.95)")
+    g.add_argument("--grad-clip", type=nonneg_float, help="global gradient-norm clip, 0: off (1)")
+    g.add_argument("--seed", type=nonneg_int, help="seed of the weights and batches (1337)")
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--eval-every", type=nonneg_int, help="validation every N steps, 0: only "
+                   "at the end (250)")
+    g.add_argument("--eval-batches", type=positive_int, help="validation batches (4)")
+    g = p.add_argument_group("data and checkpoints")
+    g.add_argument("--data", help="directory with train.bin and val.bin (uint16, nanoGPT); "
+                   "default: the running Python's standard library, byte-level")
+    g.add_argument("--out", help="checkpoint and metrics directory (checkpoints/; when "
+                   "resuming a file: that file's directory)")
+    g.add_argument("--save-every", type=nonneg_int, help="checkpoint every N steps, 0: only "
+                   "at the end (500)")
+    g.add_argument("--keep", type=nonneg_int, help="keep the newest K checkpoints, 0: all (3)")
+    g.add_argument("--resume", metavar="PATH|latest", help="continue from a checkpoint")
+    g.add_argument("--init", metavar="CKPT", help="start from a checkpoint's weights (e.g. "
+                   "one made by nntile-convert import) with a fresh optimizer")
+    g.add_argument("--overwrite", action="store_true", help="start afresh in an --out that "
+                   "holds checkpoints (deleting them)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_runtime_args(p)
+    return p
+
+
+class Setup:
+    """Every setting of a run, resolved and checked before StarPU starts."""
+
+
+def _given(args, key):
+    return getattr(args, key, None) is not None
+
+
+def resolve(args):
+    from nntile.checkpoint import Checkpoint, latest
+    from nntile.models import GPT2Config
+    s = Setup()
+    s.ckpt = None
+    s.init = None
+    if args.resume and args.init:
+        raise CLIError("--resume and --init conflict: pick one")
+    if args.resume:
+        if args.resume == "latest":
+            out = args.out or "checkpoints"
+            path = latest(out)
+            if path is None:
+                raise CLIError(f"--resume latest: no checkpoint (ckpt-<step>.h5) in {out}")
+        else:
+            path = args.resume
+            if not os.path.exists(path):
+                raise CLIError(f"--resume {path}: no such checkpoint file")
+        s.ckpt = Checkpoint(path)
+        base = s.ckpt
+    elif args.init:
+        s.init = Checkpoint(args.init)
+        base = s.init
+    else:
+        base = None
+    s.out = args.out or (os.path.dirname(os.path.abspath(args.resume))
+                         if args.resume and args.resume != "latest" else "checkpoints")
+
+    # model configuration
+    if args.config is not None:
+        given = [f"--{k.replace('_', '-')}" for k in CONFIG_FLAGS if _given(args, k)]
+        if given:
+            raise CLIError(f"--config and {', '.join(given)} conflict: the model comes from "
+                           "the config file")
+        if not os.path.isfile(args.config):
+            raise CLIError(f"--config {args.config}: no such file")
+        try:
+            config = GPT2Config.from_json(args.config)
+        except (OSError, ValueError, TypeError) as exc:
+            raise CLIError(f"--config {args.config}: {exc}") from None
+        if base is not None and config.to_dict() != base.config.to_dict():
+            raise CLIError(f"--config {args.config} differs from the model of checkpoint "
+                           f"{base.path}")
+    elif base is not None:
+        config = base.config
+        for key in CONFIG_FLAGS:
+            if _given(args, key) and getattr(args, key) != getattr(config, key):
+                raise CLIError(f"--{key.replace('_', '-')} {getattr(args, key)} conflicts with "
+                               f"checkpoint {base.path} ({key} = {getattr(config, key)})")
+    else:
+        config = None  # built once the vocabulary is known (from the data)
+    train_prev = (s.ckpt.get("train") or {}) if s.ckpt else {}
+    init_prev = (base.get("train") or {}) if base else {}
+    if _given(args, "seq_len"):
+        s.seq_len = args.seq_len
+    elif "seq_len" in train_prev or "seq_len" in init_prev:
+        s.seq_len = int(train_prev.get("seq_len", init_prev.get("seq_len")))
+    elif config is not None:
+        s.seq_len = min(config.n_positions, 1024)
+    else:
+        s.seq_len = MODEL_DEFAULTS["seq_len"]
+    if config is not None and s.seq_len > config.n_positions:
+        raise CLIError(f"--seq-len {s.seq_len} is larger than the model's n_positions "
+                       f"({config.n_positions})")
+
+    # training settings: flag, else the resumed checkpoint, else the default
+    for key, default in TRAIN_DEFAULTS.items():
+        if _given(args, key):
+            value = getattr(args, key)
+        elif key in train_prev:
+            value = train_prev[key]
+        elif key == "warmup":
+            value = min(default, s.steps // 10)
+        else:
+            value = default
+        setattr(s, key, value)
+    if s.steps < 1:
+        raise CLIError(f"--steps {s.steps} must be >= 1")
+    if s.min_lr > s.lr:
+        raise CLIError(f"--min-lr {s.min_lr} is larger than --lr {s.lr}")
+    if s.warmup > s.steps:
+        raise CLIError(f"--warmup {s.warmup} is longer than --steps {s.steps}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(s, key) < 1:
+            raise CLIError(f"--{key} {getattr(s, key)} must be in [0, 1)")
+
+    if args.dtype is not None:
+        s.dtype = check_dtype(args.dtype)
+    elif base is not None:
+        s.dtype = base.dtype
+    else:
+        s.dtype = "fp32"
+
+    # data
+    from nntile.data import TokenData, default_data_dir
+    data_dir = args.data or (train_prev.get("data") if train_prev else None)
+    if data_dir is None:
+        data_dir = default_data_dir(fallback_parent=s.out)
+    s.data = TokenData(data_dir)
+    s.data_dir = os.path.abspath(data_dir)
+    if config is None:
+        vocab = args.vocab_size or s.data.vocab_hint
+        try:
+            config = GPT2Config(vocab_size=vocab, n_positions=s.seq_len,
+                                n_embd=args.n_embd or MODEL_DEFAULTS["n_embd"],
+                                n_layer=args.n_layer or MODEL_DEFAULTS["n_layer"],
+                                n_head=args.n_head or MODEL_DEFAULTS["n_head"])
+        except ValueError as exc:
+            raise CLIError(str(exc).replace("GPT2Config.", "")) from None
+    s.config = config
+    s.data.check(config.vocab_size, s.seq_len)
+    tok_prev = (base.get("tokenizer") if base else None) or {}
+    s.tokenizer = {"name": s.data.meta.get("tokenizer") or tok_prev.get("name")
+                   or s.data.tokenizer,
+                   "path": s.data.meta.get("tokenizer_path", tok_prev.get("path"))}
+
+    # tiling: flags, else the checkpoint's, else the defaults of the default run
+    given = tiling_from_args(args)
+    tiling = dict(given)
+    if base is not None:
+        # the checkpoint's tiles, batch and seq clipped to this run's shapes
+        sizes = {"batch": s.batch_size, "seq": s.seq_len}
+        for key, value in (base.get("tiling") or {}).items():
+            if value is not None and key not in given:
+                tiling[key] = min(value, sizes.get(key, value))
+    else:
+        for key, value in DEFAULT_TILES.items():
+            tiling.setdefault(key, min(value, s.batch_size if key == "batch" else value))
+        if config.vocab_size > 2 * BIG_VOCAB_TILE:  # e.g. GPT-2's 50257: keep logits tiles small
+            tiling.setdefault("vocab", BIG_VOCAB_TILE)
+    s.tiles = resolve_tiling(tiling, config, s.batch_size, s.seq_len)
+    return s
+
+
+def prepare_out(s, args):
+    out = s.out
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"--out {out} exists and is not a directory")
+    try:
+        os.makedirs(out, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CLIError(f"--out {out} is not writable: {exc.strerror or exc}") from None
+    from nntile.checkpoint import list_checkpoints
+    existing = list_checkpoints(out)
+    if s.ckpt is None and existing and not args.overwrite:
+        raise CLIError(f"--out {out} already holds checkpoints (newest "
+                       f"{os.path.basename(existing[-1][1])}): continue with --resume "
+                       "latest, or start afresh with --overwrite or another --out")
+
+
+def start_outputs(s):
+    """Once the run's state is loaded: drop what an earlier run left in --out (a fresh run
+    with --overwrite), or the metrics logged after the resumed checkpoint."""
+    from nntile.checkpoint import list_checkpoints
+    metrics = os.path.join(s.out, METRICS)
+    if s.ckpt is None:
+        for _, path in list_checkpoints(s.out):
+            os.unlink(path)
+        if os.path.exists(metrics):
+            os.unlink(metrics)
+    else:
+        _truncate_metrics(metrics, s.ckpt.step)
+
+
+def _truncate_metrics(path, step):
+    """Keep the records up to the resumed step (a later crash may have logged more)."""
+    if not os.path.exists(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(json.dumps(record))
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def read_metrics(path):
+    records = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass
+    return records
+
+
+def init_weights(model, config, seed):
+    """GPT-2's initialisation from a seeded numpy Generator (same seed, same weights)."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    proj_std = 0.02 / math.sqrt(2 * config.n_layer)
+    for name, param in model.named_parameters():
+        shape = param.value.shape
+        if name.endswith(".bias"):
+            array = np.zeros(shape)
+        elif ".ln_" in name or name.startswith("transformer.ln_f"):
+            array = np.ones(shape)
+        elif name.endswith("c_proj.weight"):
+            array = rng.normal(0.0, proj_std, shape)
+        else:
+            array = rng.normal(0.0, 0.02, shape)
+        param.value.write(array)
+
+
+class StopRequest:
+    """SIGINT/SIGTERM: the first ends the run after the current step, a second abandons it."""
+
+    def __init__(self):
+        self.signum = None
+        self.abandon = False
+        self.told = 0
+
+    def __call__(self, signum, frame):
+        # No printing here: the main thread may be inside a write to the same stream.
+        if self.signum is None:
+            self.signum = signum
+        else:
+            self.abandon = True
+
+    def tell(self, echo):
+        """Say (once each) what the signals asked for; called from the main loop."""
+        if self.signum and self.told == 0:
+            echo(f"nntile-train: {signal.Signals(self.signum).name}: finishing this step, then "
+                 "saving a checkpoint (send it again to abandon the step)")
+            self.told = 1
+        if self.abandon and self.told == 1:
+            echo("nntile-train: second signal: abandoning the step")
+            self.told = 2
+
+    def install(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self)
+
+    @property
+    def exit_code(self):
+        return 128 + self.signum if self.signum else 0
+
+
+def flops_per_token(config, seq_len):
+    """Model FLOPs per trained token: 6 x the parameters that multiply (all but the position
+    embeddings) plus attention's 12 * n_layer * n_embd * seq."""
+    params = config.num_parameters() - config.n_positions * config.n_embd
+    return 6 * params + 12 * config.n_layer * config.n_embd * seq_len
+
+
+def plot_losses(records, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    steps = [r["step"] for r in records]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [r["loss"] for r in records], label="train", linewidth=1)
+    val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def _duration(seconds):
+    m, sec = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{seconds:.1f}s"
+
+
+def train_main(argv=None):
+    args = build_parser().parse_args(argv)
+    s = resolve(args)
+    prepare_out(s, args)
+    from tqdm import tqdm
+
+    def echo(text):
+        tqdm.write(text, file=sys.stderr)
+
+    stop = StopRequest()
+    ctx = start_context(args, verbose=False)  # described once the state is loaded
+    stop.install()  # after StarPU started: its handlers must not replace ours
+    try:
+        return _run(s, args, ctx, stop, echo, tqdm)
+    finally:
+        ctx.shutdown()
+
+
+def _run(s, args, ctx, stop, echo, tqdm):
+    from nntile.checkpoint import CheckpointError, checkpoint_name, prune, save
+    from nntile.data import BatchSampler, eval_batches
+    from nntile.models import GPT2LMHead
+    from nntile.optim import AdamW, LRSchedule
+
+    config = s.config
+    model = GPT2LMHead(config, tiling=model_tiling(s.tiles), dtype=s.dtype)
+    opt = AdamW(model.named_parameters(), lr=LRSchedule(s.lr, s.warmup, s.steps, s.min_lr),
+                betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay,
+                max_grad_norm=s.grad_clip or None)
+    sampler = BatchSampler(s.data.splits["train"], s.batch_size, s.seq_len, s.seed)
+    start_step = 0
+    if s.ckpt is not None:
+        s.ckpt.load_params(model)
+        s.ckpt.load_optimizer(opt)
+        start_step = s.ckpt.step
+        if opt.step_count != start_step:
+            raise CheckpointError(f"checkpoint {s.ckpt.path}: optimizer step_count "
+                                  f"{opt.step_count} differs from step {start_step}")
+        rng = s.ckpt.get("rng")
+        data_pos = s.ckpt.get("data") or {}
+        try:
+            sampler.set_state({"bit_generator": rng,
+                               "batches_drawn": data_pos.get("batches_drawn", 0)})
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {s.ckpt.path}: attribute 'rng': {exc}") from None
+    elif s.init is not None:
+        s.init.load_params(model)
+    else:
+        init_weights(model, config, s.seed)
+    start_outputs(s)
+    echo(ctx.describe())
+    val_batches = eval_batches(s.data.splits["val"], s.batch_size, s.seq_len, s.eval_batches)
+    metrics_path = os.path.join(s.out, METRICS)
+    tokens_per_step = s.batch_size * s.seq_len * s.grad_accum
+    flops_tok = flops_per_token(config, s.seq_len)
+    what = "resuming " + s.ckpt.path + f" at step {start_step}" if s.ckpt else \
+        ("weights of " + s.init.path if s.init else "fresh weights")
+    echo(f"nntile-train: GPT-2 {config.num_parameters() / 1e6:.2f}M parameters "
+         f"({config.n_layer} layers, {config.n_head} heads, n_embd {config.n_embd}, vocabulary "
+         f"{config.vocab_size}), {s.dtype}, tiles {s.tiles}; {s.batch_size}x{s.seq_len} tokens "
+         f"x {s.grad_accum} per step, {s.steps} steps; data {s.data_dir} "
+         f"({len(s.data.splits['train']):,} train tokens); {what}; out {s.out}")
+
+    def checkpoint_meta(step):
+        state = sampler.state()
+        return dict(
+            config=config.to_dict(), tiling=s.tiles, dtype=s.dtype, step=step,
+            schedule=opt.schedule.state(),
+            optimizer=dict(name="AdamW", step_count=opt.step_count, betas=list(opt.betas),
+                           eps=opt.eps, weight_decay=opt.weight_decay,
+                           max_grad_norm=opt.max_grad_norm, decoupled=opt.decoupled),
+            rng=state["bit_generator"],
+            data=dict(path=s.data_dir, batches_drawn=state["batches_drawn"],
+                      tokens_drawn=state["tokens_drawn"],
+                      train_tokens=len(s.data.splits["train"]),
+                      val_tokens=len(s.data.splits["val"])),
+            train={**{k: getattr(s, k) for k in TRAIN_DEFAULTS}, "seq_len": s.seq_len,
+                   "data": s.data_dir},
+            tokenizer=s.tokenizer)
+
+    saved = {"step": start_step if s.ckpt else None, "path": s.ckpt.path if s.ckpt else None}
+
+    def save_checkpoint(step):
+        path = os.path.join(s.out, checkpoint_name(step))
+        save(path, model, opt, checkpoint_meta(step))
+        prune(s.out, s.keep)
+        saved.update(step=step, path=path)
+        return path
+
+    def evaluate():
+        return float(np.mean([model.loss(x, y) for x, y in val_batches]))
+
+    step = start_step
+    first_loss = last_loss = val_loss = None
+    run_start = time.perf_counter()
+    tokens_done = 0
+    bar = tqdm(total=s.steps, initial=start_step, unit="step", file=sys.stderr,
+               disable=args.no_progress, dynamic_ncols=True, smoothing=0.1)
+    metrics = open(metrics_path, "a")
+    try:
+        last_time = time.perf_counter()
+        while step < s.steps and not stop.signum:
+            sampler_state = sampler.state()
+            stop.tell(echo)
+            model.zero_grad()
+            loss_sum = 0.0
+            abandoned = False
+            for micro in range(s.grad_accum):
+                stop.tell(echo)
+                if stop.abandon:
+                    abandoned = True
+                    break
+                x, y = sampler.next()
+                loss_sum += model.loss(x, y)
+                model.backward(scale=1.0 / s.grad_accum)
+            if abandoned or stop.abandon:
+                stop.tell(echo)
+                ctx.wait()
+                sampler.set_state(sampler_state)  # the abandoned step's batches come again
+                break
+            lr = opt.step()
+            step += 1
+            loss = loss_sum / s.grad_accum
+            if not math.isfinite(loss):
+                raise CLIError(f"the loss is {loss} at step {step}: training diverged (lower "
+                               "--lr?); the last checkpoint is kept")
+            now = time.perf_counter()
+            tokens_s = tokens_per_step / (now - last_time)
+            last_time = now
+            tokens_done += tokens_per_step
+            tflops = tokens_s * flops_tok / 1e12
+            record = dict(step=step, loss=loss, lr=lr, tokens_per_s=tokens_s, tflops=tflops)
+            if step == s.steps or (s.eval_every and step % s.eval_every == 0):
+                val_loss = evaluate()
+                record["val_loss"] = val_loss
+                echo(f"step {step}: val loss {val_loss:.4f} (train loss {loss:.4f})")
+                last_time = time.perf_counter()  # evaluation time is not training time
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+            first_loss = loss if first_loss is None else first_loss
+            last_loss = loss
+            bar.set_postfix_str(f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | "
+                                f"{tflops:.4f} TFLOP/s", refresh=False)
+            bar.update(1)
+            if step == s.steps or (s.save_every and step % s.save_every == 0):
+                save_checkpoint(step)
+        stop.tell(echo)
+        if saved["step"] != step:
+            save_checkpoint(step)
+    finally:
+        bar.close()
+        metrics.close()
+    elapsed = time.perf_counter() - run_start
+    records = read_metrics(metrics_path)
+    png = plot_losses(records, os.path.join(s.out, "loss.png")) if records else None
+    rate = tokens_done / elapsed if elapsed > 0 and tokens_done else 0.0
+    parts = [f"nntile-train: step {step}/{s.steps}"]
+    if stop.signum:
+        parts[0] += f" (stopped by {signal.Signals(stop.signum).name})"
+    parts.append(f"{step - start_step} steps in {_duration(elapsed)}")
+    if last_loss is not None:
+        parts.append(f"loss {first_loss:.4f} -> {last_loss:.4f}")
+    if val_loss is not None:
+        parts.append(f"val loss {val_loss:.4f}")
+    if rate:
+        parts.append(f"{rate:,.0f} tokens/s, {rate * flops_tok / 1e12:.4f} TFLOP/s")
+    parts.append(f"checkpoint {saved['path']}")
+    if png:
+        parts.append(f"plot {png}")
+    print(", ".join(parts), flush=True)
+    return stop.exit_code
+
+
+def main(argv=None):
+    return run_cli(train_main, argv, "nntile-train")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""nntile-train as a user runs it: subprocesses, real signals, exact resume, bad input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--seq-len", "32"]
+RUN = ["--batch-size", "4", "--tile-batch", "2", "--tile-seq", "16", "--ncpu", "2",
+       "--no-progress", "--lr", "3e-3"]
+TINY = MODEL + RUN
+
+
+def cli_env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra or {})
+    return env
+
+
+def cli(module, *args, cwd=None, timeout=180, env=None):
+    """Run ``python -m nntile.<module> args`` and return the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", f"nntile.{module}", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=cli_env(env))
+
+
+def assert_clean_error(result, *words):
+    """Exit code 2, one line on stderr naming the problem, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """A small byte-level dataset (a few standard-library files)."""
+    from nntile.data import prepare, stdlib_files
+    out = tmp_path_factory.mktemp("data") / "bytes"
+    prepare(stdlib_files()[1][:30], str(out))
+    return out
+
+
+def train(out, data, *extra, **kw):
+    return cli("train", *TINY, "--data", data, "--out", out, *extra, **kw)
+
+
+def test_small_run_writes_metrics_checkpoints_plot_and_summary(tmp_path, data_dir):
+    out = tmp_path / "run"
+    result = train(out, data_dir, "--steps", "12", "--eval-every", "5", "--save-every", "4",
+                   "--keep", "2", "--grad-accum", "2")
+    assert result.returncode == 0, result.stderr
+    assert "workers" in result.stderr and "CPU 0" in result.stderr  # ctx.describe()
+    assert "sched = " in result.stderr
+    summary = result.stdout.strip().splitlines()
+    assert len(summary) == 1 and "step 12/12" in summary[0] and "tokens/s" in summary[0]
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 13))
+    for r in records:
+        assert set(r) >= {"step", "loss", "lr", "tokens_per_s", "tflops"}
+        assert np.isfinite(r["loss"]) and r["tokens_per_s"] > 0 and r["tflops"] > 0
+    assert [r["step"] for r in records if "val_loss" in r] == [5, 10, 12]
+    assert records[-1]["loss"] < records[0]["loss"]
+    # --keep 2: the newest two of ckpt-4, -8, -12
+    assert sorted(p.name for p in out.glob("ckpt-*")) == ["ckpt-12.h5", "ckpt-8.h5"]
+    assert not list(out.glob("*.tmp"))
+    assert (out / "loss.png").stat().st_size > 1000
+    # the checkpoint holds everything a resume needs
+    import h5py
+    with h5py.File(out / "ckpt-12.h5", "r") as f:
+        for key in ("config", "tiling", "dtype", "step", "schedule", "optimizer", "rng",
+                    "data", "format_version"):
+            assert key in f.attrs, key
+        assert f.attrs["step"] == 12
+        assert json.loads(f.attrs["optimizer"])["step_count"] == 12
+        assert json.loads(f.attrs["data"])["batches_drawn"] == 24  # 12 steps x 2 micro
+        wte = f["params/transformer.wte.weight"]
+        assert wte.chunks == (256, 32)
+        q = f["params/transformer.h.0.attn.q.weight"]
+        assert q.shape == (32, 2, 16)
+        assert "optim/transformer.h.0.attn.q.weight/exp_avg" in f
+    # running again into the same --out without --resume is refused, nothing touched
+    again = train(out, data_dir, "--steps", "12")
+    assert_clean_error(again, "already holds checkpoints", "--resume latest")
+    assert len(read_metrics(out / "metrics.jsonl")) == 12
+    # already finished: resuming with the same --steps does nothing and says so
+    done = train(out, data_dir, "--steps", "12", "--resume", "latest")
+    assert done.returncode == 0, done.stderr
+    assert "step 12/12" in done.stdout
+
+
+def _start(out, data, *extra):
+    return subprocess.Popen([sys.executable, "-m", "nntile.train", *TINY, "--data", str(data),
+                             "--out", str(out), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env())
+
+
+def _wait_for_steps(proc, metrics, count, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"training ended (code {proc.returncode}) before step {count}: {err}")
+        if metrics.exists():
+            with open(metrics) as f:
+                if sum(1 for _ in f) >= count:
+                    return
+        time.sleep(0.02)
+    proc.kill()
+    pytest.fail("training made no progress")
+
+
+def test_interrupted_and_resumed_run_equals_uninterrupted_run_bit_for_bit(tmp_path, data_dir):
+    steps = ["--steps", "240", "--eval-every", "20", "--save-every", "50", "--keep", "2"]
+    reference = train(tmp_path / "ref", data_dir, *steps)
+    assert reference.returncode == 0, reference.stderr
+    expected = read_metrics(tmp_path / "ref" / "metrics.jsonl")
+
+    out = tmp_path / "interrupted"
+    metrics = out / "metrics.jsonl"
+    proc = _start(out, data_dir, *steps)
+    _wait_for_steps(proc, metrics, 15)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    first_stop = len(read_metrics(metrics))
+    assert 15 <= first_stop < 240
+    assert (out / f"ckpt-{first_stop}.h5").exists()
+    assert not list(out.glob("*.tmp"))
+
+    proc = _start(out, data_dir, *steps, "--resume", "latest")
+    _wait_for_steps(proc, metrics, first_stop + 15)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    second_stop = len(read_metrics(metrics))
+    assert first_stop < second_stop < 240
+    assert (out / f"ckpt-{second_stop}.h5").exists()
+
+    final = train(out, data_dir, *steps, "--resume", "latest")
+    assert final.returncode == 0, final.stderr
+    got = read_metrics(metrics)
+    assert [r["step"] for r in got] == list(range(1, 241))
+    assert [r["loss"] for r in got] == [r["loss"] for r in expected]  # exact floats
+    assert [r["lr"] for r in got] == [r["lr"] for r in expected]
+    assert [r.get("val_loss") for r in got] == [r.get("val_loss") for r in expected]
+
+
+def test_resume_into_another_tiling(tmp_path, data_dir):
+    out = tmp_path / "run"
+    first = train(out, data_dir, "--steps", "6", "--save-every", "3", "--eval-every", "0")
+    assert first.returncode == 0, first.stderr
+    expected = read_metrics(out / "metrics.jsonl")
+    os.unlink(out / "ckpt-6.h5")
+    again = train(out, data_dir, "--steps", "6", "--resume", str(out / "ckpt-3.h5"),
+                  "--tile-embd", "10", "--tile-vocab", "100", "--tile-inner", "48",
+                  "--tile-head", "1", "--tile-batch", "4", "--tile-seq", "32")
+    assert again.returncode == 0, again.stderr
+    got = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in got] == list(range(1, 7))
+    assert got[:3] == expected[:3]
+    for a, b in zip(got[3:], expected[3:]):  # another tiling sums in another order
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"])
+
+
+def test_resume_with_a_damaged_checkpoint_fails_cleanly(tmp_path, data_dir):
+    import h5py
+    out = tmp_path / "run"
+    assert train(out, data_dir, "--steps", "2", "--eval-every", "0").returncode == 0
+    before = (out / "metrics.jsonl").read_text()
+    with h5py.File(out / "ckpt-2.h5", "a") as f:
+        del f["params/transformer.h.1.mlp.c_fc.bias"]
+    result = train(out, data_dir, "--steps", "4", "--resume", "latest")
+    assert_clean_error(result, "ckpt-2.h5", "params/transformer.h.1.mlp.c_fc.bias")
+    assert (out / "metrics.jsonl").read_text() == before  # nothing touched
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt-2.h5", "loss.png", "metrics.jsonl"]
+
+
+def _bad_data(tmp_path, data_dir, kind):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    val = np.fromfile(data_dir / "val.bin", dtype=np.uint16)
+    val.tofile(bad / "val.bin")
+    if kind == "odd":
+        (bad / "train.bin").write_bytes(b"\x01\x00\x02\x00\x03")
+    elif kind == "empty":
+        (bad / "train.bin").write_bytes(b"")
+    elif kind == "directory":
+        (bad / "train.bin").mkdir()
+    elif kind == "big ids":
+        ids = np.fromfile(data_dir / "train.bin", dtype=np.uint16)[:5000].copy()
+        ids[1234] = 300
+        ids.tofile(bad / "train.bin")
+    elif kind == "short":
+        np.arange(10, dtype=np.uint16).tofile(bad / "train.bin")
+    elif kind == "no val":
+        os.unlink(bad / "val.bin")
+        val.tofile(bad / "train.bin")
+    return bad
+
+
+BAD_DATA = {
+    "odd": "odd size",
+    "empty": "is empty",
+    "directory": "not a regular file",
+    "big ids": "token id 300",
+    "short": "fewer than",
+    "no val": "val.bin does not exist",
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_DATA))
+def test_bad_data(tmp_path, data_dir, kind):
+    bad = _bad_data(tmp_path, data_dir, kind)
+    extra = ["--vocab-size", "256"] if kind == "big ids" else []
+    result = train(tmp_path / "out", bad, "--steps", "2", *extra)
+    assert_clean_error(result, BAD_DATA[kind])
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_bad_flags(tmp_path, data_dir):
+    out = tmp_path / "out"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(vocab_size=256, n_positions=32, n_embd=32, n_layer=1,
+                                      n_head=2)))
+    bert = tmp_path / "bert.json"
+    bert.write_text(json.dumps(dict(model_type="bert")))
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    corrupt = tmp_path / "corrupt.h5"
+    corrupt.write_bytes(os.urandom(4096))
+    base = ["--data", data_dir, "--steps", "2"]
+    cases = [
+        (["--data", tmp_path / "nowhere", "--out", out], "does not exist"),
+        (["--data", a_file, "--out", out], "not a directory"),
+        (base + ["--out", out, "--config", config, "--n-embd", "64"], "conflict"),
+        (base + ["--out", out, "--config", tmp_path / "none.json"], "no such file"),
+        (base + ["--out", out, "--config", bert], "bert"),
+        (base + ["--out", out, "--tile-embd", "64"], "larger than n_embd"),
+        (base + ["--out", out, "--tile-batch", "8"], "larger than the batch size"),
+        (base + ["--out", out, "--tile-seq", "33"], "larger than the sequence length"),
+        (base + ["--out", out, "--n-embd", "33"], "divisible"),
+        (base + ["--out", out, "--dtype", "bf16"], "bf16 is not implemented yet"),
+        (base + ["--out", out, "--dtype", "fp16"], "fp16"),
+        (base + ["--out", out, "--lr", "-1"], "--lr"),
+        (base + ["--out", out, "--warmup", "5"], "--warmup"),
+        (base + ["--out", out, "--steps", "0"], "--steps"),
+        (base + ["--out", a_file], "not a directory"),
+        (base + ["--out", a_file / "sub"], "not writable"),
+        (base + ["--out", out, "--resume", tmp_path / "missing.h5"], "no such checkpoint"),
+        (base + ["--out", out, "--resume", corrupt], "not a readable HDF5 file"),
+        (base + ["--out", out, "--resume", a_file], "not a readable HDF5 file"),
+        (base + ["--out", out, "--resume", "latest"], "no checkpoint"),
+        (base + ["--out", out, "--resume", "latest", "--init", corrupt], "conflict"),
+        (base + ["--out", out, "--no-such-flag"], "--no-such-flag"),
+    ]
+    for args, words in cases:
+        result = cli("train", *(RUN if "--config" in args else TINY), *args)
+        assert_clean_error(result, words)
+        assert not out.exists(), args
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path, data_dir):
+    out = tmp_path / "run"
+    assert train(out, data_dir, "--steps", "1", "--eval-every", "0").returncode == 0
+    result = train(out, data_dir, "--steps", "2", "--resume", "latest", "--n-embd", "64")
+    assert_clean_error(result, "--n-embd 64 conflicts with checkpoint", "n_embd = 32")
+
+
+def test_second_signal_abandons_the_step_and_resume_stays_exact(tmp_path, data_dir):
+    steps = ["--steps", "5", "--grad-accum", "12", "--eval-every", "0", "--save-every", "0"]
+    reference = train(tmp_path / "ref", data_dir, *steps)
+    assert reference.returncode == 0, reference.stderr
+    out = tmp_path / "run"
+    proc = _start(out, data_dir, *steps)
+    _wait_for_steps(proc, out / "metrics.jsonl", 2)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # most likely mid-step: that step is dropped
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    done = len(read_metrics(out / "metrics.jsonl"))
+    assert [p.name for p in out.glob("ckpt-*.h5")] == [f"ckpt-{done}.h5"]
+    final = train(out, data_dir, *steps, "--resume", "latest")
+    assert final.returncode == 0, final.stderr
+    assert read_metrics(out / "metrics.jsonl") == [
+        dict(r, tokens_per_s=g["tokens_per_s"], tflops=g["tflops"])
+        for r, g in zip(read_metrics(tmp_path / "ref" / "metrics.jsonl"),
+                        read_metrics(out / "metrics.jsonl"))]
+
+
+def test_model_from_a_config_file_in_fp64(tmp_path, data_dir):
+    config = tmp_path / "config.json"  # transformers' keys; unknown ones are ignored
+    config.write_text(json.dumps(dict(model_type="gpt2", vocab_size=300, n_positions=24,
+                                      n_embd=24, n_layer=1, n_head=3, n_inner=40,
+                                      resid_pdrop=0.1, architectures=["GPT2LMHeadModel"])))
+    out = tmp_path / "run"
+    result = cli("train", *RUN, "--config", config, "--data", data_dir, "--out", out,
+                 "--steps", "3", "--seq-len", "16", "--tile-seq", "8", "--dtype", "fp64")
+    assert result.returncode == 0, result.stderr
+    import h5py
+    with h5py.File(out / "ckpt-3.h5", "r") as f:
+        assert json.loads(f.attrs["config"])["n_inner"] == 40
+        assert f.attrs["dtype"] == "fp64"
+        assert f["params/transformer.h.0.mlp.c_fc.weight"].dtype == np.float64
+        assert json.loads(f.attrs["train"])["seq_len"] == 16
+    assert_clean_error(cli("train", *RUN, "--config", config, "--data", data_dir, "--out",
+                           tmp_path / "o2", "--seq-len", "25"), "n_positions (24)")
