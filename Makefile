@@ -7,7 +7,7 @@ APT_PACKAGES := libhwloc-dev pkg-config libopenmpi-dev openmpi-bin libopenblas-d
 .PHONY: train test setup deps starpu install bench clean
 
 train: setup
-	$(PYTHON) -m nntile.demo
+	$(PYTHON) -m nntile.train --overwrite
 
 test: setup
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests
