@@ -37,7 +37,8 @@ python3 -c "import nntile; assert nntile.HAVE_CUDA, 'nntile built without CUDA'"
 export PYTHONUNBUFFERED=1
 want kernels && step cuda-kernels python3 -m pytest -q -p no:cacheprovider tests/cuda
 want model && step gpu-model python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py
-want train && step gpu-train python3 -m nntile.demo
+want train && step gpu-train python3 -m nntile.train --ncuda 1 --ncpu 1 --steps 300 \
+    --batch-size 16 --eval-every 100 --no-progress --overwrite --out build/gpu-train
 want bench && step gpu-bench python3 -m pytest -q -s -p no:cacheprovider bench/test_gpt2_gpu.py --benchmark-only
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null
 echo "=== summary ($(cat "$logs/gpu.txt"))"

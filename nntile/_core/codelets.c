@@ -34,8 +34,10 @@
         nntile_kernel_##op##_##dtype(cl_arg, BUFS_##nbuf, given > nbuf ? BUF(nbuf) : NULL);    \
     }
 
-#define WRAPPERS(op, nbuf) CPU_WRAPPER(op, fp32, nbuf) CPU_WRAPPER(op, fp64, nbuf)
-#define WRAPPERS_OPT(op, nbuf) CPU_WRAPPER_OPT(op, fp32, nbuf) CPU_WRAPPER_OPT(op, fp64, nbuf)
+#define WRAPPERS(op, nbuf) CPU_WRAPPER(op, fp32, nbuf) CPU_WRAPPER(op, fp64, nbuf) \
+    CPU_WRAPPER(op, bf16, nbuf)
+#define WRAPPERS_OPT(op, nbuf) CPU_WRAPPER_OPT(op, fp32, nbuf) CPU_WRAPPER_OPT(op, fp64, nbuf) \
+    CPU_WRAPPER_OPT(op, bf16, nbuf)
 NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
 
 #if NNTILE_HAVE_CUDA
@@ -57,13 +59,17 @@ NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
     {                                                                                           \
         nntile_cuda_##op##_##kdtype(cl_arg, starpu_cublas_get_local_handle(), BUFS_##nbuf);    \
     }
-/* tf32 stores fp32: only its GEMM differs (TF32 tensor cores). */
+/* tf32 stores fp32: only its GEMM differs (TF32 tensor cores). bf16 has its own kernels
+ * (bf16 storage, fp32 compute; GEMM with fp32 accumulation). */
 #define CUDA_WRAPPERS(op, nbuf) CUDA_WRAPPER(op, fp32, fp32, nbuf) \
-    CUDA_WRAPPER(op, fp64, fp64, nbuf) CUDA_WRAPPER(op, tf32, fp32, nbuf)
+    CUDA_WRAPPER(op, fp64, fp64, nbuf) CUDA_WRAPPER(op, tf32, fp32, nbuf) \
+    CUDA_WRAPPER(op, bf16, bf16, nbuf)
 #define CUDA_WRAPPERS_OPT(op, nbuf) CUDA_WRAPPER_OPT(op, fp32, fp32, nbuf) \
-    CUDA_WRAPPER_OPT(op, fp64, fp64, nbuf) CUDA_WRAPPER_OPT(op, tf32, fp32, nbuf)
+    CUDA_WRAPPER_OPT(op, fp64, fp64, nbuf) CUDA_WRAPPER_OPT(op, tf32, fp32, nbuf) \
+    CUDA_WRAPPER_OPT(op, bf16, bf16, nbuf)
 #define CUDA_WRAPPERS_BLAS(op, nbuf) CUDA_WRAPPER_BLAS(op, fp32, fp32, nbuf) \
-    CUDA_WRAPPER_BLAS(op, fp64, fp64, nbuf) CUDA_WRAPPER_BLAS(op, tf32, tf32, nbuf)
+    CUDA_WRAPPER_BLAS(op, fp64, fp64, nbuf) CUDA_WRAPPER_BLAS(op, tf32, tf32, nbuf) \
+    CUDA_WRAPPER_BLAS(op, bf16, bf16, nbuf)
 NNTILE_OPS(CUDA_WRAPPERS, CUDA_WRAPPERS_OPT, CUDA_WRAPPERS_BLAS)
 
 static void cuda_copy_bytes(void *buffers[], void *cl_arg)
@@ -74,9 +80,11 @@ static void cuda_copy_bytes(void *buffers[], void *cl_arg)
                     starpu_cuda_get_local_stream());
 }
 
+/* Indexed by dtype; NULL where the dtype has no kernel (int64). */
 typedef void (*cuda_func)(void *[], void *);
-static const cuda_func cuda_funcs[NNTILE_OP_COUNT][3] = {
-#define CUDA_FUNCS(op, nbuf) {cuda_##op##_fp32, cuda_##op##_fp64, cuda_##op##_tf32},
+static const cuda_func cuda_funcs[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT] = {
+#define CUDA_FUNCS(op, nbuf) {[NNTILE_FP32] = cuda_##op##_fp32, [NNTILE_FP64] = cuda_##op##_fp64, \
+                              [NNTILE_TF32] = cuda_##op##_tf32, [NNTILE_BF16] = cuda_##op##_bf16},
     NNTILE_OPS(CUDA_FUNCS, CUDA_FUNCS, CUDA_FUNCS)
 #undef CUDA_FUNCS
 };
@@ -98,13 +106,18 @@ static const char *op_names[NNTILE_OP_COUNT] = {
 #undef NAME
 };
 
-static const cpu_func cpu_funcs[NNTILE_OP_COUNT][2] = {
-#define FUNCS(op, nbuf) {cpu_##op##_fp32, cpu_##op##_fp64},
+/* Indexed by dtype; NULL where the dtype has no kernel (int64). tf32 stores fp32, so its CPU
+ * kernels are the fp32 ones. */
+static const cpu_func cpu_funcs[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT] = {
+#define FUNCS(op, nbuf) {[NNTILE_FP32] = cpu_##op##_fp32, [NNTILE_FP64] = cpu_##op##_fp64, \
+                         [NNTILE_TF32] = cpu_##op##_fp32, [NNTILE_BF16] = cpu_##op##_bf16},
     NNTILE_OPS(FUNCS, FUNCS, FUNCS)
 #undef FUNCS
 };
 
-static const char *dtype_names[NNTILE_DTYPE_COUNT] = {"fp32", "fp64", "tf32", "int64"};
+static const char *dtype_names[NNTILE_DTYPE_COUNT] = {
+    [NNTILE_FP32] = "fp32", [NNTILE_FP64] = "fp64", [NNTILE_TF32] = "tf32",
+    [NNTILE_INT64] = "int64", [NNTILE_BF16] = "bf16"};
 
 static struct starpu_codelet codelets[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
 static struct starpu_perfmodel models[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
@@ -133,16 +146,17 @@ void nntile_codelets_init(void)
 {
     if (initialized)
         return;
-    for (int op = 0; op < NNTILE_OP_COUNT; ++op) {
-        define_codelet(op, NNTILE_FP32, cpu_funcs[op][0]);
-        define_codelet(op, NNTILE_FP64, cpu_funcs[op][1]);
-        define_codelet(op, NNTILE_TF32, cpu_funcs[op][0]);
-    }
+    for (int op = 0; op < NNTILE_OP_COUNT; ++op)
+        for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
+            if (cpu_funcs[op][dtype])
+                define_codelet(op, dtype, cpu_funcs[op][dtype]);
     for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
         define_codelet(NNTILE_OP_copy, dtype, cpu_copy_bytes);
 #if NNTILE_HAVE_CUDA
     for (int op = 0; op < NNTILE_OP_COUNT; ++op)
-        for (int dtype = 0; dtype < 3; ++dtype) {
+        for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype) {
+            if (!cuda_funcs[op][dtype])
+                continue;
             struct starpu_codelet *cl = &codelets[op][dtype];
             cl->where |= STARPU_CUDA;
             cl->cuda_funcs[0] = cuda_funcs[op][dtype];

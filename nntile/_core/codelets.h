@@ -27,12 +27,14 @@
 enum nntile_op { NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM) NNTILE_OP_COUNT };
 #undef NNTILE_OP_ENUM
 
-/* Storage types of tiles. tf32 stores fp32 and differs only in the GEMM compute mode. */
+/* Storage types of tiles. tf32 stores fp32 and differs only in the GEMM compute mode.
+ * bf16 stores bfloat16 bits (uint16_t) and computes in fp32. */
 enum nntile_dtype {
     NNTILE_FP32 = 0,
     NNTILE_FP64 = 1,
     NNTILE_TF32 = 2,
     NNTILE_INT64 = 3,
+    NNTILE_BF16 = 4,
     NNTILE_DTYPE_COUNT
 };
 

@@ -10,15 +10,56 @@ cdef extern from "codelets.h":
         NNTILE_FP64
         NNTILE_TF32
         NNTILE_INT64
+        NNTILE_BF16
 
-# dtype name -> (codelet table column, numpy storage dtype)
+# dtype name -> (codelet table column, numpy storage dtype). bf16 tiles hold bfloat16 bits in
+# uint16; the host side reads and writes them as float32 (see float_to_bf16_bits).
 DTYPES = {
     "fp32": (NNTILE_FP32, np.dtype(np.float32)),
     "tf32": (NNTILE_TF32, np.dtype(np.float32)),
     "fp64": (NNTILE_FP64, np.dtype(np.float64)),
     "int64": (NNTILE_INT64, np.dtype(np.int64)),
+    "bf16": (NNTILE_BF16, np.dtype(np.uint16)),
 }
-FLOAT_DTYPES = ("fp32", "tf32", "fp64")
+FLOAT_DTYPES = ("fp32", "tf32", "fp64", "bf16")
+
+
+def float_to_bf16_bits(array):
+    """bfloat16 bits (a uint16 array) of the values of a real array, rounded to nearest, ties
+    to even, from the array's own precision (float64 is rounded once, not through float32).
+    Values beyond the bfloat16 range become infinities; a NaN stays a (quiet) NaN of the same
+    sign."""
+    a = np.asarray(array)
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"cannot convert an array of dtype {a.dtype} to bf16")
+    if a.dtype.kind == "f" and a.dtype.itemsize <= 4:
+        # float16/float32 are exact in float32: round its bits as the kernels do
+        u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+        with np.errstate(over="ignore"):
+            rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        quiet_nan = (u >> np.uint32(16)) | np.uint32(0x40)
+        bits = np.where((u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000), quiet_nan, rounded)
+        return bits.astype(np.uint16)
+    # Wider types: x = m * 2**e with 0.5 <= |m| < 1; bfloat16 keeps 8 significant bits, so
+    # its spacing there is 2**(e-8) (2**-133 for subnormals). Scaling by powers of two is
+    # exact and rint rounds half to even, so q is x correctly rounded to bfloat16.
+    x = np.asarray(a, dtype=np.float64)
+    _, e = np.frexp(x)
+    s = np.maximum(e - 8, -133)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.ldexp(np.rint(np.ldexp(x, -s)), s)
+        f = np.ascontiguousarray(q, dtype=np.float32)  # exact, or +-inf past the range
+    bits = f.view(np.uint32) >> np.uint32(16)
+    bits = np.where(np.isnan(x), bits | np.uint32(0x40), bits)
+    return bits.astype(np.uint16)
+
+
+def bf16_bits_to_float(bits):
+    """float32 values (exact) of an array of bfloat16 bits."""
+    bits = np.asarray(bits)
+    if bits.dtype != np.uint16:
+        raise TypeError(f"bfloat16 bits must be a uint16 array, got {bits.dtype}")
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 _NUMPY_TO_DTYPE = {np.dtype(np.float32): "fp32", np.dtype(np.float64): "fp64",
                    np.dtype(np.int64): "int64"}
 
@@ -147,15 +188,18 @@ cdef class Tensor:
         return tensor
 
     def write(self, array):
-        """Overwrite the tensor's contents with a numpy array of the same shape."""
+        """Overwrite the tensor's contents with a numpy array of the same shape (a bf16 tensor
+        takes real values and stores them rounded to nearest even)."""
         self.check_usable("tensor")
         array = np.asarray(array)
         if array.shape != self.traits.shape:
             raise ValueError(f"array of shape {array.shape} does not match tensor shape "
                              f"{self.traits.shape}")
         npdtype = DTYPES[self.dtype][1]
-        if npdtype.kind == "f" and array.dtype.kind not in "fiub":
+        if self.dtype in FLOAT_DTYPES and array.dtype.kind not in "fiub":
             raise TypeError(f"cannot write an array of dtype {array.dtype} into a {self.dtype} tensor")
+        if self.dtype == "bf16":
+            array = float_to_bf16_bits(array)
         if npdtype.kind == "i":
             if array.dtype.kind not in "iub":
                 raise TypeError(f"an int64 tensor takes integer arrays, got {array.dtype}")
@@ -175,7 +219,8 @@ cdef class Tensor:
                 starpu_data_release(h)
 
     def to_array(self):
-        """A numpy copy of the whole tensor (waits for the tasks that write it)."""
+        """A numpy copy of the whole tensor (waits for the tasks that write it); float32 for a
+        bf16 tensor."""
         self.check_usable("tensor")
         npdtype = DTYPES[self.dtype][1]
         result = np.empty(self.traits.shape, dtype=npdtype)
@@ -193,6 +238,8 @@ cdef class Tensor:
                     h, self.itemsize * _prod(shape), npdtype, shape)
             finally:
                 starpu_data_release(h)
+        if self.dtype == "bf16":
+            return bf16_bits_to_float(result)
         return result
 
     def tile_to_array(self, tile_index):
@@ -206,9 +253,10 @@ cdef class Tensor:
         check(ret, "starpu_data_acquire")
         try:
             shape = self.traits.tile_shape(i)
-            return _tile_view(h, self.itemsize * _prod(shape), DTYPES[self.dtype][1], shape).copy()
+            tile = _tile_view(h, self.itemsize * _prod(shape), DTYPES[self.dtype][1], shape).copy()
         finally:
             starpu_data_release(h)
+        return bf16_bits_to_float(tile) if self.dtype == "bf16" else tile
 
     def fill(self, value):
         fill(value, self)

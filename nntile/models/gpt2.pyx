@@ -54,8 +54,8 @@ cdef class GPT2LMHead(Module):
     cdef bint _ready_for_backward
 
     def __init__(self, config, tiling=None, str dtype="fp32"):
-        if dtype not in ("fp32", "fp64", "tf32"):
-            raise ValueError(f"GPT2LMHead: dtype {dtype!r}; use fp32, tf32 or fp64")
+        if dtype not in ("fp32", "fp64", "tf32", "bf16"):
+            raise ValueError(f"GPT2LMHead: dtype {dtype!r}; use fp32, tf32, fp64 or bf16")
         if not isinstance(config, GPT2Config):
             raise TypeError(f"GPT2LMHead needs a GPT2Config, got {type(config).__name__}")
         super().__init__(dtype)

@@ -27,8 +27,8 @@ cdef class Module:
     """Named parameters and sub-modules; names follow transformers' GPT-2 where they can."""
 
     def __init__(self, str dtype):
-        if dtype not in ("fp32", "fp64", "tf32"):
-            raise ValueError(f"dtype {dtype!r}: layers support fp32, tf32 and fp64")
+        if dtype not in ("fp32", "fp64", "tf32", "bf16"):
+            raise ValueError(f"dtype {dtype!r}: layers support fp32, tf32, fp64 and bf16")
         self.dtype = dtype
         self._params = {}
         self._children = {}

@@ -47,6 +47,28 @@ static inline void nntile_scratch_put(void *p, void *stackbuf)
         free(p);
 }
 
+/* bfloat16 <-> float.  A bf16 value is the upper half of a float's bits.
+ * bf16 -> float is exact.  float -> bf16 rounds to nearest, ties to even
+ * (overflow gives +-inf as IEEE rounding does); a NaN stays a NaN of the same
+ * sign (made quiet, so that truncation cannot turn it into an infinity).
+ * Both are branch-free so that the loops that use them vectorise. */
+static inline float nntile_bf16_to_float(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t nntile_float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
 /* Index i is in [0, n) (one unsigned compare, no branch on sign). */
 #define NNTILE_IN_RANGE(i, n) ((uint64_t)(i) < (uint64_t)(n))
 

@@ -6,19 +6,17 @@
  *
  * The body sees, for each instantiation:
  *   T          storage type of tensor elements
- *   C          compute type (float for fp32, double for fp64; float for a
- *              future bf16)
+ *   C          compute type (float for fp32 and bf16, double for fp64)
  *   LOAD(x)    T -> C conversion,  STORE(x)  C -> T conversion
  *   FN(op)     -> nntile_kernel_<op>_<suffix>
  *   PRIV(name) -> nntile_priv_<name>_<suffix> (for static helpers)
  *   EXP LOG ERF TANH SQRT: libm functions in the compute type
  *   VEXP       vectorisable exp in the compute type (see common.h)
- *   CBLAS_GEMM: cblas_sgemm / cblas_dgemm (only for dtypes with BLAS)
+ *   CBLAS_GEMM: cblas_sgemm / cblas_dgemm for the dtypes that CBLAS stores
+ *              (left undefined for bf16: gemm.inc then converts to float
+ *              scratch and calls cblas_sgemm)
  * plus the per-dtype reduction helpers from reduce.inc.
  * Reductions accumulate in double for every dtype.
- *
- * To add bf16: add a block with T uint16_t, C float, LOAD/STORE doing the
- * bf16 <-> float conversion, SUFFIX bf16, float math; and a GEMM fallback.
  */
 #include "common.h"
 #include <cblas.h>
@@ -85,6 +83,34 @@
 #undef TANH
 #undef SQRT
 #undef CBLAS_GEMM
+
+/* ---------------- bf16 ----------------
+ * Storage: bfloat16 bits in uint16_t; every operation computes in float
+ * (LOAD is exact, STORE rounds to nearest even once per stored value). */
+#define T uint16_t
+#define C float
+#define SUFFIX bf16
+#define LOAD(x) nntile_bf16_to_float(x)
+#define STORE(x) nntile_float_to_bf16((float)(x))
+#define EXP expf
+#define VEXP nntile_vexpf
+#define LOG logf
+#define ERF erff
+#define TANH tanhf
+#define SQRT sqrtf
+#include "reduce.inc"
+#include NNTILE_KERNEL_BODY
+#undef T
+#undef C
+#undef SUFFIX
+#undef LOAD
+#undef STORE
+#undef EXP
+#undef VEXP
+#undef LOG
+#undef ERF
+#undef TANH
+#undef SQRT
 
 #undef FN
 #undef PRIV

@@ -4,7 +4,8 @@
  * Contract (see README.md in this directory):
  *   void nntile_kernel_<op>_<dtype>(const struct nntile_<op>_args *args,
  *                                   <buffer pointers in the documented order>);
- * - dtype suffixes: fp32 (float), fp64 (double).
+ * - dtype suffixes: fp32 (float), fp64 (double), bf16 (uint16_t holding
+ *   bfloat16 bits; computed in float, stored rounded to nearest even).
  * - every buffer is one contiguous row-major tile; buffers never alias.
  * - struct fields: int64_t for sizes/offsets/flags, double for scalars.
  * - "axis layout [m, k, n]": element (i,j,l) at (i*k + j)*n + l; k is the
@@ -97,9 +98,8 @@ struct nntile_sgd_step_args {
 
 /* ---- prototypes ----
  * Each NNTILE_PROTO_<op>(T, S) declares nntile_kernel_<op>_<S> for storage
- * type T; NNTILE_FOR_EACH_DTYPE instantiates it for every supported dtype
- * (adding bf16 = adding one X(uint16_t, bf16) line below). */
-#define NNTILE_FOR_EACH_DTYPE(X) X(float, fp32) X(double, fp64)
+ * type T; NNTILE_FOR_EACH_DTYPE instantiates it for every supported dtype. */
+#define NNTILE_FOR_EACH_DTYPE(X) X(float, fp32) X(double, fp64) X(uint16_t, bf16)
 
 #define NNTILE_PROTO_fill(T, S) \
     void nntile_kernel_fill_##S(const struct nntile_fill_args *args, T *dst);
