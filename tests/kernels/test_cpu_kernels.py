@@ -123,7 +123,7 @@ class Kernels:
                 ptrs.append(None)
                 continue
             assert isinstance(b, np.ndarray) and b.flags.c_contiguous
-            assert b.dtype in (np.float32, np.float64, np.int64)
+            assert b.dtype in (np.float32, np.float64, np.int64, np.uint16)
             ptrs.append(ctypes.c_void_p(b.ctypes.data))
         fn = getattr(self.lib, f"nntile_kernel_{op}_{dtype}")
         fn.restype = None
@@ -221,7 +221,7 @@ def test_all_symbols_and_clean_build(kernel_lib):
     lib, stderr = kernel_lib
     assert "warning" not in stderr, stderr
     for op in FIELDS:
-        for dt in DT:
+        for dt in DT + ["bf16"]:
             getattr(lib, f"nntile_kernel_{op}_{dt}")
 
 
@@ -851,3 +851,403 @@ def test_vectorised_exp_accuracy(K, dt):
     assert special[0] == 0 and special[1] == 0
     assert special[2] == np.inf and special[3] == np.inf
     assert np.isnan(special[4])
+
+
+# ---------------------------------------------------------------- bf16
+# bf16 tiles hold bfloat16 bits (uint16) and compute in float.  Each test runs
+# the bf16 kernel and, as the reference, the fp32 kernel on the same
+# (bf16-representable) inputs; results must agree to bf16 precision.
+
+def bf16_ref_bits(x):
+    """Reference float32 -> bf16 rounding, written independently of the
+    kernels: of the two bf16 neighbours of x pick the nearer, ties to the even
+    one; past the largest finite value round as if 2**128 were representable
+    (IEEE overflow to inf); NaN -> quiet NaN of the same sign."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    lo = (u >> 16).astype(np.int64)          # truncation toward zero
+    hi = lo + 1                              # next magnitude up
+    def mag(b):
+        b = b & 0x7FFF
+        v = (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        return np.where(b == 0x7F80, 2.0 ** 128, v)
+    with np.errstate(invalid="ignore"):
+        ax = np.abs(x.astype(np.float64))
+        dlo, dhi = ax - mag(lo), mag(hi) - ax
+    up = (dhi < dlo) | ((dhi == dlo) & (lo % 2 == 1))
+    finite = np.isfinite(x)
+    bits = np.where(finite & up, hi, lo)
+    bits = np.where(np.isnan(x), lo | 0x40, bits)
+    return bits.astype(np.uint16)
+
+
+def from_bf16(bits):
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def bf(x):
+    """x rounded to bf16, as float32."""
+    return from_bf16(bf16_ref_bits(np.asarray(x, np.float32)))
+
+
+class Pair:
+    """The same values as an fp32 buffer and a bf16 buffer."""
+
+    def __init__(self, x):
+        x = bf(x)
+        self.f = np.ascontiguousarray(x, dtype=np.float32)
+        self.b = bf16_ref_bits(x)
+
+    @classmethod
+    def nan(cls, shape):
+        return cls(np.full(shape, np.nan, np.float32))
+
+    @property
+    def got(self):
+        return from_bf16(self.b)
+
+
+def both(K, op, args, *bufs):
+    """Run op in fp32 and bf16; Pair buffers are updated in place."""
+    K(op, "fp32", args, *[b.f if isinstance(b, Pair) else b for b in bufs])
+    K(op, "bf16", args, *[b.b if isinstance(b, Pair) else b for b in bufs])
+
+
+def close16(pair, rtol=1e-2, scale=None):
+    """bf16 result vs the fp32 one: same NaN/inf pattern, finite values within
+    rtol relative plus rtol * (the reference's magnitude) absolute."""
+    got = pair.got.astype(np.float64)
+    ref = pair.f.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    fin = np.isfinite(ref)
+    np.testing.assert_array_equal(got[~fin & ~np.isnan(ref)], ref[~fin & ~np.isnan(ref)])
+    if scale is None:
+        scale = float(np.abs(ref[fin]).max()) if fin.any() else 1.0
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=rtol, atol=rtol * scale)
+
+
+def rnd16(rng, shape, scale=1.0):
+    return Pair(scale * rng.standard_normal(shape))
+
+
+def test_bf16_store_rounding(K):
+    """fill stores a (float) value: exhaustive over a sample of float32 bit
+    patterns (every exponent), ties, subnormals, overflow and NaNs."""
+    rng = np.random.default_rng(0)
+    pats = rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)
+    ties = (rng.integers(0, 2**16, 500).astype(np.uint32) << 16) | 0x8000
+    special = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000,
+                        0xFFC00000, 0x7F800001, 0xFF800001, 0x7F7FFFFF,
+                        0x7F7F7FFF, 0x7F7F8000, 0x7F7F8001, 0x00000001,
+                        0x00008000, 0x00018000, 0x007FFFFF, 0x3F808000,
+                        0x3F818000, 0x3F7FFFFF], dtype=np.uint32)
+    vals = np.concatenate([pats, ties, special]).view(np.float32)
+    want = bf16_ref_bits(vals)
+    got = np.empty_like(want)
+    out = np.empty(1, np.uint16)
+    for i, v in enumerate(vals):
+        K("fill", "bf16", dict(n=1, value=float(v)), out)
+        got[i] = out[0]
+    nan = np.isnan(vals)
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    # NaN: stays NaN, keeps its sign
+    g = got[nan]
+    assert ((g & 0x7F80) == 0x7F80).all() and ((g & 0x7F) != 0).all()
+    np.testing.assert_array_equal(g >> 15, want[nan] >> 15)
+    assert from_bf16(want[:4000][~nan[:4000]]).size  # sanity of the sample
+
+
+def test_bf16_fill_rounds_a_double_once(K):
+    """Scalars arrive as double: just above, at and just below a tie between
+    two bf16 neighbours (float32 would turn the near values into the tie)."""
+    rng = np.random.default_rng(5)
+    lo_bits = rng.integers(0, 0x7F7F, 300).astype(np.uint16)
+    lo = from_bf16(lo_bits).astype(np.float64)
+    hi = from_bf16(lo_bits + 1).astype(np.float64)
+    tie, eps = (lo + hi) / 2, (hi - lo) * 2.0 ** -30
+    even = np.where(lo_bits % 2 == 0, lo_bits, lo_bits + 1)
+    out = np.empty(1, np.uint16)
+    for sign in (0, 0x8000):
+        s = -1.0 if sign else 1.0
+        for vals, want in ((tie + eps, lo_bits + 1), (tie, even), (tie - eps, lo_bits)):
+            for v, w in zip(vals, want):
+                K("fill", "bf16", dict(n=1, value=s * float(v)), out)
+                assert out[0] == (int(w) | sign), (s * v, hex(out[0]), hex(w | sign))
+    for v, w in ((1e300, 0x7F80), (-1e300, 0xFF80), (3.3961775e38, 0x7F7F),
+                 (1e-300, 0), (-1e-300, 0x8000), (2.0 ** -134 * 1.5, 1)):
+        K("fill", "bf16", dict(n=1, value=v), out)
+        assert out[0] == w, (v, hex(out[0]))
+
+
+def test_bf16_copy_subcopy_are_bit_exact(K):
+    rng = np.random.default_rng(1)
+    src = rng.integers(0, 2**16, (3, 4, 5), dtype=np.uint64).astype(np.uint16)
+    dst = np.zeros(src.size, np.uint16)
+    K("copy", "bf16", dict(n=src.size), src, dst)
+    np.testing.assert_array_equal(dst, src.ravel())   # NaN payloads too
+    dst = rng.integers(0, 2**16, (4, 4, 6), dtype=np.uint64).astype(np.uint16)
+    ref = dst.copy()
+    ref[1:3, 0:3, 2:6] = src[0:2, 1:4, 0:4]
+    K("subcopy", "bf16", dict(ndim=3, src_shape=src.shape, dst_shape=dst.shape,
+                              copy_shape=(2, 3, 4), src_offset=(0, 1, 0),
+                              dst_offset=(1, 0, 2)), src, dst)
+    np.testing.assert_array_equal(dst, ref)
+    one = np.array([0x7F80], np.uint16)
+    K("mask_causal", "bf16", dict(batch=1, tq=1, tk=1, q_offset=0, k_offset=1), one)
+    assert one[0] == 0xFF80  # -inf
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0, -0.75])
+@pytest.mark.parametrize("n", [1, 7, 64, 1001])
+def test_bf16_elementwise(K, beta, n):
+    rng = np.random.default_rng(n)
+    src = rnd16(rng, n)
+    dst = Pair.nan(n) if beta == 0 else rnd16(rng, n)
+    both(K, "add", dict(n=n, alpha=0.3, beta=beta), src, dst)
+    close16(dst)
+    out = Pair.nan(1) if beta == 0 else rnd16(rng, 1)
+    both(K, "sumsq", dict(n=n, beta=beta), src, out)
+    close16(out)
+    a, b = rnd16(rng, n), rnd16(rng, n)
+    both(K, "scal", dict(n=n, alpha=1.7), a)
+    close16(a)
+    dst = Pair.nan(n)
+    both(K, "prod", dict(n=n, alpha=-0.5), a, b, dst)
+    close16(dst)
+    x = rnd16(rng, n, 3.0)
+    for name in ("gelu", "gelutanh"):
+        y = Pair.nan(n)
+        both(K, name, dict(n=n), x, y)
+        close16(y)
+        dx = Pair.nan(n) if beta == 0 else rnd16(rng, n)
+        both(K, name + "_backward", dict(n=n, beta=beta), x, b, dx)
+        close16(dx)
+
+
+@pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 40, 3)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_bf16_fiber_slice(K, m, k, n, beta):
+    rng = np.random.default_rng(m * k * n)
+    a = dict(m=m, k=k, n=n, alpha=1.3, beta=beta)
+    fib, s1, s2 = rnd16(rng, k), rnd16(rng, (m, k, n)), rnd16(rng, (m, k, n))
+    dst = Pair.nan((m, k, n)) if beta == 0 else rnd16(rng, (m, k, n))
+    both(K, "add_fiber", a, fib, dst)
+    close16(dst)
+    both(K, "prod_fiber", dict(m=m, k=k, n=n, alpha=-0.4), fib, dst)
+    close16(dst)
+    for op, srcs in (("sum_fiber", (s1,)), ("sumprod_fiber", (s1, s2))):
+        out = Pair.nan(k) if beta == 0 else rnd16(rng, k)
+        both(K, op, a, *srcs, out)
+        close16(out, scale=np.abs(s1.f).max() * m * n)
+    for op, srcs in (("sum_slice", (s1,)), ("sumprod_slice", (s1, s2))):
+        out = Pair.nan((m, n)) if beta == 0 else rnd16(rng, (m, n))
+        both(K, op, a, *srcs, out)
+        close16(out, scale=np.abs(s1.f).max() * k)
+    sl = rnd16(rng, (m, n))
+    dst = Pair.nan((m, k, n)) if beta == 0 else rnd16(rng, (m, k, n))
+    both(K, "add_slice", a, sl, dst)
+    close16(dst)
+    both(K, "prod_slice", dict(m=m, k=k, n=n, alpha=0.7), sl, dst)
+    close16(dst)
+
+
+def _tiles16(x, cuts, axis=1):
+    return [Pair(np.ascontiguousarray(t)) for t in np.split(x, cuts, axis=axis)]
+
+
+@pytest.mark.parametrize("m,k,n,cuts", [(4, 30, 1, [7, 19]), (3, 12, 5, [5]),
+                                        (2, 9, 2, [])])
+def test_bf16_maxsumexp_softmax(K, m, k, n, cuts):
+    rng = np.random.default_rng(k)
+    x = bf(4 * rng.standard_normal((m, k, n)))
+    x[rng.random((m, k, n)) < 0.3] = -np.inf
+    x[0, :, 0] = -np.inf                  # a fully masked row
+    x[1, : (k + 1) // 2, :] = -np.inf     # masked in the first tile(s)
+    stats = Pair.nan((m, n, 2))
+    tiles = _tiles16(x, cuts)
+    for t, tile in enumerate(tiles):
+        both(K, "maxsumexp", dict(m=m, k=tile.f.shape[1], n=n, init=int(t == 0)),
+             tile, stats)
+    np.testing.assert_array_equal(stats.got[..., 0], stats.f[..., 0])  # max is exact
+    assert stats.got[0, 0, 0] == -np.inf and stats.got[0, 0, 1] == 0
+    close16(stats)
+    for tile in tiles:
+        both(K, "softmax_inplace", dict(m=m, k=tile.f.shape[1], n=n), stats, tile)
+        close16(tile, rtol=2e-2)
+    lse = Pair.nan(m * n)
+    st2 = Pair(stats.got.reshape(-1, 2))
+    st2.f = np.ascontiguousarray(stats.f.reshape(-1, 2))
+    both(K, "logsumexp", dict(n=m * n), st2, lse)
+    close16(lse)
+    # softmax backward on the probabilities
+    p = Pair(np.concatenate([t.got for t in tiles], axis=1))
+    dp = rnd16(rng, (m, k, n))
+    sums = Pair.nan((m, n))
+    both(K, "sumprod_slice", dict(m=m, k=k, n=n, alpha=1.0, beta=0.0), p, dp, sums)
+    dp_scale = 0.5 * np.abs(p.f).max() * (np.abs(dp.f).max() + np.abs(sums.f).max())
+    both(K, "softmax_backward", dict(m=m, k=k, n=n, alpha=0.5), p, sums, dp)
+    close16(dp, rtol=2e-2, scale=dp_scale)  # dp - sums cancels
+
+
+@pytest.mark.parametrize("rows,vocab,cuts", [(9, 50, [13, 31]), (4, 7, []),
+                                             (6, 33, [32])])
+def test_bf16_xent(K, rows, vocab, cuts):
+    rng = np.random.default_rng(vocab)
+    logits = bf(3 * rng.standard_normal((rows, vocab)))
+    labels = rng.integers(0, vocab, rows).astype(np.int64)
+    bounds = [0, *cuts, vocab]
+    tiles = _tiles16(logits, cuts)
+    stats = Pair.nan((rows, 2))
+    picked = Pair(np.full(rows, 12345.0))
+    for t, (tile, off) in enumerate(zip(tiles, bounds)):
+        v = tile.f.shape[1]
+        both(K, "maxsumexp", dict(m=rows, k=v, n=1, init=int(t == 0)), tile, stats)
+        both(K, "xent_picked", dict(rows=rows, v=v, v_offset=off), tile, labels, picked)
+    np.testing.assert_array_equal(picked.got, logits[np.arange(rows), labels])
+    lse = Pair.nan(rows)
+    both(K, "logsumexp", dict(n=rows), stats, lse)
+    close16(lse)
+    loss = Pair.nan(1)
+    both(K, "xent_loss", dict(rows=rows, alpha=1.0 / rows, beta=0.0), lse, picked, loss)
+    close16(loss)
+    l64 = logits.astype(np.float64)
+    ref = (np.log(np.exp(l64 - l64.max(1, keepdims=True)).sum(1)) + l64.max(1)
+           - l64[np.arange(rows), labels]).mean()
+    assert abs(loss.got[0] - ref) <= 1e-2 * abs(ref)
+    for tile, off in zip(tiles, bounds):
+        both(K, "xent_grad_inplace", dict(rows=rows, v=tile.f.shape[1], v_offset=off,
+                                          alpha=0.25), stats, labels, tile)
+        close16(tile, rtol=2e-2, scale=0.25)
+
+
+def test_bf16_embedding(K):
+    rng = np.random.default_rng(2)
+    rows, e, voff, v = 16, 33, 3, 10
+    ids = rng.integers(-1, voff + v + 3, rows).astype(np.int64)
+    ids[0] = voff
+    table, dst = rnd16(rng, (v, e)), rnd16(rng, (rows, e))
+    both(K, "embedding", dict(rows=rows, e=e, v_offset=voff, v=v), ids, table, dst)
+    close16(dst)
+    dy, dtab = rnd16(rng, (rows, e)), rnd16(rng, (v, e))
+    both(K, "embedding_backward", dict(rows=rows, e=e, v_offset=voff, v=v), ids, dy, dtab)
+    close16(dtab)
+
+
+@pytest.mark.parametrize("rows,e_total,cuts", [(6, 70, [20, 45]), (3, 24, []),
+                                               (5, 9, [4])])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_bf16_layernorm(K, rows, e_total, cuts, beta):
+    rng = np.random.default_rng(e_total)
+    eps = 1e-5
+    x = bf(rng.standard_normal((rows, e_total)) * 2 + 0.5)
+    gamma, bet = bf(rng.standard_normal(e_total)), bf(rng.standard_normal(e_total))
+    dy = bf(rng.standard_normal((rows, e_total)))
+    bounds = [0, *cuts, e_total]
+    sl = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    c = np.ascontiguousarray
+    stats = Pair.nan((rows, 2))
+    for s in sl:
+        both(K, "layernorm_stats", dict(rows=rows, e=s.stop - s.start, e_offset=s.start),
+             Pair(c(x[:, s])), stats)
+    close16(stats, scale=1.0)
+    for s in sl:
+        y = Pair.nan((rows, s.stop - s.start))
+        both(K, "layernorm_forward", dict(rows=rows, e=s.stop - s.start, e_total=e_total,
+                                          eps=eps),
+             Pair(c(x[:, s])), stats, Pair(c(gamma[s])), Pair(c(bet[s])), y)
+        close16(y, rtol=2e-2)
+    rowacc = Pair.nan((rows, 2))
+    dgs, dbs = [], []
+    for t, s in enumerate(sl):
+        dg, db = rnd16(rng, s.stop - s.start), rnd16(rng, s.stop - s.start)
+        both(K, "layernorm_backward_reduce",
+             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps, init=int(t == 0)),
+             Pair(c(x[:, s])), Pair(c(dy[:, s])), stats, Pair(c(gamma[s])), rowacc, dg, db)
+        close16(dg, rtol=2e-2)
+        close16(db, rtol=2e-2)
+    close16(rowacc, rtol=2e-2, scale=np.abs(dy * gamma).sum(1).max())
+    for s in sl:
+        w = s.stop - s.start
+        dx = Pair.nan((rows, w)) if beta == 0 else rnd16(rng, (rows, w))
+        both(K, "layernorm_backward", dict(rows=rows, e=w, e_total=e_total, eps=eps,
+                                           beta=beta),
+             Pair(c(x[:, s])), Pair(c(dy[:, s])), stats, Pair(c(gamma[s])), rowacc, dx)
+        close16(dx, rtol=3e-2)
+
+
+@pytest.mark.parametrize("tA", [0, 1])
+@pytest.mark.parametrize("tB", [0, 1])
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+@pytest.mark.parametrize("M,N,K_,b1,b2,pad", [(7, 5, 9, 1, 1, 0), (4, 6, 33, 2, 3, 2),
+                                               (65, 70, 40, 1, 2, 1), (3, 2, 0, 2, 1, 1)])
+def test_bf16_gemm(K, tA, tB, beta, M, N, K_, b1, b2, pad):
+    """bf16 in, float accumulation, bf16 out; padding (and, when beta == 0,
+    the old contents of C) never read or written."""
+    rng = np.random.default_rng(M * N + K_)
+    ar, ac = (K_, M) if tA else (M, K_)
+    br, bc = (N, K_) if tB else (K_, N)
+    lda, ldb, ldc = max(ac, 1) + pad, max(bc, 1) + pad, N + pad
+    sA2, sB2, sC2 = ar * lda + pad, br * ldb, M * ldc + pad
+    sA1, sB1, sC1 = b2 * sA2, b2 * sB2, b2 * sC2
+    A, B = rnd16(rng, b1 * sA1 + 1), rnd16(rng, b1 * sB1 + 1)
+    Cb = rnd16(rng, b1 * sC1 + 1)
+    mask = np.zeros(Cb.f.shape, bool)  # entries that are part of some C_b
+    for i in range(b1):
+        for j in range(b2):
+            off = i * sC1 + j * sC2
+            mask[off: off + M * ldc].reshape(M, ldc)[:, :N] = True
+    if beta == 0:
+        Cb.f[mask] = np.nan
+        Cb.b[mask] = 0x7FC0
+    pad_bits = Cb.b[~mask].copy()
+    both(K, "gemm", dict(transA=tA, transB=tB, M=M, N=N, K=K_, alpha=0.8, beta=beta,
+                         batch1=b1, batch2=b2, lda=lda, ldb=ldb, ldc=ldc,
+                         strideA1=sA1, strideA2=sA2, strideB1=sB1, strideB2=sB2,
+                         strideC1=sC1, strideC2=sC2), A, B, Cb)
+    np.testing.assert_array_equal(Cb.b[~mask], pad_bits)
+    assert not np.isnan(Cb.got[mask]).any()
+    # the fp32 kernel on bf16 inputs is the exact-input reference: the only
+    # differences are float summation order and the final rounding
+    got, ref = Cb.got[mask].astype(np.float64), Cb.f[mask].astype(np.float64)
+    np.testing.assert_allclose(got, ref, rtol=2 ** -8, atol=1e-5 * max(1.0, K_))
+
+
+@pytest.mark.parametrize("decoupled,wd,max_norm", [(0, 0.0, 0.0), (1, 0.1, 0.0),
+                                                   (1, 0.01, 0.5), (0, 0.05, 0.3)])
+def test_bf16_adam(K, decoupled, wd, max_norm):
+    rng = np.random.default_rng(11)
+    n = 1000
+    p = rnd16(rng, n)
+    p0 = p.f.astype(np.float64)
+    m, v = Pair(np.zeros(n)), Pair(np.zeros(n))
+    for step in range(1, 6):
+        g = rnd16(rng, n)
+        normsq = Pair([np.sum(g.f.astype(np.float64) ** 2)])
+        both(K, "adam_step", dict(n=n, step=step, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8,
+                                  weight_decay=wd, decoupled=decoupled, max_norm=max_norm),
+             p, g, m, v, normsq if max_norm > 0 else None)
+        close16(m, rtol=2e-2)
+        close16(v, rtol=2e-2)
+        close16(p, rtol=2e-2)
+    # The update itself (lr = 1e-2 per step) is close to bf16's resolution
+    # for |p| ~ 1 (2**-8): p is rounded at every step, which is the one source
+    # of difference; each step may add at most about one ulp of p.
+    d16, d32 = p.got - p0, p.f - p0
+    assert (np.abs(d16 - d32) <= 5 * 2.0 ** -8 * (np.abs(p0) + 0.05)).all()
+    assert np.linalg.norm(d16 - d32) < 0.3 * np.linalg.norm(d32)
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd,max_norm", [(0.0, 0, 0.0, 0.0),
+                                                           (0.9, 1, 0.05, 0.0),
+                                                           (0.9, 0, 0.0, 0.5)])
+def test_bf16_sgd(K, momentum, nesterov, wd, max_norm):
+    rng = np.random.default_rng(12)
+    n = 777
+    p, buf = rnd16(rng, n), Pair.nan(n)
+    for step in range(1, 6):
+        g = rnd16(rng, n)
+        normsq = Pair([np.sum(g.f.astype(np.float64) ** 2)])
+        both(K, "sgd_step", dict(n=n, step=step, lr=0.05, momentum=momentum, dampening=0.0,
+                                 weight_decay=wd, nesterov=nesterov, max_norm=max_norm),
+             p, g, buf, normsq if max_norm > 0 else None)
+        close16(p, rtol=2e-2)

@@ -69,6 +69,25 @@ static inline uint16_t nntile_float_to_bf16(float f)
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
+/* double -> bf16 rounded once (to nearest even), as the host conversion does:
+ * double -> float rounded to odd keeps enough information for the final
+ * rounding to be correct.  Used for scalars (fill), not in loops. */
+static inline uint16_t nntile_double_to_bf16(double x)
+{
+    float t = (float)x;
+    if (isnan(x) || isinf(x))
+        return nntile_float_to_bf16(t);
+    if (fabs((double)t) > fabs(x))
+        t = nextafterf(t, 0.0f); /* truncate toward zero */
+    if ((double)t != x) {
+        uint32_t u;
+        memcpy(&u, &t, sizeof u);
+        u |= 1u; /* sticky bit: inexact */
+        memcpy(&t, &u, sizeof t);
+    }
+    return nntile_float_to_bf16(t);
+}
+
 /* Index i is in [0, n) (one unsigned compare, no branch on sign). */
 #define NNTILE_IN_RANGE(i, n) ((uint64_t)(i) < (uint64_t)(n))
 

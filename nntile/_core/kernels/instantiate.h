@@ -7,7 +7,8 @@
  * The body sees, for each instantiation:
  *   T          storage type of tensor elements
  *   C          compute type (float for fp32 and bf16, double for fp64)
- *   LOAD(x)    T -> C conversion,  STORE(x)  C -> T conversion
+ *   LOAD(x)    T -> C conversion,  STORE(x)  C -> T conversion,
+ *   STORE_DOUBLE(x) double -> T rounded once (for scalar arguments)
  *   FN(op)     -> nntile_kernel_<op>_<suffix>
  *   PRIV(name) -> nntile_priv_<name>_<suffix> (for static helpers)
  *   EXP LOG ERF TANH SQRT: libm functions in the compute type
@@ -34,6 +35,7 @@
 #define SUFFIX fp32
 #define LOAD(x) ((float)(x))
 #define STORE(x) ((float)(x))
+#define STORE_DOUBLE(x) ((float)(x))
 #define EXP expf
 #define VEXP nntile_vexpf
 #define LOG logf
@@ -48,6 +50,7 @@
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef STORE_DOUBLE
 #undef EXP
 #undef VEXP
 #undef LOG
@@ -62,6 +65,7 @@
 #define SUFFIX fp64
 #define LOAD(x) ((double)(x))
 #define STORE(x) ((double)(x))
+#define STORE_DOUBLE(x) ((double)(x))
 #define EXP exp
 #define VEXP nntile_vexp
 #define LOG log
@@ -76,6 +80,7 @@
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef STORE_DOUBLE
 #undef EXP
 #undef VEXP
 #undef LOG
@@ -92,6 +97,7 @@
 #define SUFFIX bf16
 #define LOAD(x) nntile_bf16_to_float(x)
 #define STORE(x) nntile_float_to_bf16((float)(x))
+#define STORE_DOUBLE(x) nntile_double_to_bf16(x)
 #define EXP expf
 #define VEXP nntile_vexpf
 #define LOG logf
@@ -105,6 +111,7 @@
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef STORE_DOUBLE
 #undef EXP
 #undef VEXP
 #undef LOG
