@@ -1,6 +1,6 @@
 """GPT-2 124M training on one GPU: ours against PyTorch eager + transformers, same run.
 
-Untied head, batch 8 x 1024, AdamW; tf32 for both. Skipped without a CUDA build.
+Untied head, batch 8 x 1024, AdamW; tf32 and bf16 for both. Skipped without a CUDA build.
 NNTILE_BENCH_GPU_BATCH / _SEQ / _LAYERS shrink it for a quick look.
 """
 import os
@@ -45,7 +45,10 @@ def model_flops_per_token(cfg, seq):
     return 6 * params + 12 * cfg["n_layer"] * cfg["n_embd"] * seq
 
 
-def test_gpt2_124m_tf32_vs_pytorch(benchmark, gpu_ctx, report):
+@pytest.mark.parametrize("dtype", ["tf32", "bf16"])
+def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
+    """tf32: fp32 weights, TF32 matrix products on both sides. bf16: weights, gradients and
+    optimizer states stored in bf16 on both sides (PyTorch: the model cast to bfloat16)."""
     ctx = gpu_ctx
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -53,7 +56,7 @@ def test_gpt2_124m_tf32_vs_pytorch(benchmark, gpu_ctx, report):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, CONFIG["vocab_size"], (BATCH, SEQ))
     targets = rng.integers(0, CONFIG["vocab_size"], (BATCH, SEQ))
-    model = GPT2LMHead.from_transformers(hf, TILING, "tf32")
+    model = GPT2LMHead.from_transformers(hf, TILING, dtype)
     opt = AdamW(model.named_parameters(), lr=1e-4)
 
     def ours():
@@ -83,7 +86,7 @@ def test_gpt2_124m_tf32_vs_pytorch(benchmark, gpu_ctx, report):
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        hf = hf.cuda()
+        hf = hf.cuda().to(torch.bfloat16 if dtype == "bf16" else torch.float32)
         topt = torch.optim.AdamW(hf.parameters(), lr=1e-4)
         tids = torch.from_numpy(ids).cuda()
         ttargets = torch.from_numpy(targets).cuda()
@@ -117,7 +120,7 @@ def test_gpt2_124m_tf32_vs_pytorch(benchmark, gpu_ctx, report):
     benchmark.extra_info.update(ours_tokens_per_s=ours_tps, torch_tokens_per_s=theirs_tps,
                                 cuda_busy_share=busy, loss_ours=loss_ours,
                                 loss_torch=loss_theirs)
-    report("GPT-2 124M tf32 tokens/s ours / PyTorch", ours_tps / theirs_tps,
+    report(f"GPT-2 124M {dtype} tokens/s ours / PyTorch", ours_tps / theirs_tps,
            f"({ours_tps:,.0f} vs {theirs_tps:,.0f} tokens/s; ours {ours_tps * flops / 1e12:.0f} "
            f"model TFLOP/s; CUDA worker executing {100 * busy:.0f}% of the time, idle "
            f"{100 * (1 - busy):.0f}%; batch {BATCH}x{SEQ}, {CONFIG['n_layer']} layers)")

@@ -27,7 +27,8 @@ NAME_RE = re.compile(r"^ckpt-(\d+)\.h5$")
 REQUIRED = ("config", "tiling", "dtype", "step")
 JSON_ATTRS = ("config", "tiling", "schedule", "optimizer", "rng", "data", "train", "tokenizer",
               "source")
-NUMPY_DTYPES = {"fp32": np.float32, "tf32": np.float32, "fp64": np.float64}
+# bf16 tiles come back from the runtime as float32 (exact), and are stored so.
+NUMPY_DTYPES = {"fp32": np.float32, "tf32": np.float32, "bf16": np.float32, "fp64": np.float64}
 
 
 class CheckpointError(CLIError):

@@ -72,10 +72,8 @@ def tiling_from_args(args):
 
 
 def check_dtype(dtype):
-    if dtype == "bf16":
-        raise CLIError("--dtype bf16 is not implemented yet; use fp32, tf32 or fp64")
-    if dtype not in ("fp32", "tf32", "fp64"):
-        raise CLIError(f"--dtype {dtype!r}: use fp32, tf32 or fp64")
+    if dtype not in ("fp32", "tf32", "bf16", "fp64"):
+        raise CLIError(f"--dtype {dtype!r}: use fp32, tf32, bf16 or fp64")
     return dtype
 
 

@@ -65,7 +65,7 @@ def build_parser():
     g.add_argument("--seq-len", type=positive_int, help="training sequence length "
                    "(also n_positions when the model comes from flags)")
     g.add_argument("--vocab-size", type=positive_int)
-    g.add_argument("--dtype", help="fp32 (default), tf32, fp64 (bf16: not implemented yet)")
+    g.add_argument("--dtype", help="fp32 (default), tf32, bf16 (bf16 storage, fp32 arithmetic), fp64")
     add_tiling_args(p)
     g = p.add_argument_group("training")
     g.add_argument("--batch-size", type=positive_int, help="sequences per micro-batch (8)")

@@ -256,7 +256,6 @@ def test_bad_flags(tmp_path, data_dir):
         (base + ["--out", out, "--tile-batch", "8"], "larger than the batch size"),
         (base + ["--out", out, "--tile-seq", "33"], "larger than the sequence length"),
         (base + ["--out", out, "--n-embd", "33"], "divisible"),
-        (base + ["--out", out, "--dtype", "bf16"], "bf16 is not implemented yet"),
         (base + ["--out", out, "--dtype", "fp16"], "fp16"),
         (base + ["--out", out, "--lr", "-1"], "--lr"),
         (base + ["--out", out, "--warmup", "5"], "--warmup"),
@@ -322,3 +321,21 @@ def test_model_from_a_config_file_in_fp64(tmp_path, data_dir):
         assert json.loads(f.attrs["train"])["seq_len"] == 16
     assert_clean_error(cli("train", *RUN, "--config", config, "--data", data_dir, "--out",
                            tmp_path / "o2", "--seq-len", "25"), "n_positions (24)")
+
+
+def test_bf16_run_checkpoints_and_resumes(tmp_path, data_dir):
+    out = tmp_path / "run"
+    result = cli("train", *TINY, "--data", data_dir, "--out", out, "--steps", "4",
+                 "--save-every", "2", "--dtype", "bf16")
+    assert result.returncode == 0, result.stderr
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 4 and all(np.isfinite(losses))
+    import h5py
+    with h5py.File(out / "ckpt-4.h5", "r") as f:
+        assert f.attrs["dtype"] == "bf16"
+        weight = f["params/transformer.wte.weight"][...]
+    # bf16 values stored exactly: the low 16 bits of their float32 patterns are zero
+    assert not (weight.astype(np.float32).view(np.uint32) & 0xFFFF).any()
+    resumed = cli("train", *TINY, "--data", data_dir, "--out", out, "--steps", "6",
+                  "--dtype", "bf16", "--resume", "latest")
+    assert resumed.returncode == 0, resumed.stderr
