@@ -22,4 +22,4 @@ RUN STARPU_TARBALL="${STARPU_TARBALL:+/opt/nntile/$STARPU_TARBALL}" NNTILE_CUDA=
 RUN python3 -m pip install setuptools wheel Cython numpy mpi4py \
     && NNTILE_CUDA=1 python3 -m pip install --no-build-isolation -e ".[test]"
 
-CMD ["python3", "-m", "nntile.demo"]
+CMD ["nntile-train", "--ncuda", "1"]
