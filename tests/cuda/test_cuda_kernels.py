@@ -18,13 +18,14 @@ NVCC, NNTILE_CUDA_ARCH (e.g. 90), CUBLAS_INCLUDE, CUBLAS_LIB (a directory).
 import ctypes
 import glob
 import os
-import re
 import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from tests.kernel_header import args_structs
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -50,30 +51,15 @@ GEMM_RTOL = {"fp32": 1e-5, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 
 # ---------------------------------------------------------------- args structs
 
+_CTYPES = {"int64": ctypes.c_int64, "double": ctypes.c_double,
+           "int64[8]": ctypes.c_int64 * 8}
+
+
 def _parse_structs():
-    """ctypes structs for every nntile_<op>_args in kernels.h (field order is
-    the ABI)."""
-    text = open(os.path.join(KERNEL_DIR, "kernels.h")).read()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    structs = {}
-    for m in re.finditer(r"struct nntile_(\w+)_args\s*\{(.*?)\};", text, re.S):
-        fields = []
-        for decl in m.group(2).split(";"):
-            decl = decl.strip()
-            if not decl:
-                continue
-            typ, names = decl.split(None, 1)
-            ct = {"int64_t": ctypes.c_int64, "double": ctypes.c_double}[typ]
-            for name in names.split(","):
-                name = name.strip()
-                am = re.fullmatch(r"(\w+)\[(\w+)\]", name)
-                if am:
-                    fields.append((am.group(1), ct * 8))
-                else:
-                    fields.append((name, ct))
-        structs[m.group(1)] = type(f"nntile_{m.group(1)}_args",
-                                   (ctypes.Structure,), {"_fields_": fields})
-    return structs
+    """ctypes structs for every nntile_<op>_args in kernels.h."""
+    return {op: type(f"nntile_{op}_args", (ctypes.Structure,),
+                     {"_fields_": [(name, _CTYPES[kind]) for name, kind in fields]})
+            for op, fields in args_structs().items()}
 
 
 STRUCTS = _parse_structs()

@@ -9,11 +9,12 @@ import ctypes
 import glob
 import math
 import os
-import re
 import shutil
 import subprocess
 
 import numpy as np
+
+from tests.kernel_header import args_structs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -186,32 +187,8 @@ def close(out, ref, dtype, rtol_mult=1.0, scale=None):
 
 # ---------------------------------------------------------------- contract
 
-def _parse_header():
-    text = open(os.path.join(KERNEL_DIR, "kernels.h")).read()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    structs = {}
-    for m in re.finditer(r"struct nntile_(\w+)_args\s*\{(.*?)\};", text, re.S):
-        fields = []
-        for decl in m.group(2).split(";"):
-            decl = decl.strip()
-            if not decl:
-                continue
-            typ, names = decl.split(None, 1)
-            t = {"int64_t": "int64", "double": "double"}[typ]
-            for name in names.split(","):
-                name = name.strip()
-                am = re.fullmatch(r"(\w+)\[(\w+)\]", name)
-                if am:
-                    assert am.group(2) in ("8", "NNTILE_SUBCOPY_MAX_NDIM")
-                    fields.append((am.group(1), "int64[8]"))
-                else:
-                    fields.append((name, t))
-        structs[m.group(1)] = fields
-    return structs
-
-
 def test_header_matches_contract():
-    structs = _parse_header()
+    structs = args_structs()
     assert set(structs) == set(FIELDS)
     for op, (fields, _) in FIELDS.items():
         assert structs[op] == fields, op
