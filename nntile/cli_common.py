@@ -33,24 +33,20 @@ def run_cli(func, argv=None, prog="nntile"):
         return 1
 
 
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
+def _int_at_least(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+    return parse
 
 
-def nonneg_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+positive_int = _int_at_least(1)
+nonneg_int = _int_at_least(0)
 
 
 def add_tiling_args(parser):

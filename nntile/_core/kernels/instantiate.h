@@ -43,21 +43,7 @@
 #define TANH tanhf
 #define SQRT sqrtf
 #define CBLAS_GEMM cblas_sgemm
-#include "reduce.inc"
-#include NNTILE_KERNEL_BODY
-#undef T
-#undef C
-#undef SUFFIX
-#undef LOAD
-#undef STORE
-#undef STORE_DOUBLE
-#undef EXP
-#undef VEXP
-#undef LOG
-#undef ERF
-#undef TANH
-#undef SQRT
-#undef CBLAS_GEMM
+#include "instantiate_one.h"
 
 /* ---------------- fp64 ---------------- */
 #define T double
@@ -73,21 +59,7 @@
 #define TANH tanh
 #define SQRT sqrt
 #define CBLAS_GEMM cblas_dgemm
-#include "reduce.inc"
-#include NNTILE_KERNEL_BODY
-#undef T
-#undef C
-#undef SUFFIX
-#undef LOAD
-#undef STORE
-#undef STORE_DOUBLE
-#undef EXP
-#undef VEXP
-#undef LOG
-#undef ERF
-#undef TANH
-#undef SQRT
-#undef CBLAS_GEMM
+#include "instantiate_one.h"
 
 /* ---------------- bf16 ----------------
  * Storage: bfloat16 bits in uint16_t; every operation computes in float
@@ -104,20 +76,7 @@
 #define ERF erff
 #define TANH tanhf
 #define SQRT sqrtf
-#include "reduce.inc"
-#include NNTILE_KERNEL_BODY
-#undef T
-#undef C
-#undef SUFFIX
-#undef LOAD
-#undef STORE
-#undef STORE_DOUBLE
-#undef EXP
-#undef VEXP
-#undef LOG
-#undef ERF
-#undef TANH
-#undef SQRT
+#include "instantiate_one.h"
 
 #undef FN
 #undef PRIV
