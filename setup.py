@@ -4,6 +4,7 @@ Environment:
   NNTILE_STARPU_PREFIX  StarPU install prefix (else pkg-config's search path)
   NNTILE_CUDA           auto|0|1: compile nntile/cuda/*.cu with nvcc and link cuBLAS
   NNTILE_MARCH          value of -march for the C kernels (default: native)
+  NNTILE_MPI            auto|0|1: link StarPU-MPI (needs StarPU built with MPI, and mpicc)
 """
 import glob
 import os
@@ -59,6 +60,34 @@ def starpu_has_cuda(incdirs):
             with open(path) as f:
                 return "#define STARPU_USE_CUDA 1" in f.read()
     return False
+
+
+def mpi_flags():
+    """(include dirs, link args) for StarPU-MPI, or None when the build goes without it."""
+    mode = os.environ.get("NNTILE_MPI", "auto")
+    if mode not in ("auto", "0", "1"):
+        fail(f"NNTILE_MPI={mode!r}; use auto, 0 or 1")
+    if mode == "0":
+        return None
+    libs = pkg_config("--libs", "starpumpi-1.4")
+    mpicc = shutil.which("mpicc")
+    if libs is None or mpicc is None:
+        if mode == "1":
+            fail("NNTILE_MPI=1 but StarPU-MPI (pkg-config starpumpi-1.4) or mpicc is missing; "
+                 "install an MPI (Debian: libopenmpi-dev) and rebuild StarPU")
+        return None
+    try:
+        compile_flags = subprocess.run([mpicc, "--showme:compile"], check=True,
+                                       capture_output=True, text=True).stdout
+        link_flags = subprocess.run([mpicc, "--showme:link"], check=True,
+                                    capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError:  # MPICH spells it -compile-info / -link-info
+        compile_flags = " ".join(subprocess.run([mpicc, "-compile-info"], check=True,
+                                                capture_output=True, text=True).stdout.split()[1:])
+        link_flags = " ".join(subprocess.run([mpicc, "-link-info"], check=True,
+                                             capture_output=True, text=True).stdout.split()[1:])
+    incdirs = [f[2:] for f in shlex.split(compile_flags) if f.startswith("-I")]
+    return incdirs, libs + [f for f in shlex.split(link_flags) if f.startswith(("-L", "-l", "-Wl"))]
 
 
 def cuda_home():
@@ -121,12 +150,17 @@ def extensions():
     blas_cflags = pkg_config("--cflags", "openblas") or []
     blas_libs = pkg_config("--libs", "openblas") or ["-lopenblas"]
     march = os.environ.get("NNTILE_MARCH", "native")
-    c_sources = sorted(glob.glob("nntile/_core/kernels/*.c")) + ["nntile/_core/codelets.c"]
+    mpi = mpi_flags()
+    c_sources = sorted(glob.glob("nntile/_core/kernels/*.c")) + ["nntile/_core/codelets.c",
+                                                                  "nntile/_core/mpi_glue.c"]
     include_dirs = ["nntile/_core", numpy.get_include(), *incdirs,
                     *[f[2:] for f in blas_cflags if f.startswith("-I")]]
-    macros = [("NNTILE_HAVE_CUDA", "1" if cuda else "0"),
+    macros = [("NNTILE_HAVE_CUDA", "1" if cuda else "0"), ("NNTILE_HAVE_MPI", "1" if mpi else "0"),
               ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     link_args = [*libs, *blas_libs, "-lm", f"-Wl,-rpath,{libdir}"]
+    if mpi:
+        include_dirs += mpi[0]
+        link_args = mpi[1] + link_args
     cu_sources = []
     if cuda:
         home = cuda_home()
@@ -150,7 +184,8 @@ def extensions():
     python_level = [Extension(name, [path], include_dirs=include_dirs, define_macros=macros)
                     for name, path in (("nntile.nn.layers", "nntile/nn/layers.pyx"),
                                        ("nntile.models.gpt2", "nntile/models/gpt2.pyx"))]
-    print(f"nntile build: StarPU from {libdir}, CUDA {'on' if cuda else 'off'}")
+    print(f"nntile build: StarPU from {libdir}, CUDA {'on' if cuda else 'off'}, "
+          f"MPI {'on' if mpi else 'off'}")
     return cythonize([core, *python_level], compiler_directives={"language_level": "3"})
 
 

@@ -5,7 +5,13 @@ one-element tensor that each update task reads, so no step waits for the host.
 """
 import math
 
-from nntile import Tensor, ops
+from nntile import Tensor, current_context, ops
+
+
+def _state_like(value):
+    """An optimizer state tensor for a parameter: same tiles, and under StarPU-MPI the same
+    owner per tile, so each update task finds all its tiles on one rank."""
+    return Tensor(value.shape, value.basetile, value.dtype, owners=value.owners)
 
 
 class LRSchedule:
@@ -42,10 +48,18 @@ class Optimizer:
         self.step_count = 0
         dtype = self.params[0][1].value.dtype
         self.normsq = Tensor((1,), (1,), dtype) if max_grad_norm else None
+        # Under StarPU-MPI each rank sums the squares of its own gradient tiles, and only
+        # these partials (one number per rank) travel.
+        ranks = current_context().world_size
+        self._normsq_parts = (Tensor((ranks, 1), (1, 1), dtype, owners=list(range(ranks)))
+                              if max_grad_norm and ranks > 1 else None)
 
     def _submit_grad_norm(self):
+        target = self.normsq if self._normsq_parts is None else self._normsq_parts
         for i, (_, param) in enumerate(self.params):
-            ops.sumsq(param.grad, 0.0 if i == 0 else 1.0, self.normsq)
+            ops.sumsq(param.grad, 0.0 if i == 0 else 1.0, target)
+        if self._normsq_parts is not None:
+            ops.sum_slice(1.0, self._normsq_parts, 0.0, self.normsq, 0)
 
     def grad_norm(self):
         """Global gradient norm of the last step (waits for it)."""
@@ -76,8 +90,8 @@ class AdamW(Optimizer):
         self.betas, self.eps, self.weight_decay, self.decoupled = betas, eps, weight_decay, decoupled
         self.moments = {}
         for name, param in self.params:
-            m = Tensor(param.value.shape, param.value.basetile, param.value.dtype)
-            v = Tensor(param.value.shape, param.value.basetile, param.value.dtype)
+            m = _state_like(param.value)
+            v = _state_like(param.value)
             m.clear()
             v.clear()
             self.moments[name] = (m, v)
@@ -114,7 +128,7 @@ class SGD(Optimizer):
         self.weight_decay, self.nesterov = weight_decay, nesterov
         self.buffers = {}
         for name, param in self.params:
-            buf = Tensor(param.value.shape, param.value.basetile, param.value.dtype)
+            buf = _state_like(param.value)
             buf.clear()
             self.buffers[name] = buf
         self._by_param = {id(p): n for n, p in self.params}

@@ -26,6 +26,7 @@ cdef class Tensor:
     cdef long epoch
     cdef bint registered
     cdef bint closed_by_shutdown
+    cdef readonly object owners  # rank of each tile under StarPU-MPI, else None
     cdef object __weakref__
     cdef int check_usable(self, str role) except -1
     cdef starpu_data_handle_t handle(self, Py_ssize_t linear) noexcept

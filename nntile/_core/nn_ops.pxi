@@ -868,23 +868,48 @@ def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0
 # ---- norms and optimizer steps -------------------------------------------------------------
 
 def sumsq(Tensor src, beta, Tensor dst):
-    """dst = sum of src**2 + beta * dst; dst holds one element (chain tensors with beta=1)."""
+    """dst = sum of src**2 + beta * dst; dst holds one element (chain tensors with beta=1).
+
+    Under StarPU-MPI dst may instead hold one one-element tile per rank, tile r owned by rank
+    r: each rank then sums the squares of the src tiles it owns into its own tile, so no src
+    tile leaves its rank (sum the partials afterwards, e.g. with sum_slice)."""
     _float_same("sumsq", [(src, "src"), (dst, "dst")])
-    _check_scalar("sumsq", dst, "dst")
     _distinct("sumsq", [(src, "src"), (dst, "dst")])
+    cdef bint per_rank = dst.traits.ntiles > 1
+    if per_rank:
+        if dst.traits.size != dst.traits.ntiles or dst.owners is None \
+                or tuple(dst.owners) != tuple(range(_mpi_size)):
+            raise ValueError("sumsq: dst must hold one element, or one one-element tile per "
+                             f"rank owned by that rank (got {dst!r})")
+        if beta != 0 and beta != 1:
+            raise ValueError(f"sumsq: with one partial per rank, beta must be 0 or 1, got {beta}")
+    else:
+        _check_scalar("sumsq", dst, "dst")
     cdef nntile_sumsq_args args
+    cdef nntile_fill_args fill_args
     cdef starpu_data_handle_t h[2]
     cdef starpu_data_access_mode m[2]
     cdef double beta_value = beta
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, target
+    started = [False] * dst.traits.ntiles
     m[0] = STARPU_R
     for i in range(src.traits.ntiles):
+        target = src.owners[i] if per_rank and src.owners is not None else 0
         args.n = _tile_nelems(src, i)
-        args.beta = beta_value if i == 0 else 1.0
+        args.beta = 1.0 if started[target] else beta_value
+        started[target] = True
         m[1] = STARPU_W if args.beta == 0 else STARPU_RW
         h[0] = src.handles[i]
-        h[1] = dst.handles[0]
+        h[1] = dst.handles[target]
         submit(NNTILE_OP_sumsq, dst.dtype_id, 2, h, m, &args, sizeof(args))
+    # a rank that owns no tile of src still has to reset its partial
+    fill_args.value = 0.0
+    fill_args.n = 1
+    m[0] = STARPU_W
+    for i in range(dst.traits.ntiles):
+        if beta_value == 0 and not started[i]:
+            h[0] = dst.handles[i]
+            submit(NNTILE_OP_fill, dst.dtype_id, 1, h, m, &fill_args, sizeof(fill_args))
 
 
 cdef int _check_optim(str op, list state, Tensor normsq, max_norm, step) except -1:

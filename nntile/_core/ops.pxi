@@ -27,15 +27,23 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles,
         task.modes[i] = modes[i]
     task.cl_arg = malloc(argsize)
     if task.cl_arg == NULL:
+        task.destroy = 0  # StarPU destroys only unsubmitted tasks that would not self-destroy
         starpu_task_destroy(task)
         raise MemoryError()
     memcpy(task.cl_arg, args, argsize)
     task.cl_arg_size = argsize
     task.cl_arg_free = 1
     task.priority = priority
+    if _mpi_on:
+        # owner computes: runs here only if this rank owns the written tiles, else this
+        # rank just sends what it owns of the task's inputs (the call consumes the task)
+        with nogil:
+            ret = nntile_mpi_submit(task)
+        return check(ret, "starpu-mpi task submission")
     with nogil:
         ret = starpu_task_submit(task)
     if ret != 0:
+        task.destroy = 0
         starpu_task_destroy(task)
     return check(ret, "starpu_task_submit")
 

@@ -5,6 +5,9 @@ import sys
 import weakref
 
 from libc.errno cimport ENODEV
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
+from libc.stdint cimport intptr_t, int64_t
 
 
 class StarpuError(RuntimeError):
@@ -33,6 +36,38 @@ cdef extern from "codelets.h" nogil:
 
 cdef extern from "Python.h":
     pass
+
+cdef extern from "mpi_glue.h" nogil:
+    int nntile_mpi_available()
+    int nntile_mpi_start(starpu_conf *conf, intptr_t comm_handle)
+    int nntile_mpi_stop()
+    int nntile_mpi_rank()
+    int nntile_mpi_size()
+    void nntile_mpi_register(starpu_data_handle_t handle, int64_t tag, int rank)
+    int nntile_mpi_submit(starpu_task *task)
+    void nntile_mpi_get_on_all(starpu_data_handle_t handle)
+    void nntile_mpi_cache_flush(starpu_data_handle_t handle)
+    int nntile_mpi_wait_for_all()
+    int nntile_mpi_barrier()
+    void nntile_mpi_stats_enable()
+    int nntile_mpi_bytes_sent(size_t *per_rank)
+
+HAVE_MPI = bool(nntile_mpi_available())
+# Environment variables that MPI launchers set in every process they start.
+_MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+# StarPU-MPI state of the running Context: whether tasks go through StarPU-MPI, this
+# process's rank, the number of ranks, and the next unused MPI tag. Every rank creates the
+# same tensors in the same order, so a counter gives every tile the same tag on all ranks.
+cdef bint _mpi_on = False
+cdef int _mpi_rank = 0
+cdef int _mpi_size = 1
+cdef int64_t _mpi_next_tag = 0
+
+
+def launched_by_mpirun():
+    """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
+    return any(os.environ.get(v) for v in _MPI_LAUNCHER_VARS)
 
 # The running Context, and a counter that changes at each start so that a tensor can tell
 # whether the runtime it was registered with is still the one running.
@@ -76,7 +111,8 @@ class Context:
     """
 
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
-                 limit_cpu_mem=None, calibrate=None, verbose=False, start=True):
+                 limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
+                 distribution=None, mpi_stats=False):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -87,6 +123,21 @@ class Context:
         self.sched = sched
         self.verbose = verbose
         self.workers = []
+        if mpi not in (None, True, False):
+            raise TypeError(f"Context(mpi={mpi!r}) must be True, False or None (automatic)")
+        # StarPU-MPI is used when asked, or by default when an MPI launcher started us.
+        self.mpi = launched_by_mpirun() if mpi is None else mpi
+        if self.mpi and not HAVE_MPI:
+            if mpi:
+                raise RuntimeError("Context(mpi=True), but this nntile was built without "
+                                   "StarPU-MPI (rebuild StarPU with MPI, and nntile after it)")
+            self.mpi = False
+        self.mpi_stats = bool(mpi_stats)
+        self.distribution = distribution
+        self.rank = 0
+        self.world_size = 1
+        self.comm = None
+        self._starpu_comm = None
         self._epoch = -1
         if self.ncuda and not HAVE_CUDA:
             raise RuntimeError(f"Context(ncuda={self.ncuda}) asked for GPUs, but this nntile "
@@ -144,13 +195,29 @@ class Context:
             conf.ncuda = 0
         nntile_blas_single_thread()
         cdef int ret
-        with nogil:
-            ret = starpu_init(&conf)
+        cdef intptr_t comm_handle
+        if self.mpi:
+            comm_handle = self._start_mpi()
+            self._check_distribution(self.comm.Get_size())
+            with nogil:
+                ret = nntile_mpi_start(&conf, comm_handle)
+        else:
+            self._check_distribution(1)
+            with nogil:
+                ret = starpu_init(&conf)
         if ret == -ENODEV:
             raise RuntimeError("StarPU found no worker to run tasks on (ncpu=0 and no GPU?)")
         check(ret, "starpu_init")
         nntile_codelets_init()
         nntile_cuda_start()
+        global _mpi_on, _mpi_rank, _mpi_size, _mpi_next_tag
+        _mpi_on = self.mpi
+        _mpi_rank = nntile_mpi_rank() if self.mpi else 0
+        _mpi_size = nntile_mpi_size() if self.mpi else 1
+        _mpi_next_tag = 0
+        self.rank, self.world_size = _mpi_rank, _mpi_size
+        if self.mpi and self.mpi_stats:
+            nntile_mpi_stats_enable()
         _epoch += 1
         self._epoch = _epoch
         _running_context = self
@@ -159,10 +226,71 @@ class Context:
             print(self.describe(), file=sys.stderr)
         return self
 
+    def _start_mpi(self):
+        """Initialise MPI through mpi4py; returns the handle of the communicator that
+        StarPU-MPI gets (a duplicate of COMM_WORLD, so that its messages never meet the
+        ones nntile's Python code exchanges on COMM_WORLD)."""
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise RuntimeError("StarPU-MPI needs mpi4py (pip install mpi4py)") from None
+        if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+            raise RuntimeError("MPI was initialised with a thread level below "
+                               "MPI_THREAD_SERIALIZED, which StarPU-MPI needs; let mpi4py "
+                               "initialise it (mpi4py.rc.thread_level = 'multiple')")
+        self.comm = MPI.COMM_WORLD
+        self._starpu_comm = MPI.COMM_WORLD.Dup()
+        handle = getattr(self._starpu_comm, "handle", None)
+        return MPI._handleof(self._starpu_comm) if handle is None else handle
+
+    def _check_distribution(self, world_size):
+        """Every rank checks the same thing and raises the same error, before StarPU starts."""
+        if self.distribution is None:
+            return
+        check = getattr(self.distribution, "check", None)
+        if check is None:
+            raise TypeError("Context(distribution=...) needs an nntile.distributed.Distribution,"
+                            f" got {type(self.distribution).__name__}")
+        check(world_size)
+
+    def owners_for(self, tuple grid, bint batched):
+        """Rank of each tile (C order over ``grid``) under this Context's distribution, or
+        None when there is one process."""
+        if self.world_size == 1:
+            return None
+        if self.distribution is None:
+            from nntile.distributed import Distribution
+            self.distribution = Distribution(tensor=self.world_size)
+        return self.distribution.owners(grid, batched)
+
+    def bytes_sent(self):
+        """Bytes this rank has sent to each rank through StarPU-MPI since start (a list);
+        needs Context(mpi_stats=True)."""
+        self._check_running()
+        if not (self.mpi and self.mpi_stats):
+            raise RuntimeError("bytes_sent() needs Context(mpi=True, mpi_stats=True)")
+        cdef size_t *counts = <size_t *> malloc(self.world_size * sizeof(size_t))
+        if counts == NULL:
+            raise MemoryError()
+        try:
+            memset(counts, 0, self.world_size * sizeof(size_t))
+            nntile_mpi_bytes_sent(counts)
+            return [counts[i] for i in range(self.world_size)]
+        finally:
+            free(counts)
+
+    def barrier(self):
+        """Wait here until every rank gets here (no-op with one process)."""
+        self._check_running()
+        if self.mpi:
+            self.comm.Barrier()
+
     def describe(self):
         lines = [f"nntile: StarPU {STARPU_MAJOR_VERSION}.{STARPU_MINOR_VERSION}."
                  f"{STARPU_RELEASE_VERSION}, {len(self.workers)} workers: "
                  + ", ".join(self.workers)]
+        if self.mpi:
+            lines.append(f"  StarPU-MPI rank {self.rank} of {self.world_size}")
         for name, (value, origin) in self.settings().items():
             lines.append(f"  {name} = {value} ({origin})")
         return "\n".join(lines)
@@ -230,16 +358,28 @@ class Context:
         global _running_context
         if _running_context is not self:
             return
+        global _mpi_on
+        cdef bint mpi = _mpi_on
         try:
             with nogil:
-                starpu_task_wait_for_all()
+                if mpi:
+                    nntile_mpi_wait_for_all()
+                else:
+                    starpu_task_wait_for_all()
             for tensor in list(_live_tensors):
                 tensor._release_at_shutdown()
         finally:
             _running_context = None
+            _mpi_on = False
             with nogil:
                 nntile_cuda_stop()
-                starpu_shutdown()
+                if mpi:
+                    nntile_mpi_stop()  # also stops StarPU, which StarPU-MPI started
+                else:
+                    starpu_shutdown()
+            if self._starpu_comm is not None:
+                self._starpu_comm.Free()
+                self._starpu_comm = None
 
     def __enter__(self):
         if _running_context is not self:

@@ -82,13 +82,18 @@ cdef class Tensor:
     """A tensor cut into tiles; each tile is a StarPU handle that StarPU allocates and moves.
 
     A new tensor starts filled with zeros: StarPU cannot read a tile nobody wrote.
+
+    Under StarPU-MPI each tile has an owner rank: ``owners`` is a list of ranks (one per tile,
+    C order over the tile grid), or None for the running Context's distribution of tensors
+    without a batch axis, or "batch" for its distribution of tensors whose first axis is the
+    batch. Every rank must create the same tensors in the same order.
     """
 
     def __cinit__(self):
         self.handles = NULL
         self.registered = False
 
-    def __init__(self, shape, basetile=None, dtype="fp32", bint zero=True):
+    def __init__(self, shape, basetile=None, dtype="fp32", bint zero=True, owners=None):
         global _live_tensors
         ctx = _running_context
         if ctx is None:
@@ -107,14 +112,21 @@ cdef class Tensor:
             if self.traits.tile_nelems_c(coords) >= 2 ** 32:
                 raise ValueError(f"a tile of {self.traits.basetile} holds 2**32 elements or "
                                  "more; use smaller tiles")
+        self.owners = _resolve_owners(ctx, self.traits, owners)
         self.handles = <starpu_data_handle_t *> malloc(ntiles * sizeof(starpu_data_handle_t))
         if self.handles == NULL:
             raise MemoryError()
+        global _mpi_next_tag
         for i in range(ntiles):
             self.traits.tile_coords(i, coords)
             n = self.traits.tile_nelems_c(coords)
-            # Home node -1: no user buffer, StarPU allocates the tile where it is first needed.
+            # Home node -1: no user buffer, StarPU allocates the tile where it is first needed
+            # (under MPI, only on the ranks that use it).
             starpu_vector_data_register(&self.handles[i], -1, 0, <uint32_t> n, self.itemsize)
+            if _mpi_on:
+                nntile_mpi_register(self.handles[i], _mpi_next_tag,
+                                    0 if self.owners is None else self.owners[i])
+                _mpi_next_tag += 1
         self.epoch = _epoch
         self.registered = True
         _live_tensors.add(self)
@@ -171,8 +183,9 @@ cdef class Tensor:
         return DTYPES[self.dtype][1]
 
     @classmethod
-    def from_array(cls, array, basetile=None, dtype=None):
-        """A new tensor holding a copy of a numpy array, cut into tiles of ``basetile``."""
+    def from_array(cls, array, basetile=None, dtype=None, owners=None):
+        """A new tensor holding a copy of a numpy array, cut into tiles of ``basetile``
+        (``owners`` as for Tensor())."""
         array = np.asarray(array)
         if dtype is None:
             if array.dtype.kind in "iu":
@@ -183,7 +196,7 @@ cdef class Tensor:
             else:
                 dtype = _NUMPY_TO_DTYPE[array.dtype]
         _check_dtype(dtype)
-        tensor = cls(array.shape, basetile, dtype, zero=False)
+        tensor = cls(array.shape, basetile, dtype, zero=False, owners=owners)
         tensor.write(array)
         return tensor
 
@@ -198,29 +211,57 @@ cdef class Tensor:
         npdtype = DTYPES[self.dtype][1]
         if self.dtype in FLOAT_DTYPES and array.dtype.kind not in "fiub":
             raise TypeError(f"cannot write an array of dtype {array.dtype} into a {self.dtype} tensor")
-        if self.dtype == "bf16":
-            array = float_to_bf16_bits(array)
         if npdtype.kind == "i":
             if array.dtype.kind not in "iub":
                 raise TypeError(f"an int64 tensor takes integer arrays, got {array.dtype}")
+        self._write_tiles(lambda slices: array[slices])
+
+    def write_tiles(self, read):
+        """Overwrite the tensor tile by tile: ``read(slices)`` returns the values of the tile
+        at ``slices`` (a tuple of slices into the whole tensor). Under StarPU-MPI, each rank
+        reads only the tiles it owns; every rank must call this."""
+        self.check_usable("tensor")
+        self._write_tiles(read)
+
+    def _write_tiles(self, read):
+        npdtype = DTYPES[self.dtype][1]
         cdef Py_ssize_t i
         cdef starpu_data_handle_t h
         cdef int ret
         for i in range(self.traits.ntiles):
             h = self.handles[i]
+            if _mpi_on:
+                # other ranks may hold received copies of the old contents
+                nntile_mpi_cache_flush(h)
+                if self.owners is not None and self.owners[i] != _mpi_rank:
+                    continue
+            shape = self.traits.tile_shape(i)
+            values = np.asarray(read(self.traits.tile_slices(i)))
+            if values.shape != shape:
+                raise ValueError(f"tile {self.traits.linear_to_index(i)} should have shape "
+                                 f"{shape}, got {values.shape}")
+            if self.dtype == "bf16":
+                values = float_to_bf16_bits(values)
             with nogil:
                 ret = starpu_data_acquire(h, STARPU_W)
             check(ret, "starpu_data_acquire")
             try:
-                shape = self.traits.tile_shape(i)
                 view = _tile_view(h, self.itemsize * _prod(shape), npdtype, shape)
-                view[...] = array[self.traits.tile_slices(i)]
+                view[...] = values
             finally:
                 starpu_data_release(h)
 
+    def is_local(self, Py_ssize_t linear):
+        """Whether this rank owns tile ``linear`` (always true without MPI)."""
+        return self.owners is None or self.owners[linear] == _mpi_rank
+
+    def local_tiles(self):
+        """Linear indices of the tiles this rank owns."""
+        return [i for i in range(self.traits.ntiles) if self.is_local(i)]
+
     def to_array(self):
         """A numpy copy of the whole tensor (waits for the tasks that write it); float32 for a
-        bf16 tensor."""
+        bf16 tensor. Under StarPU-MPI every rank must call it, and every rank gets it all."""
         self.check_usable("tensor")
         npdtype = DTYPES[self.dtype][1]
         result = np.empty(self.traits.shape, dtype=npdtype)
@@ -229,6 +270,8 @@ cdef class Tensor:
         cdef int ret
         for i in range(self.traits.ntiles):
             h = self.handles[i]
+            if _mpi_on:
+                nntile_mpi_get_on_all(h)
             with nogil:
                 ret = starpu_data_acquire(h, STARPU_R)
             check(ret, "starpu_data_acquire")
@@ -243,9 +286,12 @@ cdef class Tensor:
         return result
 
     def tile_to_array(self, tile_index):
-        """A numpy copy of one tile."""
+        """A numpy copy of one tile; under StarPU-MPI, only on the rank that owns it."""
         self.check_usable("tensor")
         cdef Py_ssize_t i = self.traits.index_to_linear(tile_index)
+        if not self.is_local(i):
+            raise RuntimeError(f"tile {tile_index} is owned by rank {self.owners[i]}, not by "
+                               f"this rank ({_mpi_rank}); read it there, or use to_array()")
         cdef starpu_data_handle_t h = self.handles[i]
         cdef int ret
         with nogil:
@@ -267,7 +313,9 @@ cdef class Tensor:
     def copy(self, basetile=None):
         """A new tensor with the same contents, cut into ``basetile`` (default: the same)."""
         self.check_usable("tensor")
-        result = Tensor(self.traits.shape, basetile or self.traits.basetile, self.dtype)
+        same_tiles = basetile is None or tuple(basetile) == self.traits.basetile
+        result = Tensor(self.traits.shape, basetile or self.traits.basetile, self.dtype,
+                        owners=self.owners if same_tiles else None)
         copy(self, result)
         return result
 
@@ -308,6 +356,27 @@ cdef class Tensor:
         state = "" if self.is_registered else ", unregistered"
         return (f"nntile.Tensor(shape={self.traits.shape}, basetile={self.traits.basetile}, "
                 f"dtype={self.dtype}{state})")
+
+
+cdef object _resolve_owners(object ctx, TensorTraits traits, object owners):
+    """Tuple of owner ranks for a new tensor, or None with one process."""
+    if isinstance(owners, str):
+        if owners != "batch":
+            raise ValueError(f"owners={owners!r}: use 'batch', None or a list of ranks")
+        resolved = ctx.owners_for(traits.grid, True)
+    elif owners is None:
+        resolved = ctx.owners_for(traits.grid, False)
+    else:
+        resolved = [int(r) for r in owners]
+        if len(resolved) != traits.ntiles:
+            raise ValueError(f"owners has {len(resolved)} ranks for {traits.ntiles} tiles")
+        bad = [r for r in resolved if not 0 <= r < _mpi_size]
+        if bad:
+            raise ValueError(f"owners names rank {bad[0]}, but the run has {_mpi_size} "
+                             f"rank(s) (0 to {_mpi_size - 1})")
+        if _mpi_size == 1:
+            resolved = None
+    return None if resolved is None else tuple(resolved)
 
 
 cdef Py_ssize_t _prod(tuple shape):

@@ -16,17 +16,19 @@ cdef class _Workspace:
 
     def __init__(self, int B, int T, int bt, int tt, dict tiles, config, str dtype):
         cdef int E = config.n_embd, V = config.vocab_size
-        self.ids = Tensor((B, T), (bt, tt), "int64")
-        self.labels = Tensor((B, T), (bt, tt), "int64")
-        self.positions = Tensor.from_array(np.broadcast_to(np.arange(T), (B, T)), (bt, tt))
+        # every tensor here has the batch first: data parallelism shares its tiles out
+        self.ids = Tensor((B, T), (bt, tt), "int64", owners="batch")
+        self.labels = Tensor((B, T), (bt, tt), "int64", owners="batch")
+        self.positions = Tensor.from_array(np.broadcast_to(np.arange(T), (B, T)), (bt, tt),
+                                           owners="batch")
         act = ((B, T, E), (bt, tt, tiles["embd"]), dtype)
-        self.x0 = Tensor(*act)
-        self.dx = Tensor(*act)
-        self.dx_other = Tensor(*act)
-        self.logits = Tensor((B, T, V), (bt, tt, tiles["vocab"]), dtype)
-        self.stats = Tensor((B, T, 2), (bt, tt, 2), dtype)
-        self.lse = Tensor((B, T), (bt, tt), dtype)
-        self.picked = Tensor((B, T), (bt, tt), dtype)
+        self.x0 = Tensor(*act, owners="batch")
+        self.dx = Tensor(*act, owners="batch")
+        self.dx_other = Tensor(*act, owners="batch")
+        self.logits = Tensor((B, T, V), (bt, tt, tiles["vocab"]), dtype, owners="batch")
+        self.stats = Tensor((B, T, 2), (bt, tt, 2), dtype, owners="batch")
+        self.lse = Tensor((B, T), (bt, tt), dtype, owners="batch")
+        self.picked = Tensor((B, T), (bt, tt), dtype, owners="batch")
 
     def unregister(self):
         for t in (self.ids, self.labels, self.positions, self.x0, self.dx, self.dx_other,

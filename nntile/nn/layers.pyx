@@ -16,7 +16,7 @@ cdef class Parameter:
 
     def __init__(self, tuple shape, tuple basetile, str dtype):
         self.value = Tensor(shape, basetile, dtype)
-        self.grad = Tensor(shape, basetile, dtype)
+        self.grad = Tensor(shape, basetile, dtype, owners=self.value.owners)
 
     def unregister(self):
         self.value.unregister()
@@ -58,7 +58,7 @@ cdef class Module:
         full_key = (key, shape, basetile)
         cdef Tensor tensor = self._buffers.get(full_key)
         if tensor is None:
-            tensor = Tensor(shape, basetile, self.dtype)
+            tensor = Tensor(shape, basetile, self.dtype, owners="batch")
             self._buffers[full_key] = tensor
         return tensor
 
