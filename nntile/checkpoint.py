@@ -8,8 +8,10 @@ Layout::
            rng, data, train, tokenizer (JSON strings, except format/dtype/step)
 
 Tensors are written tile by tile (one HDF5 chunk per tile, with a Fletcher-32 checksum), so
-no whole tensor, let alone the whole model, is gathered in memory. Loading reads one tensor
-at a time and cuts it into the destination's tiles, so a checkpoint loads into any tiling. Saving is atomic: the file is
+no whole tensor, let alone the whole model, is gathered in memory. Loading reads, for each
+destination tile, its box of the dataset, so a checkpoint loads into any tiling. Under
+StarPU-MPI each rank writes and reads only the tiles it owns, so a checkpoint written by N
+ranks loads on M. Saving is atomic: the file is
 written as ``*.tmp``, flushed, fsynced and renamed over its final name; a failed save removes
 its temporary file and leaves every older checkpoint as it was.
 """
@@ -85,14 +87,26 @@ def _write_tile(dataset, slices, array):
     dataset[slices] = array
 
 
-def _write_tensor(group, name, tensor):
+def _tensors(model, optimizer):
+    """(group, name, tensor) of everything a checkpoint holds, in file order."""
+    out = [("params", name, param.value) for name, param in model.named_parameters()]
+    if optimizer is not None:
+        out += [("optim", name, t) for name, t in optimizer.state_tensors().items()]
+    return out
+
+
+def _create_dataset(f, group, name, tensor):
     npdtype = NUMPY_DTYPES.get(tensor.dtype, None) or tensor.numpy_dtype
     # Fletcher-32 checksums per chunk: damaged data fails to read instead of loading quietly.
-    ds = group.create_dataset(name, shape=tensor.shape, dtype=npdtype,
-                              chunks=tuple(tensor.basetile), fletcher32=True)
+    return f.require_group(group).create_dataset(name, shape=tensor.shape, dtype=npdtype,
+                                                 chunks=tuple(tensor.basetile), fletcher32=True)
+
+
+def _write_local_tiles(dataset, tensor):
+    """The tiles this process owns (all of them without MPI) into their chunks."""
     traits = tensor.traits
-    for i in range(tensor.ntiles):
-        _write_tile(ds, traits.tile_slices(i), tensor.tile_to_array(i))
+    for i in tensor.local_tiles():
+        _write_tile(dataset, traits.tile_slices(i), tensor.tile_to_array(i))
 
 
 def _fsync_path(path, directory=False):
@@ -106,48 +120,105 @@ def _fsync_path(path, directory=False):
         os.close(fd)
 
 
+def _write_attrs(f, meta):
+    f.attrs["format"] = FORMAT
+    f.attrs["format_version"] = FORMAT_VERSION
+    f.attrs["dtype"] = str(meta["dtype"])
+    f.attrs["step"] = int(meta["step"])
+    for key in JSON_ATTRS:
+        if key in meta:
+            f.attrs[key] = json.dumps(meta[key])
+
+
+def _error_text(exc):
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def _publish(tmp, path):
+    _fsync_path(tmp)
+    os.replace(tmp, path)
+    _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+
+
 def save(path, model, optimizer=None, meta=None):
     """Write a checkpoint atomically; raise CheckpointError (older files untouched) on failure.
 
     ``meta`` holds the JSON-able attributes (config, tiling, dtype, step, schedule, optimizer,
     rng, data, train, tokenizer); the tensors come from ``model.named_parameters()`` and
-    ``optimizer.state_tensors()``.
+    ``optimizer.state_tensors()``. Under StarPU-MPI every rank calls this and each writes
+    the tiles it owns into the one file (see _save_collective).
     """
     h5py = _h5py()
     meta = dict(meta or {})
     for key in REQUIRED:
         if key not in meta:
             raise ValueError(f"checkpoint metadata needs {key!r}")
+    from nntile import current_context
+    ctx = current_context()
+    if ctx is not None and ctx.world_size > 1:
+        return _save_collective(h5py, ctx, path, model, optimizer, meta)
     tmp = path + ".tmp"
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = FORMAT
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["dtype"] = str(meta["dtype"])
-            f.attrs["step"] = int(meta["step"])
-            for key in JSON_ATTRS:
-                if key in meta:
-                    f.attrs[key] = json.dumps(meta[key])
-            params = f.create_group("params")
-            for name, param in model.named_parameters():
-                _write_tensor(params, name, param.value)
+            _write_attrs(f, meta)
+            f.create_group("params")
             if optimizer is not None:
-                optim = f.create_group("optim")
-                for name, tensor in optimizer.state_tensors().items():
-                    _write_tensor(optim, name, tensor)
+                f.create_group("optim")
+            for group, name, tensor in _tensors(model, optimizer):
+                _write_local_tiles(_create_dataset(f, group, name, tensor), tensor)
             f.flush()
-        _fsync_path(tmp)
-        os.replace(tmp, path)
-        _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+        _publish(tmp, path)
     except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         if isinstance(exc, (OSError, RuntimeError, ValueError, TypeError)):
-            reason = getattr(exc, "strerror", None) or str(exc)
-            raise CheckpointError(f"cannot save checkpoint {path}: {reason}") from None
+            raise CheckpointError(f"cannot save checkpoint {path}: {_error_text(exc)}") from None
         raise
+    return path
+
+
+def _save_collective(h5py, ctx, path, model, optimizer, meta):
+    """Rank 0 creates the file with every dataset and writes its tiles; then each rank in
+    turn opens it and writes its own tiles (HDF5 without MPI-IO allows one writer at a
+    time), so no tensor is ever gathered. The file is the same as a one-process save's.
+    The outcome travels along the ranks and back, so every rank raises the same error."""
+    comm, rank, size = ctx.comm, ctx.rank, ctx.world_size
+    tmp = path + ".tmp"
+    tensors = _tensors(model, optimizer)
+    error = None if rank == 0 else comm.recv(source=rank - 1, tag=7401)
+    if error is None:
+        try:
+            with h5py.File(tmp, "w" if rank == 0 else "r+") as f:
+                if rank == 0:
+                    _write_attrs(f, meta)
+                    f.create_group("params")
+                    if optimizer is not None:
+                        f.create_group("optim")
+                for group, name, tensor in tensors:
+                    ds = (_create_dataset(f, group, name, tensor) if rank == 0
+                          else f[f"{group}/{name}"])
+                    _write_local_tiles(ds, tensor)
+                f.flush()
+        except (OSError, RuntimeError, ValueError, TypeError, KeyError) as exc:
+            error = f"rank {rank}: {_error_text(exc)}"
+    comm.send(error, dest=(rank + 1) % size, tag=7401)
+    if rank == 0:
+        error = comm.recv(source=size - 1, tag=7401)
+        try:
+            if error is None:
+                _publish(tmp, path)
+        except OSError as exc:
+            error = _error_text(exc)
+        if error is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    error = comm.bcast(error, root=0)
+    if error is not None:
+        raise CheckpointError(f"cannot save checkpoint {path}: {error}")
     return path
 
 
@@ -251,12 +322,13 @@ class Checkpoint:
                 if ds.dtype.kind != "f":
                     raise CheckpointError(f"checkpoint {self.path}: {key} has dtype {ds.dtype}")
                 try:
-                    array = ds[()]
+                    # each destination tile reads its own box of the dataset, whatever the
+                    # tiling it was saved with; under MPI a rank reads only its own tiles
+                    tensor.write_tiles(lambda slices: ds[slices])
                 except (OSError, ValueError, RuntimeError) as exc:
                     raise CheckpointError(f"checkpoint {self.path}: cannot read {key} "
                                           f"(truncated or corrupt?): "
                                           f"{str(exc).splitlines()[0]}") from None
-                tensor.write(array)  # re-cut into the destination's tiles
 
     def load_params(self, model):
         tensors = {name: param.value for name, param in model.named_parameters()}

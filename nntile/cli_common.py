@@ -24,13 +24,28 @@ def run_cli(func, argv=None, prog="nntile"):
         return func(argv) or 0
     except CLIError as exc:
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print(f"{prog}{_rank_label()}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 1
+
+
+def launcher_rank():
+    """(rank, number of ranks) that an MPI launcher gave this process, without starting MPI;
+    (0, 1) when no launcher started it."""
+    for rank_var, size_var in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                               ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")):
+        if os.environ.get(rank_var) and os.environ.get(size_var):
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return 0, 1
+
+
+def _rank_label():
+    rank, size = launcher_rank()
+    return f" [rank {rank}]" if size > 1 else ""
 
 
 def _int_at_least(minimum):
@@ -60,6 +75,34 @@ def add_runtime_args(parser):
     group.add_argument("--ncpu", type=nonneg_int, default=None, help="CPU workers")
     group.add_argument("--ncuda", type=nonneg_int, default=None, help="CUDA workers")
     group.add_argument("--sched", default=None, help="StarPU scheduler (lws, dmdasd, ...)")
+    group.add_argument("--distribution", default="data", metavar="data|tensor|mixed[:DxT]",
+                       help="under mpirun: which rank owns which tiles (data: batch tiles "
+                       "shared out; tensor: each activation's other tiles shared out; mixed: "
+                       "a D x T grid of both). Weights and optimizer states are spread over "
+                       "all ranks in every case (default: data)")
+
+
+def resolve_distribution(args, batch_size=None, tiles=None, config=None):
+    """The Distribution for this run under mpirun (None for one process), checked on every
+    rank alike before StarPU starts, so a bad one stops every rank with the same error."""
+    _, size = launcher_rank()
+    text = getattr(args, "distribution", None) or "data"
+    from nntile.distributed import Distribution
+    try:
+        dist = Distribution.parse(text, size)
+        dist.check(size)
+        if batch_size is not None and tiles is not None:
+            batch_tile = tiles.get("batch") or batch_size
+            dist.check_batch_tiles(-(-batch_size // batch_tile))
+        if config is not None and tiles is not None and size > 1:
+            weight_tiles = (-(-config.n_embd // tiles["embd"])) * (-(-config.inner // tiles["inner"]))
+            if weight_tiles < dist.tensor:
+                raise ValueError(f"{dist.tensor} tensor-parallel ranks but an MLP weight has "
+                                 f"only {weight_tiles} tile(s) to share: use smaller "
+                                 "--tile-embd/--tile-inner or fewer ranks")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    return dist if size > 1 else None
 
 
 def tiling_from_args(args):
@@ -99,14 +142,16 @@ def model_tiling(tiles):
     return {k: v for k, v in tiles.items() if v is not None}
 
 
-def start_context(args, verbose=True):
-    """Start StarPU with the runtime flags; print its workers and settings on stderr."""
+def start_context(args, verbose=True, distribution=None):
+    """Start StarPU with the runtime flags (and StarPU-MPI under mpirun); print its workers
+    and settings on stderr."""
     import nntile
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
     os.environ.setdefault("STARPU_SILENT", "1")
     try:
-        ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched)
+        ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
+                             distribution=distribution)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CLIError(f"cannot start StarPU: {exc}") from None
     if verbose:

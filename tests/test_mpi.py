@@ -1,0 +1,162 @@
+"""StarPU-MPI on loopback: mpirun -np 2 (oversubscribed on the CI's 2 cores) against one
+process. Each case runs real processes through mpirun; they are skipped where nntile was
+built without StarPU-MPI or mpirun is missing."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import nntile
+from nntile.distributed import Distribution, block_cyclic
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MPIRUN = shutil.which("mpirun")
+needs_mpi = pytest.mark.skipif(not (nntile.HAVE_MPI and MPIRUN),
+                               reason="nntile built without StarPU-MPI, or no mpirun")
+
+# A small model cut so that every dimension has several tiles, batch included.
+TRAIN = ["--steps", "4", "--eval-every", "0", "--eval-batches", "1", "--n-layer", "2",
+         "--n-embd", "64", "--n-head", "4", "--seq-len", "32", "--batch-size", "4",
+         "--tile-batch", "2", "--tile-embd", "32", "--tile-inner", "128", "--tile-head", "2",
+         "--ncpu", "1", "--no-progress", "--save-every", "2", "--keep", "0"]
+
+
+def _env():
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               STARPU_WORKERS_NOBIND="1", STARPU_SILENT="1",
+               PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def mpirun(nranks, args, timeout=300):
+    cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(nranks),
+           sys.executable, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def train(out, nranks=None, extra=()):
+    args = ["-m", "nntile.train", *TRAIN, "--out", str(out), *extra]
+    if nranks is None:  # one plain process, no MPI at all
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                              timeout=300, env=_env())
+    return mpirun(nranks, args)
+
+
+def losses(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+def checkpoint_arrays(path):
+    import h5py
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, (obj[()], obj.chunks))
+                     if hasattr(obj, "shape") else None)
+        attrs = {k: f.attrs[k] for k in f.attrs}
+    return out, attrs
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("np1")
+    result = train(out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+# ---- distributions, without MPI ---------------------------------------------------------
+
+def test_block_cyclic_matches_the_formula():
+    owners = block_cyclic((4, 3), (2, 3))
+    assert owners == [(i % 2) * 3 + (j % 3) for i in range(4) for j in range(3)]
+    assert block_cyclic((5, 2), (2,), axes=(1,)) == [j % 2 for i in range(5) for j in range(2)]
+    with pytest.raises(ValueError, match="axis 2"):
+        block_cyclic((2, 2), (2,), axes=(2,))
+
+
+def test_data_parallel_gives_batch_tiles_to_groups_and_spreads_weights():
+    dist = Distribution.data_parallel(2)
+    # activation [B tiles=4, T tiles=1, E tiles=2]: batch tile b goes to rank b % 2
+    assert dist.owners((4, 1, 2), batched=True) == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert dist.owners((3, 2), batched=False) == [0, 1, 0, 1, 0, 1]
+    tp = Distribution.tensor_parallel(2)
+    assert tp.owners((2, 1, 2), batched=True) == [0, 1, 0, 1]
+    mixed = Distribution.parse("mixed:2x2", 4)
+    assert mixed.owners((2, 2), batched=True) == [0, 1, 2, 3]
+
+
+def test_distribution_errors_name_the_problem():
+    with pytest.raises(ValueError, match="needs 4 ranks .* but the run has 2"):
+        Distribution.parse("mixed:2x2", 2).check(2)
+    with pytest.raises(ValueError, match="only 1 tile"):
+        Distribution.data_parallel(2).check_batch_tiles(1)
+    with pytest.raises(ValueError, match="use one of"):
+        Distribution.parse("pipeline", 2)
+    with pytest.raises(ValueError, match="even number"):
+        Distribution.parse("mixed", 3)
+
+
+# ---- real runs through mpirun ------------------------------------------------------------
+
+@needs_mpi
+def test_ops_on_tiles_spread_over_three_ranks():
+    result = mpirun(3, [os.path.join(HERE, "mpi", "ops_check.py")])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert sorted(line for line in result.stdout.splitlines() if line.endswith(": ok")) == \
+        [f"rank {r} of 3: ok" for r in range(3)]
+
+
+@needs_mpi
+@pytest.mark.parametrize("distribution", ["data", "tensor"])
+def test_two_ranks_train_like_one_process(single, tmp_path, distribution):
+    result = train(tmp_path, 2, ["--distribution", distribution])
+    assert result.returncode == 0, result.stderr[-3000:]
+    # only rank 0 reports
+    assert result.stdout.count("nntile-train: step 4/4") == 1
+    np.testing.assert_allclose(losses(tmp_path), losses(single), rtol=0, atol=1e-6)
+    ours, our_attrs = checkpoint_arrays(tmp_path / "ckpt-4.h5")
+    ref, ref_attrs = checkpoint_arrays(single / "ckpt-4.h5")
+    assert sorted(ours) == sorted(ref)
+    for name, (array, chunks) in ref.items():
+        assert ours[name][1] == chunks, name
+        # the gradient norm is summed per rank first, so clipping differs in the last bits
+        assert np.abs(ours[name][0] - array).max() <= 1e-6 * max(1.0, np.abs(array).max()), name
+    for key in ("config", "tiling", "dtype", "step", "rng", "data", "schedule"):
+        assert our_attrs[key] == ref_attrs[key], key
+
+
+@needs_mpi
+def test_checkpoint_of_two_ranks_resumes_on_one(single, tmp_path):
+    two = tmp_path / "two"
+    result = train(two, 2, ["--distribution", "tensor"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copy(two / "ckpt-2.h5", resumed / "ckpt-2.h5")
+    result = train(resumed, None, ["--resume", "latest"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r for r in losses(resumed)] and len(losses(resumed)) == 2
+    np.testing.assert_allclose(losses(resumed), losses(single)[2:], rtol=0, atol=1e-6)
+
+
+@needs_mpi
+@pytest.mark.parametrize("nranks, extra, message", [
+    (2, ["--distribution", "mixed:2x2"], "needs 4 ranks"),
+    (3, ["--distribution", "data"], "only 2 tile"),
+    (2, ["--distribution", "tensor", "--tile-embd", "64", "--tile-inner", "256"],
+     "only 1 tile"),
+])
+def test_bad_distribution_stops_every_rank_with_one_message(tmp_path, nranks, extra, message):
+    result = train(tmp_path, nranks, extra)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == nranks, result.stderr[-3000:]
+    assert all(message in line for line in errors), errors
+    assert not os.listdir(tmp_path) or not any(n.endswith(".h5") for n in os.listdir(tmp_path))
