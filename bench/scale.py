@@ -2,24 +2,32 @@
 
     python3 bench/scale.py --n-embd 8192 --n-layer 4 --batch 4 --steps 3 [--ncuda 1]
         [--limit-cuda-mem MiB] [--sched dmdasd] [--tile-embd 2048] ...
+        [--wont-use] [--disk-swap DIR [--disk-swap-mib N]] [--force]
 
 n_head = n_embd / 128, sequence 1024, vocabulary 50257, AdamW, tf32 by default. Weights are
-random (never zeros: matrix units run faster on zeros). Prints one JSON line at the end.
+random (never zeros: matrix units run faster on zeros), written one tile at a time. Before
+StarPU starts, the memory the run needs is estimated (nntile.memory) and compared with what
+StarPU may use; a run that cannot fit exits with code 2 unless --force. Prints one JSON line at
+the end.
+
+Memory experiments: --wont-use tells StarPU after each optimizer step that gradients and Adam
+states will not be used soon (starpu_data_wont_use); --disk-swap DIR gives StarPU a disk
+memory node (STARPU_DISK_SWAP) to evict host memory to, of --disk-swap-mib MiB.
 """
 import argparse
 import json
+import os
 import resource
 import sys
 import time
 
 import numpy as np
 
-import nntile
-from nntile.models import GPT2Config, GPT2LMHead
-from nntile.optim import AdamW
+# nntile.memory needs no running StarPU; the rest is imported once the environment is set
+from nntile import memory
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n-embd", type=int, default=1024)
     p.add_argument("--n-layer", type=int, default=4)
@@ -31,11 +39,60 @@ def main(argv=None):
     p.add_argument("--ncpu", type=int)
     p.add_argument("--ncuda", type=int)
     p.add_argument("--sched")
-    p.add_argument("--limit-cuda-mem", type=int)
-    p.add_argument("--limit-cpu-mem", type=int)
+    p.add_argument("--limit-cuda-mem", type=int, help="MiB per GPU (STARPU_LIMIT_CUDA_MEM)")
+    p.add_argument("--limit-cpu-mem", type=int, help="MiB of host memory (STARPU_LIMIT_CPU_MEM)")
     for key in ("batch", "seq", "embd", "head", "inner", "vocab"):
         p.add_argument(f"--tile-{key}", type=int)
-    args = p.parse_args(argv)
+    p.add_argument("--force", action="store_true",
+                   help="run even when the estimate says it cannot fit")
+    p.add_argument("--wont-use", action="store_true",
+                   help="starpu_data_wont_use on gradients and optimizer states after each step")
+    p.add_argument("--disk-swap", metavar="DIR", help="StarPU disk swap directory "
+                   "(STARPU_DISK_SWAP): host memory can then be evicted to it")
+    p.add_argument("--disk-swap-mib", type=int, help="size of the disk swap in MiB "
+                   "(STARPU_DISK_SWAP_SIZE; default: the free space of DIR)")
+    p.add_argument("--disk-swap-backend", help="STARPU_DISK_SWAP_BACKEND (default "
+                   "unistd_o_direct, or unistd when some tiles are not whole pages)")
+    return p.parse_args(argv)
+
+
+def set_disk_swap(args, est):
+    """Set StarPU's disk swap variables (read when the Context starts); the backend used."""
+    if not args.disk_swap:
+        return None
+    os.makedirs(args.disk_swap, exist_ok=True)
+    backend = args.disk_swap_backend
+    if backend is None:
+        # unistd_o_direct asserts (aborts) on a transfer that is not whole pages
+        # (src/core/disk_ops/disk_unistd_o_direct.c); the page cache of unistd costs memory.
+        backend = "unistd" if est.unaligned_tiles else "unistd_o_direct"
+        if est.unaligned_tiles:
+            print(f"disk swap: {est.unaligned_tiles} tiles are not a whole number of "
+                  f"{memory.PAGE}-byte pages (e.g. the loss), which unistd_o_direct cannot "
+                  "swap: using the unistd backend", flush=True)
+    os.environ["STARPU_DISK_SWAP"] = os.path.abspath(args.disk_swap)
+    os.environ["STARPU_DISK_SWAP_BACKEND"] = backend
+    if args.disk_swap_mib:
+        os.environ["STARPU_DISK_SWAP_SIZE"] = str(args.disk_swap_mib)
+    else:
+        os.environ.pop("STARPU_DISK_SWAP_SIZE", None)
+    return backend
+
+
+def write_random(tensor, rng, scale=0.02):
+    """Random weights, one tile-sized numpy array at a time when the Tensor can take them
+    tile by tile (write_tiles); otherwise the whole array (Tensor.write needs it)."""
+    if hasattr(tensor, "write_tiles"):
+        tensor.write_tiles(lambda slices: scale * rng.standard_normal(
+            tuple(s.stop - s.start for s in slices), dtype=np.float32))
+        return "tiles"
+    tensor.write(scale * rng.standard_normal(tensor.shape, dtype=np.float32))
+    return "full"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from nntile.models import GPT2Config
     E = args.n_embd
     config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=E,
                         n_layer=args.n_layer, n_head=max(1, E // 128), tie_word_embeddings=False)
@@ -46,6 +103,30 @@ def main(argv=None):
     flops_per_step = 6 * nparams * tokens + 12 * args.n_layer * E * args.seq * tokens
     print(f"model: n_embd {E}, {args.n_layer} layers, {nparams / 1e9:.2f}B parameters, "
           f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}", flush=True)
+
+    from nntile import HAVE_CUDA, Tensor
+    init = "tiles" if hasattr(Tensor, "write_tiles") else "full"
+    est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=init)
+    backend = set_disk_swap(args, est)
+    ncuda = args.ncuda if args.ncuda is not None else memory.env_int("STARPU_NCUDA")
+    gpus = memory.gpu_memory() if HAVE_CUDA and ncuda != 0 else []
+    gpus = gpus[:ncuda] if ncuda is not None else gpus
+    limit_cuda = args.limit_cuda_mem or memory.env_int("STARPU_LIMIT_CUDA_MEM")
+    limit_cpu = args.limit_cpu_mem or memory.env_int("STARPU_LIMIT_CPU_MEM")
+    print(f"memory estimate: {est.summary()}", flush=True)
+    try:
+        budget = memory.check_fits(est, sum(gpus), memory.host_memory(), limit_cuda, limit_cpu,
+                                   memory.disk_swap_bytes(), len(gpus))
+        print(f"memory budget: StarPU may use {budget.summary()}", flush=True)
+    except memory.MemoryBudgetError as exc:
+        if not args.force:
+            print(f"scale.py: error: {exc} (--force runs it anyway)", file=sys.stderr, flush=True)
+            return 2
+        print(f"scale.py: warning: {exc} (--force: running anyway)", flush=True)
+
+    import nntile
+    from nntile.models import GPT2LMHead
+    from nntile.optim import AdamW
     rng = np.random.default_rng(0)
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
@@ -55,24 +136,34 @@ def main(argv=None):
         for name, param in model.named_parameters():
             shape = param.value.shape
             if name.endswith("weight") and len(shape) > 1:
-                param.value.write(0.02 * rng.standard_normal(shape, dtype=np.float32))
+                write_random(param.value, rng)
             elif name.endswith("weight"):
                 param.value.fill(1.0)
         opt = AdamW(model.named_parameters(), lr=1e-4, max_grad_norm=1.0)
         ctx.wait()
-        print(f"built and initialised in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"built and initialised in {time.perf_counter() - t0:.1f} s (weights written "
+              f"from numpy per {init})", flush=True)
+        idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
+                if args.wont_use else [])
         ids = rng.integers(0, args.vocab, (args.batch, args.seq))
         targets = rng.integers(0, args.vocab, (args.batch, args.seq))
         times, losses = [], []
+        measured = None
         for step in range(args.steps):
             start = time.perf_counter()
             model.zero_grad()
             model.submit_loss(ids, targets)
             model.backward()
             opt.step()
+            for tensor in idle:
+                tensor.wont_use()
             ctx.wait()
             times.append(time.perf_counter() - start)
             losses.append(float(model.loss_value.to_array()[0]))
+            if measured is None:  # every tensor exists after the first step
+                measured = memory.live_tensor_bytes()[1]
+                print(f"registered tensors: {memory.fmt_bytes(measured)} "
+                      f"(estimate {memory.fmt_bytes(est.total)})", flush=True)
             print(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
                   f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s", flush=True)
         best = min(times[1:]) if len(times) > 1 else times[0]
@@ -80,6 +171,8 @@ def main(argv=None):
                       seq=args.seq, step_s=best, tokens_per_s=tokens / best,
                       tflops=flops_per_step / best / 1e12, losses=losses,
                       max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                      estimate_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
+                      wont_use=args.wont_use, disk_swap=args.disk_swap, disk_backend=backend,
                       workers=ctx.workers, tiling=tiling)
         print("RESULT " + json.dumps(result), flush=True)
 

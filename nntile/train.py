@@ -399,6 +399,9 @@ def _duration(seconds):
 def train_main(argv=None):
     args = build_parser().parse_args(argv)
     s = resolve(args)
+    from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
+    preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
+              grad_clip=bool(s.grad_clip), prog="nntile-train")
     prepare_out(s, args)
     from tqdm import tqdm
 

@@ -1,0 +1,603 @@
+"""How much memory a GPT-2 run needs, what the machine offers, and whether it fits.
+
+``estimate`` lists every tensor that ``GPT2LMHead`` (models/gpt2.pyx), its layers
+(nn/layers.pyx) and the optimizer (optim.py) register for a config, a tiling and a
+[batch, seq] shape, with the tile shapes StarPU will allocate. ``available`` reads the GPU and
+host memory of this machine, and ``check_fits`` compares the two the way StarPU 1.4 spends memory:
+
+* StarPU's memory node sizes are 90% of the device (``STARPU_LIMIT_CUDA_MEM`` overrides) and 90%
+  of the machine's RAM (``STARPU_LIMIT_CPU_MEM`` overrides); see src/drivers/cuda/driver_cuda.c
+  ``_starpu_cuda_limit_gpu_mem_if_needed`` and src/core/topology.c
+  ``_starpu_cpu_get_global_mem_size``.
+* A tile evicted from the GPU is written back into a host buffer, and that host buffer stays
+  allocated until the tile is unregistered: StarPU evicts host memory only to a disk node
+  (src/datawizard/memalloc.c ``_starpu_mem_chunk_init_last``, ``choose_target``). Without
+  ``STARPU_DISK_SWAP`` host memory must therefore hold every tile, not just what the GPU cannot
+  (with it, host memory and disk together): the GPU adds speed, not capacity (``strict=True``,
+  the default). Past that limit StarPU prints "Not enough memory left on node NUMA 0" and spins
+  retrying the allocation (memalloc.c ``_starpu_memory_reclaim_generic``, data_request.c).
+* Writing weights from numpy allocates every parameter tile in host memory first (plus the
+  numpy array of the parameter being written).
+
+Byte counts are exact sums of tile sizes; ``alloc_bytes`` adds StarPU's rounding of tiles up to
+4 MiB to its 16 KiB sub-allocation blocks (src/datawizard/malloc.h, malloc.c
+``starpu_malloc_on_node_flags``), which applies on GPUs and to pinned host memory.
+"""
+import math
+import os
+import re
+import shutil
+import subprocess
+from collections import Counter
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp64": 8, "bf16": 2, "int64": 8}
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "workspaces",
+              "logits")
+STARPU_MARGIN = 0.9                # FREE_MARGIN in driver_cuda.c, "global_mem *= 0.9" in topology.c
+SUBALLOC_MAX = 4 << 20             # CHUNK_ALLOC_MAX = 32 MiB / 8 (src/datawizard/malloc.h)
+SUBALLOC_BLOCK = 16 << 10          # CHUNK_ALLOC_MIN
+PAGE = 4096                        # unistd_o_direct reads and writes whole pages only
+TASK_TILES = 3                     # a GEMM task holds three tiles on the GPU at once
+NUMPY_INIT_BYTES = 8               # float64 (or two float32) temporaries per written element
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+class MemoryBudgetError(MemoryError):
+    """The run cannot fit in the memory StarPU may use; the message says by how much and what
+    to change. ``estimate`` and ``budget`` hold the numbers."""
+
+    def __init__(self, message, estimate=None, budget=None):
+        super().__init__(message)
+        self.estimate = estimate
+        self.budget = budget
+
+
+def fmt_bytes(n):
+    """1.5 GiB, 12.0 MiB, 16 KiB or 12 B."""
+    n = float(n)
+    for unit, size in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+class TensorSpec:
+    """One tensor the run registers: its shape, tiles, dtype and what it is for."""
+
+    __slots__ = ("name", "shape", "basetile", "dtype", "category")
+
+    def __init__(self, name, shape, basetile, dtype, category):
+        self.name = name
+        self.shape = tuple(int(n) for n in shape)
+        self.basetile = tuple(int(b) for b in basetile)
+        self.dtype = dtype
+        self.category = category
+
+    @property
+    def itemsize(self):
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def key(self):
+        """What identifies the allocation: (shape, basetile, dtype)."""
+        return self.shape, self.basetile, self.dtype
+
+    @property
+    def nbytes(self):
+        return math.prod(self.shape) * self.itemsize
+
+    def tile_sizes(self):
+        """[(elements of a tile, how many tiles have that many)], partial edge tiles included."""
+        sizes = {(): 1}
+        for n, b in zip(self.shape, self.basetile):
+            per_dim = [(b, n // b)] + ([(n % b, 1)] if n % b else [])
+            grown = Counter()
+            for dims, count in sizes.items():
+                for d, c in per_dim:
+                    grown[dims + (d,)] += count * c
+            sizes = grown
+        out = Counter()
+        for dims, count in sizes.items():
+            out[math.prod(dims)] += count
+        return sorted(out.items())
+
+    @property
+    def ntiles(self):
+        return math.prod(-(-n // b) for n, b in zip(self.shape, self.basetile))
+
+    @property
+    def alloc_bytes(self):
+        """Bytes StarPU allocates on a GPU (or in pinned host memory) for all the tiles."""
+        total = 0
+        for elems, count in self.tile_sizes():
+            size = max(1, elems * self.itemsize)
+            if size <= SUBALLOC_MAX:
+                size = -(-size // SUBALLOC_BLOCK) * SUBALLOC_BLOCK
+            total += size * count
+        return total
+
+    @property
+    def largest_tile(self):
+        return math.prod(self.basetile) * self.itemsize
+
+    @property
+    def unaligned_tiles(self):
+        """Tiles whose size is not a whole number of pages (unistd_o_direct cannot swap them)."""
+        return sum(c for e, c in self.tile_sizes() if (e * self.itemsize) % PAGE)
+
+    def __repr__(self):
+        return (f"TensorSpec({self.name!r}, {self.shape}, {self.basetile}, {self.dtype}, "
+                f"{self.category})")
+
+
+def resolve_tiles(config, tiling=None):
+    """The model's tile sizes, as GPT2LMHead.check_tiling resolves them."""
+    from nntile.models.gpt2 import GPT2LMHead
+    return GPT2LMHead.check_tiling(
+        {k: v for k, v in (tiling or {}).items() if v is not None}, config)
+
+
+def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw",
+                 grad_clip=True, training=True):
+    """Every tensor a GPT2LMHead run registers, in the order the code creates them.
+
+    ``training``: forward, loss and backward have run once for [batch, seq] (forward only
+    creates the forward buffers). ``optimizer``: "adamw" (two states per parameter), "sgd"
+    (one buffer per parameter) or None; ``grad_clip``: the optimizer's one-element norm tensor.
+    """
+    if dtype not in ("fp32", "tf32", "fp64", "bf16"):
+        raise ValueError(f"dtype {dtype!r}: use fp32, tf32, fp64 or bf16")
+    if optimizer not in ("adamw", "adam", "sgd", None):
+        raise ValueError(f"optimizer {optimizer!r}: use 'adamw', 'sgd' or None")
+    if not 1 <= seq <= config.n_positions or batch < 1:
+        raise ValueError(f"[batch, seq] = [{batch}, {seq}]: need batch >= 1 and "
+                         f"1 <= seq <= n_positions ({config.n_positions})")
+    t = resolve_tiles(config, tiling)
+    E, V, P, H, I = config.n_embd, config.vocab_size, config.n_positions, config.n_head, config.inner
+    D = E // H
+    e, h, i, v = t["embd"], t["head"], t["inner"], t["vocab"]
+    specs = []
+
+    def add(name, shape, tiles, category, kind=dtype):
+        specs.append(TensorSpec(name, shape, tiles, kind, category))
+
+    # parameters (value and gradient), as Module.add_param creates them
+    params = [("transformer.wte.weight", (V, E), (v, e)),
+              ("transformer.wpe.weight", (P, E), (min(t["seq"], P), e))]
+    for layer in range(config.n_layer):
+        p = f"transformer.h.{layer}."
+        params += [(p + "ln_1.weight", (E,), (e,)), (p + "ln_1.bias", (E,), (e,))]
+        for name in ("q", "k", "v"):
+            params += [(p + f"attn.{name}.weight", (E, H, D), (e, h, D)),
+                       (p + f"attn.{name}.bias", (H, D), (h, D))]
+        params += [(p + "attn.c_proj.weight", (H, D, E), (h, D, e)),
+                   (p + "attn.c_proj.bias", (E,), (e,)),
+                   (p + "ln_2.weight", (E,), (e,)), (p + "ln_2.bias", (E,), (e,)),
+                   (p + "mlp.c_fc.weight", (E, I), (e, i)), (p + "mlp.c_fc.bias", (I,), (i,)),
+                   (p + "mlp.c_proj.weight", (I, E), (i, e)), (p + "mlp.c_proj.bias", (E,), (e,))]
+    params += [("transformer.ln_f.weight", (E,), (e,)), ("transformer.ln_f.bias", (E,), (e,))]
+    if not config.tie_word_embeddings:
+        params.append(("lm_head.weight", (V, E), (v, e)))
+    for name, shape, tiles in params:
+        add(name, shape, tiles, "parameters")
+        add(name + "/grad", shape, tiles, "gradients")
+    add("loss_value", (1,), (1,), "workspaces")
+    if optimizer is not None:
+        if grad_clip:
+            add("optimizer/normsq", (1,), (1,), "optimizer_states")
+        states = ("momentum_buffer",) if optimizer == "sgd" else ("exp_avg", "exp_avg_sq")
+        for name, shape, tiles in params:
+            for state in states:
+                add(f"{name}/{state}", shape, tiles, "optimizer_states")
+
+    # the [batch, seq] workspace (gpt2.pyx _Workspace) and each layer's buffers
+    B, T = batch, seq
+    bt, tt = min(t["batch"] or B, B), min(t["seq"], T)
+    x, xt = (B, T, E), (bt, tt, e)
+    row, rowt = (B, T, 2), (bt, tt, 2)
+    heads, headst = (B, T, H, D), (bt, tt, h, D)
+    scores, scorest = (B, H, T, T), (bt, h, tt, tt)
+    mlp, mlpt = (B, T, I), (bt, tt, i)
+    for name in ("ids", "labels", "positions"):
+        add(name, (B, T), (bt, tt), "workspaces", "int64")
+    add("x0", x, xt, "activations")
+    add("dx", x, xt, "workspaces")
+    add("dx_other", x, xt, "workspaces")
+    add("logits", (B, T, V), (bt, tt, v), "logits")
+    add("loss/stats", row, rowt, "workspaces")
+    add("loss/lse", (B, T), (bt, tt), "workspaces")
+    add("loss/picked", (B, T), (bt, tt), "workspaces")
+    forward = [("ln_1.stats", row, rowt), ("ln_1.y", x, xt),
+               ("attn.q.y", heads, headst), ("attn.k.y", heads, headst),
+               ("attn.v.y", heads, headst), ("attn.p", scores, scorest),
+               ("attn.stats", (B, H, T, 2), (bt, h, tt, 2)), ("attn.o", heads, headst),
+               ("attn.c_proj.y", x, xt), ("x1", x, xt),
+               ("ln_2.stats", row, rowt), ("ln_2.y", x, xt),
+               ("mlp.c_fc.y", mlp, mlpt), ("mlp.g", mlp, mlpt), ("mlp.c_proj.y", x, xt),
+               ("out", x, xt)]
+    backward = [("dx1", x, xt), ("dh", x, xt), ("mlp.dg", mlp, mlpt), ("mlp.da", mlp, mlpt),
+                ("ln_2.rowacc", row, rowt), ("attn.do", heads, headst),
+                ("attn.dp", scores, scorest), ("attn.dv", heads, headst),
+                ("attn.sums", (B, H, T), (bt, h, tt)), ("attn.dq", heads, headst),
+                ("attn.dk", heads, headst), ("ln_1.rowacc", row, rowt)]
+    for layer in range(config.n_layer):
+        for name, shape, tiles in forward:
+            add(f"transformer.h.{layer}.{name}", shape, tiles, "activations")
+        if training:
+            for name, shape, tiles in backward:
+                add(f"transformer.h.{layer}.{name}", shape, tiles, "workspaces")
+    add("transformer.ln_f.stats", row, rowt, "activations")
+    add("transformer.ln_f.y", x, xt, "activations")
+    if training:
+        add("transformer.ln_f.rowacc", row, rowt, "workspaces")
+    return specs
+
+
+class Estimate:
+    """Bytes a run needs, by category (``est["activations"]``), with the tensors behind them."""
+
+    def __init__(self, specs, args, init="full"):
+        self.specs = specs
+        self.args = args
+        self.init = init
+        self.breakdown = {c: sum(s.nbytes for s in specs if s.category == c) for c in CATEGORIES}
+
+    def __getitem__(self, category):
+        return self.breakdown[category]
+
+    def keys(self):
+        return self.breakdown.keys()
+
+    def as_dict(self):
+        return dict(self.breakdown, total=self.total, alloc=self.alloc_bytes,
+                    init_host_peak=self.init_host_peak, largest_tile=self.largest_tile)
+
+    @property
+    def total(self):
+        return sum(self.breakdown.values())
+
+    @property
+    def alloc_bytes(self):
+        """The total with StarPU's 16 KiB rounding of small tiles (GPU, pinned host memory)."""
+        return sum(s.alloc_bytes for s in self.specs)
+
+    @property
+    def ntensors(self):
+        return len(self.specs)
+
+    @property
+    def ntiles(self):
+        return sum(s.ntiles for s in self.specs)
+
+    @property
+    def largest_tile(self):
+        return max(s.largest_tile for s in self.specs)
+
+    @property
+    def unaligned_tiles(self):
+        return sum(s.unaligned_tiles for s in self.specs)
+
+    @property
+    def init_numpy_bytes(self):
+        """The numpy temporaries of initialisation: the largest parameter written from a
+        full float64 array (``init="full"``), one tile at a time (``"tiles"``), or none."""
+        params = [s for s in self.specs if s.category == "parameters"]
+        if self.init == "full":
+            return max(math.prod(s.shape) for s in params) * NUMPY_INIT_BYTES
+        if self.init == "tiles":
+            return max(math.prod(s.basetile) for s in params) * NUMPY_INIT_BYTES
+        return 0
+
+    @property
+    def init_host_peak(self):
+        """Host bytes while weights are written from numpy: every parameter tile is allocated
+        in host memory by the write, plus the numpy array being written."""
+        return self["parameters"] + self.init_numpy_bytes
+
+    def summary(self):
+        parts = ", ".join(f"{c.replace('_', ' ')} {fmt_bytes(self[c])}" for c in CATEGORIES)
+        return (f"{fmt_bytes(self.total)} in {self.ntensors} tensors of {self.ntiles} tiles "
+                f"({parts}; largest tile {fmt_bytes(self.largest_tile)}; host peak while "
+                f"writing weights {fmt_bytes(self.init_host_peak)})")
+
+    def __repr__(self):
+        return f"<Estimate {self.summary()}>"
+
+
+def estimate(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw", grad_clip=True,
+             training=True, init="full"):
+    """Bytes a GPT2LMHead run registers for ``config`` and a [batch, seq] input: parameters,
+    gradients, optimizer states, activations kept for backward, workspaces (inputs, backward
+    buffers, gradient ping-pong) and logits. ``init``: how weights are written from numpy
+    ("full" arrays, per "tiles", or None when they come from GPU tasks)."""
+    if init not in ("full", "tiles", None):
+        raise ValueError(f"init {init!r}: use 'full', 'tiles' or None")
+    args = dict(config=config, batch=batch, seq=seq, tiling=dict(tiling or {}), dtype=dtype,
+                optimizer=optimizer, grad_clip=grad_clip, training=training)
+    return Estimate(tensor_specs(**args), args, init)
+
+
+# ---- what the machine offers --------------------------------------------------------------
+
+def _visible(entries):
+    """Indices or UUIDs in CUDA_VISIBLE_DEVICES (None: all devices)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return entries
+    chosen = []
+    for item in (x.strip() for x in value.split(",")):
+        if not item:
+            continue
+        match = [g for g in entries if g[0] == item or (item.startswith("GPU-")
+                                                          and g[1].startswith(item))]
+        if not match:
+            break  # CUDA stops at the first invalid entry
+        chosen += match
+    return chosen
+
+
+def gpu_memory():
+    """Total memory in bytes of each GPU this process may use: nvidia-smi (no CUDA context
+    in this process), else CuPy; [] when neither answers."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=20)
+        entries = []
+        for line in out.stdout.splitlines():
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 3 and fields[2].isdigit():
+                entries.append((fields[0], fields[1], int(fields[2]) * MiB))
+        if out.returncode == 0 and entries:
+            return [g[2] for g in _visible(entries)]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import cupy
+        runtime = cupy.cuda.runtime
+        return [runtime.getDeviceProperties(d)["totalGlobalMem"]
+                for d in range(runtime.getDeviceCount())]
+    except Exception:  # no CuPy, no driver, no device
+        return []
+
+
+def _meminfo(key):
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_free():
+    """Bytes left under this process's cgroup memory limit (None when unlimited)."""
+    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_path) as f:
+                limit = f.read().strip()
+            with open(usage_path) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < (1 << 60):
+            return max(0, int(limit) - usage)
+    return None
+
+
+def host_memory():
+    """Host bytes this process can still use: MemAvailable, capped by a cgroup limit."""
+    free = _meminfo("MemAvailable") or _meminfo("MemTotal") or 0
+    cgroup = _cgroup_free()
+    return min(free, cgroup) if cgroup is not None else free
+
+
+def available(ncuda=None):
+    """(GPU bytes, host bytes): the total memory of the GPUs StarPU would use (the first
+    ``ncuda`` visible ones; 0 without GPUs) and the host memory available now."""
+    gpus = gpu_memory()
+    if ncuda is not None:
+        gpus = gpus[:ncuda]
+    return sum(gpus), host_memory()
+
+
+# ---- the check --------------------------------------------------------------------------
+
+class Budget(dict):
+    """What StarPU may use, and what the run needs of it (bytes)."""
+
+    def summary(self):
+        parts = []
+        if self["gpu"]:
+            parts.append(f"GPU {fmt_bytes(self['gpu'])} ({self['gpu_origin']})")
+        parts.append(f"host {fmt_bytes(self['host'])} ({self['host_origin']})")
+        if self["disk"]:
+            parts.append(f"disk swap {fmt_bytes(self['disk'])}")
+        return ", ".join(parts)
+
+
+def budget(gpu_bytes, host_bytes, limit_cuda_mem=None, limit_cpu_mem=None, disk_bytes=0,
+           ngpu=None):
+    """The bytes StarPU's memory nodes may hold: 90% of each GPU (or STARPU_LIMIT_CUDA_MEM MiB
+    per GPU) and 90% of the available host memory (or STARPU_LIMIT_CPU_MEM MiB, at most what is
+    available)."""
+    ngpu = (1 if gpu_bytes else 0) if ngpu is None else ngpu
+    if gpu_bytes and ngpu:
+        per = gpu_bytes / ngpu
+        if limit_cuda_mem is not None:
+            gpu = min(int(limit_cuda_mem) * MiB, per) * ngpu
+            gpu_origin = f"STARPU_LIMIT_CUDA_MEM {int(limit_cuda_mem)} MiB x {ngpu}"
+        else:
+            gpu = STARPU_MARGIN * gpu_bytes
+            gpu_origin = f"90% of {fmt_bytes(gpu_bytes)}"
+    else:
+        gpu, gpu_origin = 0, "no GPU"
+    if limit_cpu_mem is not None:
+        host = min(int(limit_cpu_mem) * MiB, host_bytes)
+        host_origin = f"STARPU_LIMIT_CPU_MEM {int(limit_cpu_mem)} MiB"
+    else:
+        host = STARPU_MARGIN * host_bytes
+        host_origin = f"90% of {fmt_bytes(host_bytes)} available"
+    return Budget(gpu=int(gpu), host=int(host), disk=int(disk_bytes or 0),
+                  gpu_origin=gpu_origin, host_origin=host_origin)
+
+
+def _fits(est, b, strict):
+    """The first reason the estimate does not fit the budget, or None."""
+    total = est.alloc_bytes if b["gpu"] else est.total
+    if est.init_host_peak > b["host"]:
+        return (f"writing the weights from numpy needs {fmt_bytes(est.init_host_peak)} of host "
+                f"memory (every parameter tile plus the largest numpy array)")
+    if b["disk"]:
+        if strict and total > b["host"] + b["disk"]:
+            return ("host memory and disk swap together hold less than that (every tile the "
+                    "GPU evicts needs a host or disk copy, and StarPU keeps those)")
+        if total > b["gpu"] + b["host"] + b["disk"]:
+            return "GPU, host and disk swap together hold less than that"
+    elif strict or not b["gpu"]:
+        if total > b["host"]:
+            why = ("StarPU keeps a host copy of every tile that ever leaves the GPU and evicts "
+                   "host memory only to a disk, so host memory must hold it all"
+                   if b["gpu"] else "without a GPU everything lives in host memory")
+            return why
+    elif total > b["gpu"] + b["host"]:
+        return "GPU and host memory together hold less than that"
+    if b["gpu"] and TASK_TILES * est.largest_tile > b["gpu"]:
+        return (f"one task needs {TASK_TILES} tiles of up to {fmt_bytes(est.largest_tile)} on "
+                "the GPU at once; use smaller tiles")
+    return None
+
+
+def _largest(fits, below):
+    """The largest n in [1, below) with fits(n), for fits true up to some n (None if none)."""
+    lo, hi = 0, below  # fits(lo) holds (or lo == 0), fits(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo or None
+
+
+def _suggestions(est, b, strict):
+    """What would fit: fewer layers, a smaller batch, disk swap."""
+    import dataclasses
+    args = est.args
+
+    def fits(**change):
+        new = dict(args, **change)
+        tiling = dict(new["tiling"])
+        if tiling.get("batch"):
+            tiling["batch"] = min(tiling["batch"], new["batch"])
+        new["tiling"] = tiling
+        try:
+            return _fits(Estimate(tensor_specs(**new), new, est.init), b, strict) is None
+        except ValueError:
+            return False
+
+    config = args["config"]
+    out = []
+    layers = _largest(lambda n: fits(config=dataclasses.replace(config, n_layer=n)),
+                      config.n_layer)
+    if layers:
+        out.append(f"n_layer <= {layers}")
+    batch = _largest(lambda n: fits(batch=n), args["batch"])
+    if batch:
+        out.append(f"batch <= {batch}")
+    out.append("a smaller n_embd")
+    if not b["disk"]:
+        out.append("disk swap (STARPU_DISK_SWAP) for what host memory cannot hold")
+    return out
+
+
+def check_fits(estimate, gpu_bytes, host_bytes, limit_cuda_mem=None, limit_cpu_mem=None,
+               disk_bytes=0, ngpu=None, strict=True):
+    """Raise MemoryBudgetError (a MemoryError) when the run cannot fit the memory StarPU may
+    use, naming the numbers and what to change; return the Budget otherwise.
+
+    ``strict``: without disk swap, host memory must hold every tile (StarPU never frees a
+    host copy it made to evict a tile from the GPU), with disk swap host + disk must;
+    ``strict=False`` only asks GPU + host (+ disk) to hold everything, which can still hang
+    StarPU once every tile has been evicted once.
+    """
+    b = budget(gpu_bytes, host_bytes, limit_cuda_mem, limit_cpu_mem, disk_bytes, ngpu)
+    reason = _fits(estimate, b, strict)
+    b["needs"] = estimate.alloc_bytes if b["gpu"] else estimate.total
+    if reason is None:
+        return b
+    message = (f"not enough memory: the run needs {estimate.summary()}, but StarPU may use "
+               f"{b.summary()}: {reason}. To fit, use one of: "
+               f"{'; '.join(_suggestions(estimate, b, strict))}")
+    raise MemoryBudgetError(message, estimate, b)
+
+
+def env_int(name):
+    """An integer environment variable (None when unset or not a number)."""
+    value = os.environ.get(name, "").strip()
+    return int(value) if re.fullmatch(r"\d+", value) else None
+
+
+def disk_swap_bytes():
+    """The disk swap StarPU will register from STARPU_DISK_SWAP[_SIZE] (0 without)."""
+    path = os.environ.get("STARPU_DISK_SWAP")
+    if not path:
+        return 0
+    size = env_int("STARPU_DISK_SWAP_SIZE")
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return 0
+    return min(size * MiB, free) if size is not None else free
+
+
+def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimizer="adamw",
+              grad_clip=True, init="full", prog="nntile", quiet_below=GiB, strict=True):
+    """The check a program runs before StarPU starts: estimate, read the machine (and the
+    STARPU_LIMIT_*_MEM / STARPU_DISK_SWAP* variables), print the estimate on stderr when it is
+    at least ``quiet_below`` bytes, and raise a CLIError (one line, exit code 2) when the run
+    cannot fit. NNTILE_MEMORY_CHECK=0 skips the refusal."""
+    import sys
+    from nntile import HAVE_CUDA
+    from nntile.cli_common import CLIError
+    est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init)
+    if ncuda is None:
+        ncuda = env_int("STARPU_NCUDA")
+    gpus = gpu_memory() if HAVE_CUDA and ncuda != 0 else []
+    if ncuda is not None:
+        gpus = gpus[:ncuda]
+    try:
+        b = check_fits(est, sum(gpus), host_memory(), env_int("STARPU_LIMIT_CUDA_MEM"),
+                       env_int("STARPU_LIMIT_CPU_MEM"), disk_swap_bytes(), len(gpus), strict)
+    except MemoryBudgetError as exc:
+        if os.environ.get("NNTILE_MEMORY_CHECK", "1") == "0":
+            print(f"{prog}: warning: {exc} (NNTILE_MEMORY_CHECK=0: trying anyway)",
+                  file=sys.stderr, flush=True)
+            return est
+        raise CLIError(f"{exc} (NNTILE_MEMORY_CHECK=0 tries anyway)") from None
+    if est.total >= quiet_below:
+        print(f"{prog}: memory: needs {est.summary()}; StarPU may use {b.summary()}",
+              file=sys.stderr, flush=True)
+    return est
+
+
+# ---- what a process holds ---------------------------------------------------------------
+
+def live_tensors():
+    """Every registered nntile Tensor of this process (found through the garbage collector)."""
+    import gc
+    from nntile import Tensor
+    return [o for o in gc.get_objects() if isinstance(o, Tensor) and o.is_registered]
+
+
+def tensor_bytes(tensor):
+    return tensor.traits.size * tensor.numpy_dtype.itemsize
+
+
+def live_tensor_bytes():
+    """(number of registered tensors, their bytes, Counter of (shape, basetile, dtype))."""
+    tensors = live_tensors()
+    return (len(tensors), sum(tensor_bytes(t) for t in tensors),
+            Counter((tuple(t.shape), tuple(t.basetile), t.dtype) for t in tensors))

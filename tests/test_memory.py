@@ -1,0 +1,254 @@
+"""nntile.memory: the estimate equals the tensors a run registers; the check refuses clearly."""
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nntile import memory
+from nntile._core.core import live_tensor_count
+from nntile.cli_common import CLIError
+from nntile.models import GPT2Config, GPT2LMHead
+from nntile.optim import SGD, AdamW
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = {
+    # partial tiles along every axis; untied head
+    "partial": (dict(vocab_size=50, n_positions=16, n_embd=24, n_layer=2, n_head=3,
+                     tie_word_embeddings=False), 3, 10,
+                dict(batch=2, seq=4, embd=10, head=2, inner=40, vocab=16), "fp32", "adamw"),
+    # one tile per dimension, tied embeddings, SGD
+    "untiled-bf16": (dict(vocab_size=37, n_positions=12, n_embd=16, n_layer=1, n_head=2), 2, 12,
+                     {}, "bf16", "sgd"),
+    # n_inner, seq shorter than n_positions, a seq tile that does not divide it
+    "fp64-inner": (dict(vocab_size=37, n_positions=12, n_embd=16, n_layer=3, n_head=4,
+                        n_inner=20), 5, 7, dict(seq=5, embd=7, head=3, inner=9), "fp64", "adamw"),
+    # batch tile larger than the batch (clipped), tf32
+    "tf32-clipped": (dict(vocab_size=64, n_positions=8, n_embd=8, n_layer=1, n_head=1), 1, 8,
+                     dict(batch=4, vocab=30), "tf32", "adamw"),
+}
+
+
+def _new_tensors(before):
+    return [t for t in memory.live_tensors() if id(t) not in before]
+
+
+def _tile_alloc(tensor):
+    """StarPU's allocation of each tile, from the tensor's own tile shapes."""
+    total = 0
+    for i in range(tensor.ntiles):
+        size = math.prod(tensor.traits.tile_shape(i)) * tensor.numpy_dtype.itemsize
+        if size <= memory.SUBALLOC_MAX:
+            size = -(-size // memory.SUBALLOC_BLOCK) * memory.SUBALLOC_BLOCK
+        total += size
+    return total
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_estimate_equals_the_tensors_a_training_step_registers(ctx, case):
+    fields, B, T, tiling, dtype, optimizer = CASES[case]
+    config = GPT2Config(**fields)
+    before = {id(t) for t in memory.live_tensors()}
+    count_before = live_tensor_count()
+    model = GPT2LMHead(config, tiling, dtype)
+    params = model.named_parameters()
+    opt = (AdamW(params, lr=1e-3, max_grad_norm=1.0) if optimizer == "adamw"
+           else SGD(params, lr=1e-2, momentum=0.9, max_grad_norm=1.0))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, config.vocab_size, (B, T))
+    model.zero_grad()
+    model.loss(ids, np.roll(ids, -1, axis=1))
+    model.backward()
+    opt.step()
+    ctx.wait()
+    try:
+        tensors = _new_tensors(before)
+        est = memory.estimate(config, B, T, tiling, dtype, optimizer=optimizer)
+        assert len(tensors) == live_tensor_count() - count_before == est.ntensors
+        # the same tensors: shapes, tiles and dtypes, one for one
+        got = Counter((t.shape, t.basetile, t.dtype) for t in tensors)
+        assert got == Counter(s.key for s in est.specs)
+        assert sum(memory.tensor_bytes(t) for t in tensors) == est.total
+        assert sum(t.ntiles for t in tensors) == est.ntiles
+        assert sum(_tile_alloc(t) for t in tensors) == est.alloc_bytes
+        # the categories hold what their names say
+        itemsize = memory.DTYPE_BYTES[dtype]
+        nparams = sum(math.prod(p.value.shape) for _, p in model.named_parameters())
+        assert nparams == config.num_parameters()
+        assert est["parameters"] == est["gradients"] == nparams * itemsize
+        states = sum(memory.tensor_bytes(t) for t in opt.state_tensors().values())
+        assert est["optimizer_states"] == states + itemsize  # + the clipping norm
+        assert est["logits"] == B * T * config.vocab_size * itemsize
+        largest = max(math.prod(t.basetile) * t.numpy_dtype.itemsize for t in tensors)
+        assert est.largest_tile == largest
+    finally:
+        model.unregister()
+        for t in _new_tensors(before):
+            t.unregister()
+
+
+def test_forward_only_estimate(ctx):
+    config = GPT2Config(vocab_size=40, n_positions=8, n_embd=12, n_layer=2, n_head=2)
+    before = {id(t) for t in memory.live_tensors()}
+    model = GPT2LMHead(config, dict(embd=5, seq=3), "fp32")
+    model.forward(np.zeros((2, 8), dtype=np.int64))
+    ctx.wait()
+    try:
+        tensors = _new_tensors(before)
+        est = memory.estimate(config, 2, 8, dict(embd=5, seq=3), optimizer=None,
+                              training=False)
+        assert Counter((t.shape, t.basetile, t.dtype) for t in tensors) == \
+            Counter(s.key for s in est.specs)
+        assert est["optimizer_states"] == 0 and est["gradients"] == est["parameters"]
+    finally:
+        model.unregister()
+        for t in _new_tensors(before):
+            t.unregister()
+
+
+def test_tile_sizes_count_partial_tiles():
+    spec = memory.TensorSpec("x", (5, 7), (2, 3), "fp32", "activations")
+    assert spec.tile_sizes() == [(1, 1), (2, 2), (3, 2), (6, 4)]  # (1,1), (2,1)x2, (1,3)x2, (2,3)x4
+    assert spec.ntiles == 9 and spec.nbytes == 35 * 4
+    assert spec.alloc_bytes == 9 * memory.SUBALLOC_BLOCK  # every tile rounds up to 16 KiB
+    assert spec.unaligned_tiles == 9
+    big = memory.TensorSpec("w", (3000, 1000), (1500, 1000), "fp32", "parameters")
+    assert big.alloc_bytes == big.nbytes  # tiles above 4 MiB are allocated as they are
+
+
+def _estimate(n_layer=4, batch=4, dtype="fp32"):
+    config = GPT2Config(vocab_size=1000, n_positions=256, n_embd=512, n_layer=n_layer,
+                        n_head=8)
+    return memory.estimate(config, batch, 256, dict(batch=2, vocab=500), dtype)
+
+
+def test_estimate_scales_as_expected():
+    small, big = _estimate(batch=2), _estimate(batch=4)
+    assert big["parameters"] == small["parameters"]
+    assert big["activations"] > small["activations"]
+    assert big["logits"] == 2 * small["logits"]
+    # int64 token ids, labels and positions do not shrink with the dtype
+    assert _estimate(dtype="bf16").total * 2 == _estimate(dtype="fp32").total + 3 * 4 * 256 * 8
+    assert _estimate().init_host_peak == _estimate()["parameters"] + 512 * 2048 * 8
+    assert "parameters" in _estimate().summary()
+
+
+def test_check_fits_passes_and_reports_the_budget():
+    est = _estimate()
+    host = 10 * est.total
+    b = memory.check_fits(est, 0, host)
+    assert b["host"] == int(0.9 * host) and b["gpu"] == 0
+    assert b["needs"] == est.total
+    b = memory.check_fits(est, 80 * memory.GiB, 10 * est.total, limit_cuda_mem=1000)
+    assert b["gpu"] == 1000 * memory.MiB and "STARPU_LIMIT_CUDA_MEM" in b.summary()
+
+
+def test_check_fits_names_the_numbers_and_what_to_change():
+    est = _estimate(n_layer=8, batch=8)
+    host = int(0.8 * est.total / 0.9)
+    with pytest.raises(memory.MemoryBudgetError) as info:
+        memory.check_fits(est, 0, host)
+    assert isinstance(info.value, MemoryError)
+    message = str(info.value)
+    assert "\n" not in message
+    assert memory.fmt_bytes(est.total) in message
+    assert memory.fmt_bytes(0.9 * host) in message
+    assert memory.fmt_bytes(est["activations"]) in message
+    assert "n_layer <= " in message and "batch <= " in message and "n_embd" in message
+    assert "STARPU_DISK_SWAP" in message
+    assert info.value.estimate is est and info.value.budget["host"] == int(0.9 * host)
+    # what it suggests does fit
+    layers = int(message.split("n_layer <= ")[1].split(";")[0])
+    assert layers < 8
+    memory.check_fits(_estimate(n_layer=layers, batch=8), 0, host)
+    with pytest.raises(MemoryError):
+        memory.check_fits(_estimate(n_layer=layers + 1, batch=8), 0, host)
+
+
+def test_host_must_hold_everything_unless_disk_swap_or_not_strict():
+    est = _estimate()
+    gpu, host = 10 * est.total, int(0.6 * est.total / 0.9)
+    with pytest.raises(memory.MemoryBudgetError, match="host copy of every tile"):
+        memory.check_fits(est, gpu, host)
+    memory.check_fits(est, gpu, host, strict=False)  # GPU + host hold it
+    memory.check_fits(est, gpu, host, disk_bytes=est.total)
+    with pytest.raises(memory.MemoryBudgetError, match="disk swap together"):
+        memory.check_fits(est, gpu, host, disk_bytes=est.total // 4)
+    memory.check_fits(est, gpu, host, disk_bytes=est.total // 4, strict=False)
+    with pytest.raises(memory.MemoryBudgetError, match="together"):
+        memory.check_fits(est, est.total // 4, host, strict=False)
+
+
+def test_weights_written_from_numpy_must_fit_in_host_memory():
+    est = _estimate()
+    with pytest.raises(memory.MemoryBudgetError, match="writing the weights"):
+        memory.check_fits(est, 100 * est.total, est["parameters"], disk_bytes=100 * est.total)
+
+
+def test_tiles_too_large_for_the_gpu():
+    est = _estimate()
+    with pytest.raises(memory.MemoryBudgetError, match="smaller tiles"):
+        memory.check_fits(est, int(2 * est.largest_tile / 0.9), 10 * est.total)
+
+
+def test_available_reads_host_memory():
+    gpu, host = memory.available()
+    assert isinstance(gpu, int) and gpu >= 0
+    assert 0 < host <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_gpu_memory_from_nvidia_smi_and_visible_devices(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, GPU-aaaa-1111, 81559'\necho '1, GPU-bbbb-2222, 40960'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert memory.gpu_memory() == [81559 * memory.MiB, 40960 * memory.MiB]
+    assert memory.available(ncuda=1)[0] == 81559 * memory.MiB
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert memory.gpu_memory() == [40960 * memory.MiB]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa")
+    assert memory.gpu_memory() == [81559 * memory.MiB]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert memory.gpu_memory() == [] and memory.available()[0] == 0
+
+
+def test_preflight_refuses_with_one_line_and_can_be_overridden(monkeypatch, capsys):
+    config = GPT2Config(vocab_size=1000, n_positions=256, n_embd=512, n_layer=4, n_head=8)
+    monkeypatch.setattr(memory, "host_memory", lambda: 10 * memory.MiB)
+    monkeypatch.delenv("NNTILE_MEMORY_CHECK", raising=False)
+    with pytest.raises(CLIError, match="not enough memory") as info:
+        memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0)
+    assert "\n" not in str(info.value)
+    monkeypatch.setenv("NNTILE_MEMORY_CHECK", "0")
+    est = memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, prog="x")
+    assert est.total > 10 * memory.MiB
+    assert "x: warning: not enough memory" in capsys.readouterr().err
+    monkeypatch.setattr(memory, "host_memory", lambda: 1 << 40)
+    memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, prog="x", quiet_below=0)
+    assert capsys.readouterr().err.startswith("x: memory: needs ")
+
+
+def test_train_refuses_a_model_that_cannot_fit_before_starting(tmp_path):
+    from nntile.data import prepare, stdlib_files
+    data = tmp_path / "data"
+    prepare(stdlib_files()[1][:3], str(data))
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("NNTILE_MEMORY_CHECK", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "nntile.train", "--data", str(data), "--out", str(out),
+         "--n-layer", "64", "--n-head", "64", "--n-embd", "16384", "--seq-len", "64",
+         "--batch-size", "2", "--ncpu", "1"], capture_output=True, text=True, timeout=120,
+        env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert lines[0].startswith("nntile-train: error: not enough memory: the run needs ")
+    assert "parameters 768." in lines[0]  # 64 x 12 x 16384^2 x 4 bytes = 768 GiB, and more
+    assert not out.exists()
