@@ -20,8 +20,9 @@ import time
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_dtype, model_tiling, nonneg_int, positive_int,
-                               resolve_tiling, run_cli, start_context, tiling_from_args)
+                               check_dtype, launcher_rank, model_tiling, nonneg_int,
+                               positive_int, resolve_distribution, resolve_tiling, run_cli,
+                               start_context, tiling_from_args)
 
 MODEL_DEFAULTS = dict(n_layer=4, n_head=4, n_embd=128, seq_len=128)
 TRAIN_DEFAULTS = dict(batch_size=8, grad_accum=1, steps=1500, lr=2e-3, min_lr=2e-4, warmup=100,
@@ -402,14 +403,18 @@ def train_main(argv=None):
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
     preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
               grad_clip=bool(s.grad_clip), prog="nntile-train")
+    distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     prepare_out(s, args)
     from tqdm import tqdm
+    lead, _ = launcher_rank()  # under mpirun only rank 0 talks and writes metrics
 
     def echo(text):
-        tqdm.write(text, file=sys.stderr)
+        if lead == 0:
+            tqdm.write(text, file=sys.stderr)
 
     stop = StopRequest()
-    ctx = start_context(args, verbose=False)  # described once the state is loaded
+    # described once the state is loaded
+    ctx = start_context(args, verbose=False, distribution=distribution)
     stop.install()  # after StarPU started: its handlers must not replace ours
     try:
         return _run(s, args, ctx, stop, echo, tqdm)
@@ -448,8 +453,12 @@ def _run(s, args, ctx, stop, echo, tqdm):
         s.init.load_params(model)
     else:
         init_weights(model, config, s.seed)
-    start_outputs(s)
+    if ctx.rank == 0:
+        start_outputs(s)
     echo(ctx.describe())
+    if ctx.world_size > 1:
+        echo(f"nntile-train: {ctx.world_size} MPI ranks, distribution "
+             f"{ctx.distribution.describe()}")
     val_batches = eval_batches(s.data.splits["val"], s.batch_size, s.seq_len, s.eval_batches)
     metrics_path = os.path.join(s.out, METRICS)
     tokens_per_step = s.batch_size * s.seq_len * s.grad_accum
@@ -483,8 +492,9 @@ def _run(s, args, ctx, stop, echo, tqdm):
 
     def save_checkpoint(step):
         path = os.path.join(s.out, checkpoint_name(step))
-        save(path, model, opt, checkpoint_meta(step))
-        prune(s.out, s.keep)
+        save(path, model, opt, checkpoint_meta(step))  # collective under MPI
+        if ctx.rank == 0:
+            prune(s.out, s.keep)
         saved.update(step=step, path=path)
         return path
 
@@ -496,8 +506,9 @@ def _run(s, args, ctx, stop, echo, tqdm):
     run_start = time.perf_counter()
     tokens_done = 0
     bar = tqdm(total=s.steps, initial=start_step, unit="step", file=sys.stderr,
-               disable=args.no_progress, dynamic_ncols=True, smoothing=0.1)
-    metrics = open(metrics_path, "a")
+               disable=args.no_progress or ctx.rank != 0, dynamic_ncols=True, smoothing=0.1)
+    # the loss is the same number on every rank (to_array gathers it); rank 0 logs it
+    metrics = open(metrics_path if ctx.rank == 0 else os.devnull, "a")
     try:
         last_time = time.perf_counter()
         while step < s.steps and not stop.signum:
@@ -552,6 +563,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
         bar.close()
         metrics.close()
     elapsed = time.perf_counter() - run_start
+    if ctx.rank != 0:
+        return stop.exit_code
     records = read_metrics(metrics_path)
     png = plot_losses(records, os.path.join(s.out, "loss.png")) if records else None
     rate = tokens_done / elapsed if elapsed > 0 and tokens_done else 0.0
