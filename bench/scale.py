@@ -43,6 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--limit-cpu-mem", type=int, help="MiB of host memory (STARPU_LIMIT_CPU_MEM)")
     for key in ("batch", "seq", "embd", "head", "inner", "vocab"):
         p.add_argument(f"--tile-{key}", type=int)
+    p.add_argument("--distribution", default="data",
+                   help="under mpirun: data, tensor or mixed[:DxT] (see nntile.distributed)")
     p.add_argument("--force", action="store_true",
                    help="run even when the estimate says it cannot fit")
     p.add_argument("--wont-use", action="store_true",
@@ -79,15 +81,34 @@ def set_disk_swap(args, est):
     return backend
 
 
-def write_random(tensor, rng, scale=0.02):
-    """Random weights, one tile-sized numpy array at a time when the Tensor can take them
-    tile by tile (write_tiles); otherwise the whole array (Tensor.write needs it)."""
-    if hasattr(tensor, "write_tiles"):
-        tensor.write_tiles(lambda slices: scale * rng.standard_normal(
-            tuple(s.stop - s.start for s in slices), dtype=np.float32))
-        return "tiles"
-    tensor.write(scale * rng.standard_normal(tensor.shape, dtype=np.float32))
-    return "full"
+class RandomPool:
+    """Normal(0, scale) values for many tiles at memcpy speed: drawing billions of fresh
+    samples would take minutes, so tiles are cut from one pool at shifting offsets (the
+    values only have to be non-zero and varied: matrix units run faster on zeros)."""
+
+    def __init__(self, rng, scale=0.02, size=1 << 24):
+        self.pool = (scale * rng.standard_normal(2 * size, dtype=np.float32))
+        self.size = size
+        self.offset = 0
+
+    def __call__(self, slices):
+        shape = tuple(s.stop - s.start for s in slices)
+        n = int(np.prod(shape))
+        out = np.empty(n, dtype=np.float32)
+        done = 0
+        while done < n:
+            take = min(n - done, self.size)
+            start = self.offset % self.size
+            out[done:done + take] = self.pool[start:start + take]
+            self.offset += 7919 + take
+            done += take
+        return out.reshape(shape)
+
+
+def write_random(tensor, pool):
+    """Random weights, one tile at a time (under MPI each rank writes only its own)."""
+    tensor.write_tiles(pool)
+    return "tiles"
 
 
 def main(argv=None):
@@ -101,11 +122,14 @@ def main(argv=None):
     nparams = config.num_parameters()
     tokens = args.batch * args.seq
     flops_per_step = 6 * nparams * tokens + 12 * args.n_layer * E * args.seq * tokens
-    print(f"model: n_embd {E}, {args.n_layer} layers, {nparams / 1e9:.2f}B parameters, "
-          f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}", flush=True)
+    from nntile.cli_common import launcher_rank
+    rank, nranks = launcher_rank()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"model: n_embd {E}, {args.n_layer} layers, {nparams / 1e9:.2f}B parameters, "
+        f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}", flush=True)
 
     from nntile import HAVE_CUDA, Tensor
-    init = "tiles" if hasattr(Tensor, "write_tiles") else "full"
+    init = "tiles"
     est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=init)
     backend = set_disk_swap(args, est)
     ncuda = args.ncuda if args.ncuda is not None else memory.env_int("STARPU_NCUDA")
@@ -114,6 +138,8 @@ def main(argv=None):
     limit_cuda = args.limit_cuda_mem or memory.env_int("STARPU_LIMIT_CUDA_MEM")
     limit_cpu = args.limit_cpu_mem or memory.env_int("STARPU_LIMIT_CPU_MEM")
     print(f"memory estimate: {est.summary()}", flush=True)
+    if nranks > 1:  # the estimate is for the whole model: each rank holds a share
+        args.force = True
     try:
         budget = memory.check_fits(est, sum(gpus), memory.host_memory(), limit_cuda, limit_cpu,
                                    memory.disk_swap_bytes(), len(gpus))
@@ -127,29 +153,34 @@ def main(argv=None):
     import nntile
     from nntile.models import GPT2LMHead
     from nntile.optim import AdamW
+    from nntile.distributed import Distribution
     rng = np.random.default_rng(0)
+    distribution = Distribution.parse(args.distribution, nranks) if nranks > 1 else None
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
-                        verbose=True) as ctx:
+                        verbose=rank == 0, distribution=distribution,
+                        mpi_stats=nranks > 1) as ctx:
+        pool = RandomPool(rng)
         t0 = time.perf_counter()
         model = GPT2LMHead(config, tiling, args.dtype)
         for name, param in model.named_parameters():
             shape = param.value.shape
             if name.endswith("weight") and len(shape) > 1:
-                write_random(param.value, rng)
+                write_random(param.value, pool)
             elif name.endswith("weight"):
                 param.value.fill(1.0)
         opt = AdamW(model.named_parameters(), lr=1e-4, max_grad_norm=1.0)
         ctx.wait()
-        print(f"built and initialised in {time.perf_counter() - t0:.1f} s (weights written "
-              f"from numpy per {init})", flush=True)
+        say(f"built and initialised in {time.perf_counter() - t0:.1f} s (weights written "
+            f"from numpy per {init})", flush=True)
         idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
                 if args.wont_use else [])
         ids = rng.integers(0, args.vocab, (args.batch, args.seq))
         targets = rng.integers(0, args.vocab, (args.batch, args.seq))
-        times, losses = [], []
+        times, losses, sent = [], [], []
         measured = None
         for step in range(args.steps):
+            before = sum(ctx.bytes_sent()) if ctx.world_size > 1 else 0
             start = time.perf_counter()
             model.zero_grad()
             model.submit_loss(ids, targets)
@@ -160,12 +191,15 @@ def main(argv=None):
             ctx.wait()
             times.append(time.perf_counter() - start)
             losses.append(float(model.loss_value.to_array()[0]))
+            if ctx.world_size > 1:  # bytes all ranks sent through StarPU-MPI in this step
+                sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - before))
             if measured is None:  # every tensor exists after the first step
                 measured = memory.live_tensor_bytes()[1]
-                print(f"registered tensors: {memory.fmt_bytes(measured)} "
-                      f"(estimate {memory.fmt_bytes(est.total)})", flush=True)
-            print(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
-                  f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s", flush=True)
+                say(f"registered tensors: {memory.fmt_bytes(measured)} "
+                    f"(estimate {memory.fmt_bytes(est.total)})", flush=True)
+            moved = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
+            say(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
+                f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s{moved}", flush=True)
         best = min(times[1:]) if len(times) > 1 else times[0]
         result = dict(n_embd=E, n_layer=args.n_layer, params=nparams, batch=args.batch,
                       seq=args.seq, step_s=best, tokens_per_s=tokens / best,
@@ -173,8 +207,10 @@ def main(argv=None):
                       max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                       estimate_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
                       wont_use=args.wont_use, disk_swap=args.disk_swap, disk_backend=backend,
-                      workers=ctx.workers, tiling=tiling)
-        print("RESULT " + json.dumps(result), flush=True)
+                      workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
+                      distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,
+                      mpi_bytes_per_step=sent[1:] or sent)
+        say("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

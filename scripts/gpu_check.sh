@@ -4,7 +4,12 @@
 # Builds StarPU with CUDA from the tarball, builds nntile with CUDA, runs the CUDA kernel
 # tests, the GPU model tests, a short GPT-2 training run on the GPU and the GPU benchmark,
 # then prints a summary. Logs go to $NNTILE_GPU_LOGS (default build/gpu-check).
-# Arguments pick steps (default: all): build kernels model train bench.
+# Arguments pick steps (default: build kernels model train bench):
+#   build kernels model train bench    the single-GPU checks
+#   multigpu   wide GPT-2 n_embd $NNTILE_WIDE_EMBD (8192) on 1 GPU, then on every GPU in one process
+#   mpi        the same model under mpirun: 1 rank, then one rank per GPU (data and tensor)
+#   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
+#   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export STARPU_TARBALL="${STARPU_TARBALL:-$PWD/vendor/starpu-1.4.10+dfsg.tar.gz}"
@@ -31,7 +36,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if want build || [ ! -f build/starpu-prefix ]; then
     step starpu bash -c 'NNTILE_CUDA=1 scripts/install_starpu.sh | tail -n 1 > build/starpu-prefix' || exit 1
     export NNTILE_STARPU_PREFIX="$(cat build/starpu-prefix)"
-    step build env NNTILE_CUDA=1 python3 setup.py build_ext --inplace --force -j "$(nproc)" || exit 1
+    step build env NNTILE_CUDA=1 NNTILE_CUDA_ARCHS="${NNTILE_CUDA_ARCHS:-90}" python3 setup.py build_ext --inplace --force -j "$(nproc)" || exit 1
 fi
 python3 -c "import nntile; assert nntile.HAVE_CUDA, 'nntile built without CUDA'" || exit 1
 export PYTHONUNBUFFERED=1
@@ -40,6 +45,37 @@ want model && step gpu-model python3 -m pytest -q -s -p no:cacheprovider tests/t
 want train && step gpu-train python3 -m nntile.train --ncuda 1 --ncpu 1 --steps 300 \
     --batch-size 16 --eval-every 100 --no-progress --overwrite --out build/gpu-train
 want bench && step gpu-bench python3 -m pytest -q -s -p no:cacheprovider bench/test_gpt2_gpu.py --benchmark-only
+ngpu=$(nvidia-smi -L | wc -l)
+wide_embd="${NNTILE_WIDE_EMBD:-8192}"
+# batch 4 x 1024, two batch tiles (one per data-parallel rank), 4096-wide weight tiles
+wide=(--n-layer 4 --batch 4 --steps 3 --ncpu 0 --tile-batch 2 --tile-embd 4096
+      --tile-inner 4096 --tile-head 32 --tile-vocab 8192)
+run_limit="${NNTILE_RUN_LIMIT:-170}"
+if want multigpu; then
+    step wide-1gpu timeout "$run_limit" python3 bench/scale.py --n-embd "$wide_embd" --ncuda 1 "${wide[@]}"
+    [ "$ngpu" -gt 1 ] && step "wide-${ngpu}gpu" timeout "$run_limit" python3 bench/scale.py \
+        --n-embd "$wide_embd" --ncuda "$ngpu" "${wide[@]}"
+fi
+if want mpi && [ "$ngpu" -gt 1 ]; then
+    mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x PYTHONUNBUFFERED -x PATH)
+    for dist in data tensor; do
+        step "mpi-${ngpu}rank-$dist" timeout "$run_limit" "${mpi[@]}" -np "$ngpu" python3 \
+            bench/scale.py --n-embd "$wide_embd" --ncuda 1 --distribution "$dist" "${wide[@]}"
+    done
+fi
+if want scale; then
+    for e in ${NNTILE_SCALE_SIZES:-8192 10240 12288}; do
+        step "scale-$e" timeout "$run_limit" python3 bench/scale.py --n-embd "$e" --ncuda 1 \
+            "${wide[@]}" ${NNTILE_SCALE_ARGS:-} || break
+    done
+fi
+if want compare; then
+    for e in ${NNTILE_COMPARE_SIZES:-4096 8192}; do
+        step "compare-$e" timeout "$run_limit" python3 bench/compare_torch.py --n-embd "$e" \
+            --ncuda 1 "${wide[@]}"
+    done
+fi
+grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/compare-*.log 2>/dev/null
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null
 echo "=== summary ($(cat "$logs/gpu.txt"))"
 printf '%s\n' "${summary[@]}"

@@ -197,6 +197,7 @@ class Context:
         cdef int ret
         cdef intptr_t comm_handle
         if self.mpi:
+            self._bind_gpus_to_local_rank()
             comm_handle = self._start_mpi()
             self._check_distribution(self.comm.Get_size())
             with nogil:
@@ -225,6 +226,23 @@ class Context:
         if self.verbose:
             print(self.describe(), file=sys.stderr)
         return self
+
+    def _bind_gpus_to_local_rank(self):
+        """Several ranks on one node would all take GPU 0: give local rank r its own GPUs
+        (r*k ... r*k+k-1 for k CUDA workers per rank, 1 by default), unless
+        STARPU_WORKERS_CUDAID already says which."""
+        if not HAVE_CUDA or os.environ.get("STARPU_WORKERS_CUDAID") or self.ncuda == 0:
+            return
+        local = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                              "SLURM_LOCALID") if os.environ.get(v)), None)
+        nlocal = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+                       if os.environ.get(v)), None)
+        if local is None or nlocal is None or int(nlocal) < 2:
+            return
+        per_rank = self.ncuda or int(os.environ.get("STARPU_NCUDA") or 1)
+        first = int(local) * per_rank
+        os.environ["STARPU_WORKERS_CUDAID"] = ",".join(str(first + j) for j in range(per_rank))
+        os.environ["STARPU_NCUDA"] = str(per_rank)
 
     def _start_mpi(self):
         """Initialise MPI through mpi4py; returns the handle of the communicator that
