@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import nntile
 from nntile.distributed import Distribution, block_cyclic
@@ -90,6 +91,22 @@ def test_data_parallel_gives_batch_tiles_to_groups_and_spreads_weights():
     assert tp.owners((2, 1, 2), batched=True) == [0, 1, 0, 1]
     mixed = Distribution.parse("mixed:2x2", 4)
     assert mixed.owners((2, 2), batched=True) == [0, 1, 2, 3]
+
+
+@given(grid=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+       data=st.integers(1, 4), tensor=st.integers(1, 4), batched=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_every_tile_gets_a_rank_that_exists(grid, data, tensor, batched):
+    dist = Distribution(data=data, tensor=tensor)
+    owners = dist.owners(tuple(grid), batched)
+    assert len(owners) == int(np.prod(grid))
+    assert all(0 <= r < data * tensor for r in owners)
+    if batched:  # a batch tile lives in one data group
+        rest = len(owners) // grid[0]
+        for b in range(grid[0]):
+            assert {r // tensor for r in owners[b * rest:(b + 1) * rest]} == {b % data}
+    elif len(owners) >= data * tensor:  # weights leave no rank without a share
+        assert set(owners) == set(range(data * tensor))
 
 
 def test_distribution_errors_name_the_problem():
