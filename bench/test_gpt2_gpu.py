@@ -4,7 +4,6 @@ Untied head, batch 8 x 1024, AdamW; tf32 and bf16 for both. Skipped without a CU
 NNTILE_BENCH_GPU_BATCH / _SEQ / _LAYERS shrink it for a quick look.
 """
 import os
-import time
 
 import numpy as np
 import pytest
@@ -12,12 +11,14 @@ import pytest
 import nntile
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not nntile.HAVE_CUDA or not torch.cuda.is_available(),
                                  reason="needs nntile built with CUDA and a GPU")]
 
-from nntile.models import GPT2LMHead
+import torch_reference
+from harness import model_flops_per_step, paused, seconds, train_step
+from nntile.models import GPT2Config, GPT2LMHead
 from nntile.optim import AdamW
 
 BATCH = int(os.environ.get("NNTILE_BENCH_GPU_BATCH", "8"))
@@ -28,21 +29,12 @@ TILING = dict(batch=int(os.environ.get("NNTILE_BENCH_GPU_TILE_BATCH", "8")))
 STEPS = 5
 
 
-@pytest.fixture(scope="module")
-def gpu_ctx():
+@pytest.fixture
+def gpu_ctx(runtime):
     # No CPU workers by default: with history-based models still uncalibrated, dmda would
     # force some large GEMMs onto a CPU core just to measure them.
-    ctx = nntile.Context(ncuda=1, ncpu=int(os.environ.get("NNTILE_BENCH_GPU_NCPU", "0")),
-                         verbose=True)
-    yield ctx
-    ctx.shutdown()
-
-
-def model_flops_per_token(cfg, seq):
-    params = sum(p for p in [
-        cfg["vocab_size"] * cfg["n_embd"] * 2,  # wte + untied head
-        cfg["n_layer"] * 12 * cfg["n_embd"] ** 2])
-    return 6 * params + 12 * cfg["n_layer"] * cfg["n_embd"] * seq
+    return runtime(ncuda=1, ncpu=int(os.environ.get("NNTILE_BENCH_GPU_NCPU", "0")),
+                   verbose=True)
 
 
 @pytest.mark.parametrize("dtype", ["tf32", "bf16"])
@@ -50,31 +42,19 @@ def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
     """tf32: fp32 weights, TF32 matrix products on both sides. bf16: weights, gradients and
     optimizer states stored in bf16 on both sides (PyTorch: the model cast to bfloat16)."""
     ctx = gpu_ctx
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        **CONFIG, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False))
+    hf = torch_reference.gpt2(**CONFIG)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, CONFIG["vocab_size"], (BATCH, SEQ))
     targets = rng.integers(0, CONFIG["vocab_size"], (BATCH, SEQ))
     model = GPT2LMHead.from_transformers(hf, TILING, dtype)
     opt = AdamW(model.named_parameters(), lr=1e-4)
 
-    def ours():
-        model.zero_grad()
-        model.submit_loss(ids, targets)
-        model.backward()
-        opt.step()
-        ctx.wait()
-
-    for _ in range(3):  # calibrates StarPU's performance models, allocates tiles
-        ours()
+    # The first steps calibrate StarPU's performance models and allocate tiles.
+    for _ in range(3):
+        train_step(ctx, model, opt, ids, targets)
     ctx.profiling(True)
     ctx.worker_stats()
-    t_ours = []
-    for _ in range(STEPS):
-        start = time.perf_counter()
-        ours()
-        t_ours.append(time.perf_counter() - start)
+    t_ours = [seconds(lambda: train_step(ctx, model, opt, ids, targets)) for _ in range(STEPS)]
     stats = ctx.worker_stats()
     ctx.profiling(False)
     cuda = [s for s in stats if "CUDA" in s["worker"]]
@@ -82,45 +62,27 @@ def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
     loss_ours = float(model.loss_value.to_array()[0])
     model.unregister()
 
-    ctx.pause()  # idle StarPU workers poll; let PyTorch have the machine
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        hf = hf.cuda().to(torch.bfloat16 if dtype == "bf16" else torch.float32)
-        topt = torch.optim.AdamW(hf.parameters(), lr=1e-4)
-        tids = torch.from_numpy(ids).cuda()
-        ttargets = torch.from_numpy(targets).cuda()
-
-        def theirs():
-            topt.zero_grad()
-            logits = hf(tids).logits
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
-                                                     ttargets.view(-1))
-            loss.backward()
-            topt.step()
-            torch.cuda.synchronize()
-            return loss.item()
-
+    with paused(ctx):
+        theirs = torch_reference.Trainer(hf, "cuda", dtype)
+        tids, ttargets = theirs.tensors(ids, targets)
         for _ in range(3):
-            theirs()
-        t_theirs = []
-        for _ in range(STEPS):
-            start = time.perf_counter()
-            loss_theirs = theirs()
-            t_theirs.append(time.perf_counter() - start)
-        del hf, topt
-        torch.cuda.empty_cache()
-    finally:
-        ctx.resume()
+            theirs.step(tids, ttargets)
+        t_theirs = [seconds(lambda: theirs.step(tids, ttargets)) for _ in range(STEPS)]
+        loss_theirs = theirs.loss  # after as many steps as loss_ours
+        del hf
+        theirs.close()
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
     tokens = BATCH * SEQ
     ours_tps = tokens / float(np.median(t_ours))
     theirs_tps = tokens / float(np.median(t_theirs))
-    flops = model_flops_per_token(CONFIG, SEQ)
+    nparams = GPT2Config(**CONFIG, tie_word_embeddings=False).num_parameters()
+    flops_per_token = model_flops_per_step(nparams, CONFIG["n_layer"], CONFIG["n_embd"], SEQ,
+                                           1)
     benchmark.extra_info.update(ours_tokens_per_s=ours_tps, torch_tokens_per_s=theirs_tps,
                                 cuda_busy_share=busy, loss_ours=loss_ours,
                                 loss_torch=loss_theirs)
     report(f"GPT-2 124M {dtype} tokens/s ours / PyTorch", ours_tps / theirs_tps,
-           f"({ours_tps:,.0f} vs {theirs_tps:,.0f} tokens/s; ours {ours_tps * flops / 1e12:.0f} "
-           f"model TFLOP/s; CUDA worker executing {100 * busy:.0f}% of the time, idle "
-           f"{100 * (1 - busy):.0f}%; batch {BATCH}x{SEQ}, {CONFIG['n_layer']} layers)")
+           f"({ours_tps:,.0f} vs {theirs_tps:,.0f} tokens/s; ours "
+           f"{ours_tps * flops_per_token / 1e12:.0f} model TFLOP/s; CUDA worker executing "
+           f"{100 * busy:.0f}% of the time, idle {100 * (1 - busy):.0f}%; batch "
+           f"{BATCH}x{SEQ}, {CONFIG['n_layer']} layers)")

@@ -1,0 +1,189 @@
+"""Train the same GPT-2 with nntile and with PyTorch eager + transformers, in one process.
+
+    python3 bench/compare_torch.py --n-embd 4096 --n-layer 4 --batch 4 --steps 5 \
+        [--dtype tf32|fp32|bf16] [--ncpu N] [--ncuda N] [--sched NAME] [--tile-embd 4096] ...
+
+Both sides start from the same random weights (ours is copied from the transformers model):
+untied head, no dropout, AdamW. On a machine with a GPU (and nntile built with CUDA) both
+train there: PyTorch with TF32 matrix products for tf32, the model cast to bfloat16 for
+bf16. Otherwise both train on the CPU; pass --tile-batch 1 (or other tiles) there, since a
+single tile per dimension leaves all but one StarPU worker idle. PyTorch runs first, with
+StarPU's workers paused, and gives its memory back before ours runs. A side that runs out
+of memory is reported as "oom", any other failure as "error" with its text.
+
+Prints tokens/s, model TFLOP/s (6 N tokens + 12 L E T tokens per step, N from
+GPT2Config.num_parameters as in bench/scale.py) and the ratio, then one RESULT JSON line.
+--plot-data FILE appends both sides' records to the data bench/plot_performance.py draws.
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import nntile
+import torch_reference
+from harness import model_flops_per_step, paused, print_result, train_step
+from nntile.models import GPT2Config, GPT2LMHead
+from nntile.optim import AdamW
+
+TILE_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n-embd", type=int, default=1024)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int,
+                   help="default: heads of 128 from n_embd 1024 up (as bench/scale.py), "
+                        "of 64 below")
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per side")
+    p.add_argument("--warmup", type=int,
+                   help="untimed steps first (default 1 on CPU, 3 on GPU, where StarPU "
+                        "calibrates its performance models)")
+    p.add_argument("--dtype", default="tf32", choices=["tf32", "fp32", "bf16"])
+    p.add_argument("--ncpu", type=int)
+    p.add_argument("--ncuda", type=int)
+    p.add_argument("--sched")
+    for key in TILE_KEYS:
+        p.add_argument(f"--tile-{key}", type=int)
+    p.add_argument("--plot-data", help="append the two records to this JSON list")
+    args = p.parse_args(argv)
+    if args.n_head is None:
+        args.n_head = max(1, args.n_embd // (128 if args.n_embd >= 1024 else 64))
+    return args
+
+
+def failure(exc):
+    status = "oom" if torch_reference.is_oom(exc) else "error"
+    return dict(status=status, error=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def summary(times, losses, flops, tokens):
+    step = float(np.median(times))
+    return dict(status="ok", step_s=step, steps_s=times, tokens_per_s=tokens / step,
+                tflops=flops / step / 1e12, losses=losses)
+
+
+def run_pytorch(hf, device, args, ids, targets, flops, warmup):
+    try:
+        trainer = torch_reference.Trainer(hf, device, args.dtype)
+        tids, ttargets = trainer.tensors(ids, targets)
+        times, losses = [], []
+        for step in range(warmup + args.steps):
+            start = time.perf_counter()
+            losses.append(trainer.step(tids, ttargets))
+            if step >= warmup:
+                times.append(time.perf_counter() - start)
+        trainer.close()
+        return summary(times, losses, flops, ids.size)
+    except Exception as exc:  # an OOM is a result here, not a crash
+        return failure(exc)
+
+
+def run_ours(ctx, model, args, ids, targets, flops, warmup):
+    try:
+        opt = AdamW(model.named_parameters(), lr=1e-4)
+        times, losses = [], []
+        for step in range(warmup + args.steps):
+            start = time.perf_counter()
+            train_step(ctx, model, opt, ids, targets)
+            if step >= warmup:
+                times.append(time.perf_counter() - start)
+            losses.append(float(model.loss_value.to_array()[0]))
+        return summary(times, losses, flops, ids.size)
+    except Exception as exc:
+        return failure(exc)
+
+
+def describe(name, side):
+    if side["status"] != "ok":
+        return f"{name}: {side['status']} ({side['error']})"
+    return (f"{name}: {side['tokens_per_s']:,.0f} tokens/s, {side['tflops']:.3f} model TFLOP/s "
+            f"(median step {side['step_s']:.3f} s), losses "
+            + ", ".join(f"{x:.4f}" for x in side["losses"]))
+
+
+def append_plot_data(path, result):
+    records = []
+    if os.path.exists(path):
+        with open(path) as f:
+            records = json.load(f)
+    for system in ("nntile", "pytorch"):
+        side = result[system]
+        records.append(dict(
+            system=system, device=result["device"], dtype=result["dtype"],
+            n_embd=result["n_embd"], n_layer=result["n_layer"], params=result["params"],
+            batch=result["batch"], seq=result["seq"],
+            tflops=side.get("tflops"), status=side["status"],
+            source=f"bench/compare_torch.py, {datetime.date.today().isoformat()}"))
+    with open(path, "w") as f:
+        json.dump(records, f, indent=1)
+        f.write("\n")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    gpu = nntile.HAVE_CUDA and torch.cuda.is_available() and args.ncuda != 0
+    device = "cuda" if gpu else "cpu"
+    ncuda = (args.ncuda if args.ncuda is not None else 1) if gpu else 0
+    # No CPU worker by default on a GPU: dmda would put large GEMMs on a core to calibrate.
+    ncpu = args.ncpu if args.ncpu is not None or not gpu else 0
+    warmup = args.warmup if args.warmup is not None else (3 if gpu else 1)
+    config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq),
+                        n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
+                        tie_word_embeddings=False)
+    tiling = {k: getattr(args, f"tile_{k}") for k in TILE_KEYS if getattr(args, f"tile_{k}")}
+    nparams = config.num_parameters()
+    tokens = args.batch * args.seq
+    flops = model_flops_per_step(nparams, args.n_layer, args.n_embd, args.seq, tokens)
+    device_name = (torch.cuda.get_device_name(0) if gpu
+                   else f"CPU ({os.cpu_count()} cores, torch threads {torch.get_num_threads()})")
+    print(f"model: n_embd {args.n_embd}, {args.n_layer} layers, {args.n_head} heads, "
+          f"{nparams / 1e9:.3f}B parameters, batch {args.batch}x{args.seq}, {args.dtype}, "
+          f"on {device_name}; our tiling {tiling}", flush=True)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, args.vocab, (args.batch, args.seq))
+    targets = rng.integers(0, args.vocab, (args.batch, args.seq))
+    hf = torch_reference.gpt2(args.vocab, config.n_positions, args.n_embd, args.n_layer,
+                              args.n_head)
+    with nntile.Context(ncpu=ncpu, ncuda=ncuda, sched=args.sched, verbose=True) as ctx:
+        try:
+            model = GPT2LMHead.from_transformers(hf, tiling, args.dtype)
+            ctx.wait()
+        except Exception as exc:
+            model, ours = None, failure(exc)
+        with paused(ctx):
+            theirs = run_pytorch(hf, device, args, ids, targets, flops, warmup)
+        del hf  # the trainer moved it to the device: drop the last reference, free the GPU
+        if gpu:
+            torch.cuda.empty_cache()
+        print(describe("pytorch", theirs), flush=True)
+        if model is not None:
+            ours = run_ours(ctx, model, args, ids, targets, flops, warmup)
+            model.unregister()
+        print(describe("nntile", ours), flush=True)
+        workers = ctx.workers
+    ratio = (ours["tokens_per_s"] / theirs["tokens_per_s"]
+             if ours["status"] == theirs["status"] == "ok" else None)
+    if ratio is not None:
+        print(f"ratio nntile / pytorch tokens/s: {ratio:.3f}", flush=True)
+    result = dict(n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
+                  vocab=args.vocab, seq=args.seq, batch=args.batch, dtype=args.dtype,
+                  params=nparams, flops_per_step=flops, device=device_name, workers=workers,
+                  tiling=tiling, torch=torch.__version__, nntile=ours, pytorch=theirs,
+                  ratio=ratio)
+    if args.plot_data:
+        append_plot_data(args.plot_data, result)
+    print_result(result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""PyTorch eager + transformers GPT-2: the reference our training step is measured against."""
+import torch
+import transformers
+
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}
+
+
+def gpt2(vocab_size, n_positions, n_embd, n_layer, n_head, seed=0):
+    """Random weights, untied head and no dropout: the model our GPT2LMHead computes."""
+    torch.manual_seed(seed)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
+        n_head=n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        tie_word_embeddings=False,
+        # GPT-2's end-of-text token is the last id; the default, 50256, is outside a small
+        # vocabulary and transformers warns about it.
+        bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1))
+
+
+def is_oom(exc):
+    """PyTorch reports a failed allocation as OutOfMemoryError on CUDA and as a plain
+    RuntimeError on the CPU."""
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text
+                                              or "can't allocate memory" in text)
+
+
+class Trainer:
+    """AdamW steps of a transformers model on ``device``. tf32: fp32 weights with TF32 matrix
+    products; bf16: the whole model cast, so weights, gradients and Adam states are bf16."""
+
+    def __init__(self, model, device, dtype, lr=1e-4):
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+            torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+        self.model = model.to(self.device, TORCH_DTYPES[dtype])
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+
+    def tensors(self, *arrays):
+        return [torch.from_numpy(a).to(self.device) for a in arrays]
+
+    def step(self, ids, targets):
+        """One step on torch tensors; returns the loss (reading it waits for the GPU)."""
+        self.opt.zero_grad()
+        logits = self.model(ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+        loss.backward()
+        self.opt.step()
+        self.loss = float(loss.detach())
+        return self.loss
+
+    def close(self):
+        """Give the device memory back (to our runtime, which runs next)."""
+        del self.model, self.opt
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
