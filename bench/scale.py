@@ -111,6 +111,14 @@ def write_random(tensor, pool):
     return "tiles"
 
 
+def show_memory(ctx, say):
+    """StarPU's own accounting per memory node, to see which one fills up."""
+    gib = 2 ** 30
+    say("StarPU memory: " + "; ".join(
+        f"{n['node']} used {n['used'] / gib:.1f} of {n['total'] / gib:.1f} GiB"
+        for n in ctx.memory_nodes()), flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     from nntile.models import GPT2Config
@@ -173,6 +181,7 @@ def main(argv=None):
         ctx.wait()
         say(f"built and initialised in {time.perf_counter() - t0:.1f} s (weights written "
             f"from numpy per {init})", flush=True)
+        show_memory(ctx, say)
         idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
                 if args.wont_use else [])
         ids = rng.integers(0, args.vocab, (args.batch, args.seq))
@@ -197,6 +206,7 @@ def main(argv=None):
                 measured = memory.live_tensor_bytes()[1]
                 say(f"registered tensors: {memory.fmt_bytes(measured)} "
                     f"(estimate {memory.fmt_bytes(est.total)})", flush=True)
+            show_memory(ctx, say)
             moved = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
             say(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
                 f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s{moved}", flush=True)

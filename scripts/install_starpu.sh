@@ -63,7 +63,7 @@ features="cpu"
 [ "$cuda" = 1 ] && features="$features-cuda"
 prefix="${NNTILE_STARPU_PREFIX:-$HOME/.cache/nntile/starpu-$version-$features}"
 stamp="$prefix/.nntile-build-stamp"
-stamp_text="starpu=$version mpi=$mpi cuda=$cuda"
+stamp_text="starpu=$version mpi=$mpi cuda=$cuda host-memory-fix=1"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] \
     && [ -f "$prefix/lib/pkgconfig/starpu-1.4.pc" ]; then
@@ -101,6 +101,14 @@ if [ "$cuda" = 1 ]; then
         ! grep -q 'computeMode ==' "$f" || die "could not apply the CUDA 13 computeMode fix to $f"
     done
 fi
+
+# StarPU sizes host memory from hwloc's NUMA nodes. Virtual machines often put part of their
+# memory outside any NUMA node (here: node0 holds 8 of 23 GiB; on the GPU machines too), so
+# StarPU would believe the host is small, refuse to evict GPU tiles into it and livelock
+# ("Not enough memory left on node NUMA 0"). Without STARPU_USE_NUMA, use the physical memory.
+topology="$src/src/core/topology.c"
+perl -0pi -e 's/(\n\tif \(limit == -1\)\n\t\tlimit = starpu_getenv_number\("STARPU_LIMIT_CPU_NUMA_MEM"\);)/\n\tif (!numa_enabled)\n\t{\n\t\tlong nntile_pages = sysconf(_SC_PHYS_PAGES), nntile_page = sysconf(_SC_PAGE_SIZE);\n\t\tif (nntile_pages > 0 \&\& nntile_page > 0 \&\& (size_t) nntile_pages * nntile_page > global_mem)\n\t\t\tglobal_mem = (size_t) nntile_pages * nntile_page;\n\t}\n$1/' "$topology"
+grep -q nntile_pages "$topology" || die "could not apply the host memory size fix to $topology"
 
 config=(
     --prefix="$prefix"

@@ -359,6 +359,22 @@ class Context:
                               tasks=info.executed_tasks))
         return stats
 
+    def memory_nodes(self):
+        """StarPU's accounting of each memory node (host NUMA nodes, GPUs): its name and the
+        bytes StarPU may use in all (total), has handed out (used) and has left (available);
+        -1 where StarPU sets no limit."""
+        self._check_running()
+        cdef char name[64]
+        cdef unsigned node
+        nodes = []
+        for node in range(starpu_memory_nodes_get_count()):
+            starpu_memory_node_get_name(node, name, sizeof(name))
+            nodes.append(dict(node=name.decode(errors="replace"),
+                              total=starpu_memory_get_total(node),
+                              used=starpu_memory_get_used(node),
+                              available=starpu_memory_get_available(node)))
+        return nodes
+
     def pause(self):
         """Stop the workers (they otherwise poll for tasks and keep the CPU cores busy),
         e.g. while another library computes; tasks submitted meanwhile wait for resume()."""

@@ -51,6 +51,11 @@ cdef extern from "starpu.h" nogil:
     unsigned starpu_cuda_worker_get_count()
     starpu_worker_archtype starpu_worker_get_type(int id)
     void starpu_worker_get_name(int id, char *dst, size_t maxlen)
+    unsigned starpu_memory_nodes_get_count()
+    int starpu_memory_node_get_name(unsigned node, char *name, size_t size)
+    long starpu_memory_get_total(unsigned node)
+    long starpu_memory_get_available(unsigned node)
+    size_t starpu_memory_get_used(unsigned node)
     int starpu_worker_get_id()
 
     # performance models
