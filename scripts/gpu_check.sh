@@ -39,7 +39,7 @@ if want build || [ ! -f build/starpu-prefix ]; then
     step build env NNTILE_CUDA=1 NNTILE_CUDA_ARCHS="${NNTILE_CUDA_ARCHS:-90}" python3 setup.py build_ext --inplace --force -j "$(nproc)" || exit 1
 fi
 python3 -c "import nntile; assert nntile.HAVE_CUDA, 'nntile built without CUDA'" || exit 1
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 want kernels && step cuda-kernels python3 -m pytest -q -p no:cacheprovider tests/cuda
 want model && step gpu-model python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py
 want train && step gpu-train python3 -m nntile.train --ncuda 1 --ncpu 1 --steps 300 \
@@ -58,7 +58,7 @@ if want multigpu; then
 fi
 if want mpi && [ "$ngpu" -gt 1 ]; then
     mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x PYTHONUNBUFFERED -x PATH)
-    for dist in data tensor; do
+    for dist in ${NNTILE_MPI_DISTRIBUTIONS:-data tensor}; do
         step "mpi-${ngpu}rank-$dist" timeout "$run_limit" "${mpi[@]}" -np "$ngpu" python3 \
             bench/scale.py --n-embd "$wide_embd" --ncuda 1 --distribution "$dist" "${wide[@]}"
     done
