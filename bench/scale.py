@@ -83,32 +83,29 @@ def set_disk_swap(args, est):
 
 class RandomPool:
     """Normal(0, scale) values for many tiles at memcpy speed: drawing billions of fresh
-    samples would take minutes, so tiles are cut from one pool at shifting offsets (the
-    values only have to be non-zero and varied: matrix units run faster on zeros)."""
+    samples would take minutes, so tiles are cut from one pool (the values only have to be
+    non-zero and varied: matrix units run faster on zeros). Where a tile is cut depends only
+    on its tensor and position, so every rank count gives the same weights."""
 
     def __init__(self, rng, scale=0.02, size=1 << 24):
-        self.pool = (scale * rng.standard_normal(2 * size, dtype=np.float32))
+        self.pool = scale * rng.standard_normal(2 * size, dtype=np.float32)
         self.size = size
-        self.offset = 0
 
-    def __call__(self, slices):
-        shape = tuple(s.stop - s.start for s in slices)
-        n = int(np.prod(shape))
-        out = np.empty(n, dtype=np.float32)
-        done = 0
-        while done < n:
-            take = min(n - done, self.size)
-            start = self.offset % self.size
-            out[done:done + take] = self.pool[start:start + take]
-            self.offset += 7919 + take
-            done += take
-        return out.reshape(shape)
-
-
-def write_random(tensor, pool):
-    """Random weights, one tile at a time (under MPI each rank writes only its own)."""
-    tensor.write_tiles(pool)
-    return "tiles"
+    def reader(self, tensor_index):
+        def read(slices):
+            shape = tuple(s.stop - s.start for s in slices)
+            n = int(np.prod(shape))
+            out = np.empty(n, dtype=np.float32)
+            start = (tensor_index * 1000003
+                     + sum((k + 1) * 7919 * s.start for k, s in enumerate(slices))) % self.size
+            done = 0
+            while done < n:
+                take = min(n - done, self.size)
+                out[done:done + take] = self.pool[start:start + take]
+                start = (start + take + 7919) % self.size
+                done += take
+            return out.reshape(shape)
+        return read
 
 
 def show_memory(ctx, say):
@@ -171,10 +168,11 @@ def main(argv=None):
         pool = RandomPool(rng)
         t0 = time.perf_counter()
         model = GPT2LMHead(config, tiling, args.dtype)
-        for name, param in model.named_parameters():
+        for index, (name, param) in enumerate(model.named_parameters()):
             shape = param.value.shape
             if name.endswith("weight") and len(shape) > 1:
-                write_random(param.value, pool)
+                # tile by tile; under MPI each rank writes only the tiles it owns
+                param.value.write_tiles(pool.reader(index))
             elif name.endswith("weight"):
                 param.value.fill(1.0)
         opt = AdamW(model.named_parameters(), lr=1e-4, max_grad_norm=1.0)

@@ -167,11 +167,13 @@ class Context:
         return result
 
     def _default_sched(self):
-        # Locality work stealing suits CPU-only runs; with GPUs the dmda family uses the
-        # history-based performance models to place tasks and prefetch tiles.
+        # Locality work stealing suits CPU-only runs. With GPUs the dmda family places tasks
+        # and prefetches tiles from the history-based performance models; the scheduler study
+        # (docs/performance.md) found dmdas fastest once CPU workers join the GPUs (lws then
+        # collapses) and the dmda family within 6% of the best on GPUs alone.
         ncuda = self.ncuda if self.ncuda is not None else os.environ.get("STARPU_NCUDA")
         if HAVE_CUDA and (ncuda is None or int(ncuda) > 0):
-            return "dmdasd"
+            return "dmdas"
         return "lws"
 
     def start(self):
