@@ -50,7 +50,7 @@ def plot(records, out):
     others = iter(["tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray"])
     colors = {}
     fig, ax = plt.subplots(figsize=(10, 7))
-    fig.subplots_adjust(bottom=0.33)  # legend and sources below the axes
+    fig.subplots_adjust(bottom=0.3)  # the legend goes below the axes
     for key, group in sorted(groups.items(), key=lambda kv: tuple(str(k) for k in kv[0])):
         system, _, dtype, origin = key
         if system not in colors:
@@ -85,8 +85,7 @@ def plot(records, out):
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, fontsize=8)
-    sources = sorted({r.get("source", "unknown") for r in records})
-    fig.text(0.02, 0.02, "sources:\n" + "\n".join(sources), fontsize=7, va="bottom")
+    # each record's full source stays in the data file; docs/performance.md gives commands
     fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
