@@ -11,6 +11,7 @@ train: setup
 
 test: setup
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests
+	bash bench/run_quick.sh   # the benches at CI size: they must run; ratios are printed
 
 bench: setup
 	$(PYTHON) -m pytest -q bench --benchmark-only
