@@ -150,6 +150,13 @@ def test_two_ranks_train_like_one_process(single, tmp_path, distribution):
 
 
 @needs_mpi
+def test_one_rank_under_mpirun_is_the_plain_run(single, tmp_path):
+    result = train(tmp_path, 1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(tmp_path) == losses(single)
+
+
+@needs_mpi
 def test_checkpoint_of_two_ranks_resumes_on_one(single, tmp_path):
     two = tmp_path / "two"
     result = train(two, 2, ["--distribution", "tensor"])
