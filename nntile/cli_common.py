@@ -3,6 +3,7 @@ tiling flags, and the StarPU flags."""
 import argparse
 import os
 import sys
+import time
 
 TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
 
@@ -24,7 +25,8 @@ def run_cli(func, argv=None, prog="nntile"):
         return func(argv) or 0
     except CLIError as exc:
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"{prog}{_rank_label()}: error: {message}", file=sys.stderr)
+        print(f"{prog}{_rank_label()}: error: {message}", file=sys.stderr, flush=True)
+        _let_other_ranks_report()
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
@@ -41,6 +43,27 @@ def launcher_rank():
         if os.environ.get(rank_var) and os.environ.get(size_var):
             return int(os.environ[rank_var]), int(os.environ[size_var])
     return 0, 1
+
+
+def _let_other_ranks_report(seconds=10.0):
+    """mpirun kills every rank once one exits with an error, so a rank waits (boundedly: an
+    error of its own alone must not hang it) until the others have reached their error too
+    and printed it."""
+    _, size = launcher_rank()
+    if size < 2:
+        return
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return
+    request = MPI.COMM_WORLD.Ibarrier()
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() > deadline:
+            # MPI_Finalize would wait for the unfinished barrier: leave without it
+            sys.stderr.flush()
+            os._exit(2)
+        time.sleep(0.01)
 
 
 def _rank_label():
