@@ -65,6 +65,13 @@ cdef int _mpi_size = 1
 cdef int64_t _mpi_next_tag = 0
 
 
+def _launcher_size():
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
 def launched_by_mpirun():
     """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
     return any(os.environ.get(v) for v in _MPI_LAUNCHER_VARS)
@@ -128,9 +135,12 @@ class Context:
         # StarPU-MPI is used when asked, or by default when an MPI launcher started us.
         self.mpi = launched_by_mpirun() if mpi is None else mpi
         if self.mpi and not HAVE_MPI:
-            if mpi:
-                raise RuntimeError("Context(mpi=True), but this nntile was built without "
-                                   "StarPU-MPI (rebuild StarPU with MPI, and nntile after it)")
+            launched = _launcher_size()
+            if mpi or launched > 1:
+                raise RuntimeError(
+                    (f"started by an MPI launcher with {launched} ranks" if mpi is None else
+                     "Context(mpi=True)") + ", but this nntile was built without StarPU-MPI, "
+                    "so each rank would train alone (rebuild StarPU with MPI, then nntile)")
             self.mpi = False
         self.mpi_stats = bool(mpi_stats)
         self.distribution = distribution
