@@ -20,7 +20,12 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run_cli(func, argv=None, prog="nntile"):
-    """Run ``func(argv)``; bad input and known failures end as one line and exit code 2."""
+    """Run ``func(argv)``; bad input and known failures end as one line and exit code 2.
+    Under mpirun every rank runs the program (same inputs, same result) and rank 0 alone
+    writes to stdout."""
+    rank, size = launcher_rank()
+    if size > 1 and rank != 0:
+        sys.stdout = open(os.devnull, "w")
     try:
         return func(argv) or 0
     except CLIError as exc:

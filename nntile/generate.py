@@ -54,9 +54,9 @@ def pick_token(logits, rng, temperature, top_k, greedy):
 class Printer:
     """Writes decoded text to stdout as tokens arrive."""
 
-    def __init__(self, tokenizer, out=sys.stdout):
+    def __init__(self, tokenizer, out=None):
         self.tok = tokenizer
-        self.out = out
+        self.out = out or sys.stdout  # looked up now: under mpirun, rank > 0 writes nowhere
         self.ids = []
         self.shown = ""
         self.bytes = codecs.getincrementaldecoder("utf-8")(errors="replace") \

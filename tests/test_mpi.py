@@ -157,6 +157,23 @@ def test_one_rank_under_mpirun_is_the_plain_run(single, tmp_path):
 
 
 @needs_mpi
+def test_eval_and_generate_under_mpirun_match_one_process_and_print_once(single):
+    ckpt = str(single / "ckpt-4.h5")
+    for program, args in (("nntile.evaluate", ["--json"]),
+                          ("nntile.generate", ["--prompt", "def ", "--max-new-tokens", "12",
+                                               "--greedy"])):
+        cmd = ["-m", program, "--checkpoint", ckpt, "--ncpu", "1", *args]
+        alone = subprocess.run([sys.executable, *cmd], capture_output=True, text=True,
+                               timeout=300, env=_env())
+        ranks = mpirun(2, cmd)
+        assert alone.returncode == 0 and ranks.returncode == 0, ranks.stderr[-3000:]
+        if program == "nntile.evaluate":
+            assert json.loads(ranks.stdout)["loss"] == json.loads(alone.stdout)["loss"]
+        else:
+            assert ranks.stdout == alone.stdout
+
+
+@needs_mpi
 def test_checkpoint_of_two_ranks_resumes_on_one(single, tmp_path):
     two = tmp_path / "two"
     result = train(two, 2, ["--distribution", "tensor"])
