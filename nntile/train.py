@@ -332,19 +332,34 @@ class StopRequest:
         self.signum = None
         self.abandon = False
         self.told = 0
+        # Under MPI every rank must run the same steps: no rank may drop a step half-way.
+        self.can_abandon = True
 
     def __call__(self, signum, frame):
         # No printing here: the main thread may be inside a write to the same stream.
         if self.signum is None:
             self.signum = signum
-        else:
+        elif self.can_abandon:
             self.abandon = True
+
+    def agreed(self, ctx):
+        """Whether to stop before the next step. Under MPI the ranks may get the signal at
+        different steps, so they agree (a max over ranks) and all stop at the same one."""
+        if ctx.world_size == 1:
+            return bool(self.signum)
+        from mpi4py import MPI
+        signum = ctx.comm.allreduce(self.signum or 0, op=MPI.MAX)
+        if signum and not self.signum:
+            self.signum = signum
+        return bool(signum)
 
     def tell(self, echo):
         """Say (once each) what the signals asked for; called from the main loop."""
         if self.signum and self.told == 0:
+            again = ("send it again to abandon the step" if self.can_abandon else
+                     "all ranks stop after the same step")
             echo(f"nntile-train: {signal.Signals(self.signum).name}: finishing this step, then "
-                 "saving a checkpoint (send it again to abandon the step)")
+                 f"saving a checkpoint ({again})")
             self.told = 1
         if self.abandon and self.told == 1:
             echo("nntile-train: second signal: abandoning the step")
@@ -416,6 +431,7 @@ def train_main(argv=None):
     # described once the state is loaded
     ctx = start_context(args, verbose=False, distribution=distribution)
     stop.install()  # after StarPU started: its handlers must not replace ours
+    stop.can_abandon = ctx.world_size == 1
     try:
         return _run(s, args, ctx, stop, echo, tqdm)
     finally:
@@ -511,7 +527,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     metrics = open(metrics_path if ctx.rank == 0 else os.devnull, "a")
     try:
         last_time = time.perf_counter()
-        while step < s.steps and not stop.signum:
+        while step < s.steps and not stop.agreed(ctx):
             sampler_state = sampler.state()
             stop.tell(echo)
             model.zero_grad()

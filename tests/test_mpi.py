@@ -4,8 +4,10 @@ built without StarPU-MPI or mpirun is missing."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -171,6 +173,50 @@ def test_eval_and_generate_under_mpirun_match_one_process_and_print_once(single)
             assert json.loads(ranks.stdout)["loss"] == json.loads(alone.stdout)["loss"]
         else:
             assert ranks.stdout == alone.stdout
+
+
+def _rank_pids(marker):
+    """PIDs of the Python ranks whose command line holds ``marker`` (not mpirun's)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in args and b"nntile.train" in args and b"mpirun" not in args[0]:
+                pids.append(int(entry))
+    return pids
+
+
+@needs_mpi
+def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
+    out = tmp_path / "run"
+    args = list(TRAIN)
+    args[args.index("--steps") + 1] = "400"
+    cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable,
+           "-m", "nntile.train", *args, "--save-every", "0", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        pids = _rank_pids(str(out))
+        assert len(pids) == 2
+        os.kill(max(pids), signal.SIGTERM)  # one rank only: the other learns it from it
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    steps = len(losses(out))
+    assert 5 <= steps < 400
+    assert [p.name for p in out.glob("*.h5")] == [f"ckpt-{steps}.h5"]
+    assert f"step {steps}/400 (stopped by SIGTERM)" in stdout
 
 
 @needs_mpi
