@@ -216,21 +216,22 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
                ("ln_2.stats", row, rowt), ("ln_2.y", x, xt),
                ("mlp.c_fc.y", mlp, mlpt), ("mlp.g", mlp, mlpt), ("mlp.c_proj.y", x, xt),
                ("out", x, xt)]
+    # backward's temporaries: one set for the whole model (layers.pyx Module.scratch), and
+    # every layer norm's row accumulator is the same tensor
     backward = [("dx1", x, xt), ("dh", x, xt), ("mlp.dg", mlp, mlpt), ("mlp.da", mlp, mlpt),
-                ("ln_2.rowacc", row, rowt), ("attn.do", heads, headst),
-                ("attn.dp", scores, scorest), ("attn.dv", heads, headst),
-                ("attn.sums", (B, H, T), (bt, h, tt)), ("attn.dq", heads, headst),
-                ("attn.dk", heads, headst), ("ln_1.rowacc", row, rowt)]
+                ("attn.do", heads, headst), ("attn.dp", scores, scorest),
+                ("attn.dv", heads, headst), ("attn.sums", (B, H, T), (bt, h, tt)),
+                ("attn.dq", heads, headst), ("attn.dk", heads, headst)]
     for layer in range(config.n_layer):
         for name, shape, tiles in forward:
             add(f"transformer.h.{layer}.{name}", shape, tiles, "activations")
-        if training:
+    if training:
+        if config.n_layer:
             for name, shape, tiles in backward:
-                add(f"transformer.h.{layer}.{name}", shape, tiles, "workspaces")
+                add(f"scratch.{name}", shape, tiles, "workspaces")
+        add("scratch.rowacc", row, rowt, "workspaces")
     add("transformer.ln_f.stats", row, rowt, "activations")
     add("transformer.ln_f.y", x, xt, "activations")
-    if training:
-        add("transformer.ln_f.rowacc", row, rowt, "workspaces")
     return specs
 
 

@@ -11,10 +11,13 @@ cdef class Module:
     cdef dict _params
     cdef dict _children
     cdef dict _buffers
+    cdef dict _scratch
     cdef readonly str dtype
     cpdef Parameter add_param(self, str name, tuple shape, tuple basetile)
     cpdef Module add_child(self, str name, Module module)
     cpdef Tensor buffer(self, str key, tuple shape, tuple basetile)
+    cpdef Tensor scratch(self, str key, tuple shape, tuple basetile)
+    cdef _use_scratch(self, dict pool)
 
 
 cdef class Linear(Module):

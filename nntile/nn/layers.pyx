@@ -33,6 +33,7 @@ cdef class Module:
         self._params = {}
         self._children = {}
         self._buffers = {}
+        self._scratch = {}
 
     cpdef Parameter add_param(self, str name, tuple shape, tuple basetile):
         cdef Parameter param = Parameter(shape, basetile, self.dtype)
@@ -41,7 +42,15 @@ cdef class Module:
 
     cpdef Module add_child(self, str name, Module module):
         self._children[name] = module
+        module._use_scratch(self._scratch)
         return module
+
+    cdef _use_scratch(self, dict pool):
+        """Share one pool of backward temporaries across the whole model."""
+        pool.update(self._scratch)
+        self._scratch = pool
+        for child in self._children.values():
+            (<Module> child)._use_scratch(pool)
 
     def named_parameters(self, prefix=""):
         for name, param in self._params.items():
@@ -62,10 +71,25 @@ cdef class Module:
             self._buffers[full_key] = tensor
         return tensor
 
+    cpdef Tensor scratch(self, str key, tuple shape, tuple basetile):
+        """A temporary of backward, shared by every module of the model under the same key,
+        shape and tiling: layers run backward one after another, so layer i-1 may reuse
+        layer i's buffers (StarPU orders the reuse after the last read). Saves one set of
+        backward buffers per layer but one."""
+        full_key = (key, shape, basetile, self.dtype)
+        cdef Tensor tensor = self._scratch.get(full_key)
+        if tensor is None:
+            tensor = Tensor(shape, basetile, self.dtype, owners="batch")
+            self._scratch[full_key] = tensor
+        return tensor
+
     def unregister(self):
         for tensor in self._buffers.values():
             (<Tensor> tensor).unregister()
         self._buffers.clear()
+        for tensor in self._scratch.values():
+            (<Tensor> tensor).unregister()
+        self._scratch.clear()
         for param in self._params.values():
             (<Parameter> param).unregister()
         for child in self._children.values():
@@ -122,7 +146,7 @@ cdef class LayerNorm(Module):
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         """dx = layer-norm backward of dy + beta*dx; accumulates weight and bias gradients."""
-        cdef Tensor rowacc = self.buffer("rowacc", self.stats.shape, self.stats.basetile)
+        cdef Tensor rowacc = self.scratch("rowacc", self.stats.shape, self.stats.basetile)
         ops.layernorm_backward(self.x, dy, self.stats, self.weight.value, self.eps, rowacc,
                                self.weight.grad, self.bias.grad, beta, dx)
         return dx
@@ -184,18 +208,18 @@ cdef class Attention(Module):
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         cdef Tensor q = self.q_out, k = self.k_out, v = self.v_out, p = self.p, o = self.o
-        cdef Tensor do = self.buffer("do", o.shape, o.basetile)
+        cdef Tensor do = self.scratch("do", o.shape, o.basetile)
         self.c_proj.backward(dy, do)
-        cdef Tensor dp = self.buffer("dp", p.shape, p.basetile)
-        cdef Tensor dv = self.buffer("dv", v.shape, v.basetile)
+        cdef Tensor dp = self.scratch("dp", p.shape, p.basetile)
+        cdef Tensor dv = self.scratch("dv", v.shape, v.basetile)
         # tiles above the diagonal hold zero probabilities: their gradient is never needed
         ops.attn_qk(1.0, do, v, dp, masked_value=0.0)
         ops.attn_ptv(1.0, p, do, dv)
-        cdef Tensor sums = self.buffer("sums", p.shape[:3], p.basetile[:3])
+        cdef Tensor sums = self.scratch("sums", p.shape[:3], p.basetile[:3])
         ops.sumprod_slice(1.0, p, dp, 0.0, sums, 3)
         ops.softmax_backward(1.0 / math.sqrt(self.head_dim), p, sums, dp, 3)
-        cdef Tensor dq = self.buffer("dq", q.shape, q.basetile)
-        cdef Tensor dk = self.buffer("dk", k.shape, k.basetile)
+        cdef Tensor dq = self.scratch("dq", q.shape, q.basetile)
+        cdef Tensor dk = self.scratch("dk", k.shape, k.basetile)
         ops.attn_pv(1.0, dp, k, dq)
         ops.attn_ptv(1.0, dp, q, dk)
         self.q.backward(dq, dx, beta)
@@ -220,9 +244,9 @@ cdef class MLP(Module):
         return self.c_proj.forward(g)
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
-        cdef Tensor dg = self.buffer("dg", self.a.shape, self.a.basetile)
+        cdef Tensor dg = self.scratch("dg", self.a.shape, self.a.basetile)
         self.c_proj.backward(dy, dg)
-        cdef Tensor da = self.buffer("da", self.a.shape, self.a.basetile)
+        cdef Tensor da = self.scratch("da", self.a.shape, self.a.basetile)
         ops.gelutanh_backward(self.a, dg, 0.0, da)
         return self.c_fc.backward(da, dx, beta)
 
@@ -252,8 +276,8 @@ cdef class Block(Module):
 
     cpdef backward(self, Tensor dy, Tensor dx):
         """dx = gradient with respect to the block's input (dy is left as it is)."""
-        cdef Tensor dx1 = self.buffer("dx1", dy.shape, dy.basetile)
-        cdef Tensor dh = self.buffer("dh", dy.shape, dy.basetile)
+        cdef Tensor dx1 = self.scratch("dx1", dy.shape, dy.basetile)
+        cdef Tensor dh = self.scratch("dh", dy.shape, dy.basetile)
         ops.copy(dy, dx1)
         self.mlp.backward(dy, dh, 0.0)
         self.ln_2.backward(dh, dx1, 1.0)
