@@ -133,7 +133,7 @@ def main(argv=None):
     say(f"model: n_embd {E}, {args.n_layer} layers, {nparams / 1e9:.2f}B parameters, "
         f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}", flush=True)
 
-    from nntile import HAVE_CUDA, Tensor
+    from nntile import HAVE_CUDA
     init = "tiles"
     est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=init)
     backend = set_disk_swap(args, est)
