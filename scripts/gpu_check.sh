@@ -7,7 +7,8 @@
 # Arguments pick steps (default: build kernels model train bench):
 #   build kernels model train bench    the single-GPU checks
 #   multigpu   wide GPT-2 n_embd $NNTILE_WIDE_EMBD (8192) on 1 GPU, then on every GPU in one process
-#   mpi        the same model under mpirun: 1 rank, then one rank per GPU (data and tensor)
+#   mpi-small  a small model under mpirun, one rank per GPU (default pml, then ob1)
+#   mpi        the wide model under mpirun, one rank per GPU (data and tensor)
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 set -uo pipefail
@@ -56,8 +57,16 @@ if want multigpu; then
     [ "$ngpu" -gt 1 ] && step "wide-${ngpu}gpu" timeout "$run_limit" python3 bench/scale.py \
         --n-embd "$wide_embd" --ncuda "$ngpu" "${wide[@]}"
 fi
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x PYTHONUNBUFFERED -x PATH)
+if want mpi-small && [ "$ngpu" -gt 1 ]; then
+    # a small model first: tells a stall from slowness in seconds (the n_embd 8192 data-parallel
+    # run did not finish its first step in 95 s); then the same with Open MPI's ob1 layer
+    small=(--n-embd 1024 --n-layer 2 --batch 4 --steps 3 --ncpu 0 --ncuda 1 --tile-batch 2
+           --tile-embd 512 --tile-inner 2048 --tile-head 4 --tile-vocab 8192 --distribution data)
+    step mpi-small timeout 60 "${mpi[@]}" -np "$ngpu" python3 bench/scale.py "${small[@]}"
+    step mpi-small-ob1 timeout 60 "${mpi[@]}" --mca pml ob1 -np "$ngpu" python3 bench/scale.py "${small[@]}"
+fi
 if want mpi && [ "$ngpu" -gt 1 ]; then
-    mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x PYTHONUNBUFFERED -x PATH)
     for dist in ${NNTILE_MPI_DISTRIBUTIONS:-data tensor}; do
         step "mpi-${ngpu}rank-$dist" timeout "$run_limit" "${mpi[@]}" -np "$ngpu" python3 \
             bench/scale.py --n-embd "$wide_embd" --ncuda 1 --distribution "$dist" "${wide[@]}"
