@@ -5,6 +5,8 @@ import os
 import sys
 import time
 
+from nntile._core.core import launcher_rank  # noqa: F401 (the programs import it from here)
+
 TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
 
 
@@ -38,16 +40,6 @@ def run_cli(func, argv=None, prog="nntile"):
         return 130
     except BrokenPipeError:
         return 1
-
-
-def launcher_rank():
-    """(rank, number of ranks) that an MPI launcher gave this process, without starting MPI;
-    (0, 1) when no launcher started it."""
-    for rank_var, size_var in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                               ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")):
-        if os.environ.get(rank_var) and os.environ.get(size_var):
-            return int(os.environ[rank_var]), int(os.environ[size_var])
-    return 0, 1
 
 
 def _let_other_ranks_report(seconds=10.0):

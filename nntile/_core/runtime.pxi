@@ -32,6 +32,7 @@ cdef extern from "codelets.h" nogil:
     void nntile_blas_single_thread()
     void nntile_cuda_start()
     void nntile_cuda_stop()
+    void nntile_task_discard(starpu_task *task)
     int NNTILE_HAVE_CUDA
 
 cdef extern from "Python.h":
@@ -53,8 +54,10 @@ cdef extern from "mpi_glue.h" nogil:
     int nntile_mpi_bytes_sent(size_t *per_rank)
 
 HAVE_MPI = bool(nntile_mpi_available())
-# Environment variables that MPI launchers set in every process they start.
-_MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+# (rank, size) environment variables that MPI launchers (Open MPI, MPICH/PMI, PMIx) set in
+# every process they start.
+_LAUNCHER_VARS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                  ("PMIX_RANK", "PMIX_SIZE"))
 
 # StarPU-MPI state of the running Context: whether tasks go through StarPU-MPI, this
 # process's rank, the number of ranks, and the next unused MPI tag. Every rank creates the
@@ -65,16 +68,24 @@ cdef int _mpi_size = 1
 cdef int64_t _mpi_next_tag = 0
 
 
-def _launcher_size():
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 1
+def _launcher():
+    for rank_var, size_var in _LAUNCHER_VARS:
+        rank = os.environ.get(rank_var, "")
+        if rank.isdigit():
+            size = os.environ.get(size_var, "")
+            return int(rank), int(size) if size.isdigit() else 1
+    return None
+
+
+def launcher_rank():
+    """(rank, number of ranks) that an MPI launcher gave this process, read from its
+    environment without starting MPI; (0, 1) when no launcher started it."""
+    return _launcher() or (0, 1)
 
 
 def launched_by_mpirun():
     """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
-    return any(os.environ.get(v) for v in _MPI_LAUNCHER_VARS)
+    return _launcher() is not None
 
 # The running Context, and a counter that changes at each start so that a tensor can tell
 # whether the runtime it was registered with is still the one running.
@@ -135,7 +146,7 @@ class Context:
         # StarPU-MPI is used when asked, or by default when an MPI launcher started us.
         self.mpi = launched_by_mpirun() if mpi is None else mpi
         if self.mpi and not HAVE_MPI:
-            launched = _launcher_size()
+            launched = launcher_rank()[1]
             if mpi or launched > 1:
                 raise RuntimeError(
                     (f"started by an MPI launcher with {launched} ranks" if mpi is None else
