@@ -50,6 +50,10 @@ struct starpu_codelet *nntile_codelet(int op, int dtype);
 
 const char *nntile_op_name(int op);
 
+/* Frees a task that was never submitted: StarPU refuses to destroy a task that would destroy
+ * itself (destroy = 1, what starpu_task_create makes). */
+void nntile_task_discard(struct starpu_task *task);
+
 /* Set OpenBLAS to one thread: each StarPU CPU worker is already one thread. */
 void nntile_blas_single_thread(void);
 

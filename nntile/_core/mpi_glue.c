@@ -1,5 +1,6 @@
 #include <errno.h>
 #include "mpi_glue.h"
+#include "codelets.h"
 
 #if NNTILE_HAVE_MPI
 #include <starpu_mpi.h>
@@ -47,14 +48,6 @@ void nntile_mpi_register(starpu_data_handle_t handle, int64_t tag, int rank)
     starpu_mpi_data_register_comm(handle, tag, rank, nntile_comm);
 }
 
-/* Frees a task that was never submitted (StarPU refuses to destroy a detached task that
- * would destroy itself, which is what starpu_task_create makes). */
-static void discard_task(struct starpu_task *task)
-{
-    task->destroy = 0;
-    starpu_task_destroy(task);
-}
-
 int nntile_mpi_submit(struct starpu_task *task)
 {
     struct starpu_data_descr descrs[STARPU_NMAXBUFS];
@@ -63,17 +56,17 @@ int nntile_mpi_submit(struct starpu_task *task)
     int ret = starpu_mpi_task_exchange_data_before_execution(nntile_comm, task, descrs, &params);
     if (ret != 0)
     {
-        discard_task(task);
+        nntile_task_discard(task);
         return ret;
     }
     if (params.do_execute)
     {
         ret = starpu_task_submit(task);
         if (ret != 0)
-            discard_task(task);
+            nntile_task_discard(task);
     }
     else
-        discard_task(task);
+        nntile_task_discard(task);
     int post = starpu_mpi_task_exchange_data_after_execution(nntile_comm, descrs, nbuf, params);
     return ret != 0 ? ret : post;
 }
@@ -119,18 +112,9 @@ void nntile_mpi_register(starpu_data_handle_t handle, int64_t tag, int rank)
 {
     (void) handle; (void) tag; (void) rank;
 }
-/* Frees a task that was never submitted (StarPU refuses to destroy a detached task that
- * would destroy itself, which is what starpu_task_create makes). */
-static void discard_task(struct starpu_task *task)
-{
-    task->destroy = 0;
-    starpu_task_destroy(task);
-}
-
 int nntile_mpi_submit(struct starpu_task *task)
 {
-    task->destroy = 0;
-    starpu_task_destroy(task);
+    nntile_task_discard(task);
     return -ENOSYS;
 }
 void nntile_mpi_get_on_all(starpu_data_handle_t handle) { (void) handle; }

@@ -27,8 +27,7 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles,
         task.modes[i] = modes[i]
     task.cl_arg = malloc(argsize)
     if task.cl_arg == NULL:
-        task.destroy = 0  # StarPU destroys only unsubmitted tasks that would not self-destroy
-        starpu_task_destroy(task)
+        nntile_task_discard(task)
         raise MemoryError()
     memcpy(task.cl_arg, args, argsize)
     task.cl_arg_size = argsize
@@ -43,8 +42,7 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles,
     with nogil:
         ret = starpu_task_submit(task)
     if ret != 0:
-        task.destroy = 0
-        starpu_task_destroy(task)
+        nntile_task_discard(task)
     return check(ret, "starpu_task_submit")
 
 

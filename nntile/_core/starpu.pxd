@@ -102,7 +102,6 @@ cdef extern from "starpu.h" nogil:
         int priority
         unsigned synchronous
         unsigned detach
-        unsigned destroy
         int execute_on_a_specific_worker
         unsigned workerid
 
