@@ -281,6 +281,32 @@ def mkn(rng, m, k, n, dt):
     return rnd(rng, (m, k, n), dt)
 
 
+def check_broadcasts(K, dt, rng, kind, a, small, small64):
+    """add_<kind> and prod_<kind> of a fiber or slice ``small`` (``small64``: it in float64,
+    shaped to broadcast over [m, k, n]) against numpy."""
+    m, k, n, alpha, beta = a["m"], a["k"], a["n"], a["alpha"], a["beta"]
+    dst = nans((m, k, n), dt) if beta == 0 else mkn(rng, m, k, n, dt)
+    ref = alpha * small64 + (beta * dst.astype(np.float64) if beta else 0)
+    K(f"add_{kind}", dt, a, small, dst)
+    close(dst, ref, dt)
+    dst = mkn(rng, m, k, n, dt)
+    ref = dst.astype(np.float64) * alpha * small64
+    K(f"prod_{kind}", dt, dict(m=m, k=k, n=n, alpha=alpha), small, dst)
+    close(dst, ref, dt)
+
+
+def check_reductions(K, dt, rng, kind, a, axis, out_shape):
+    """sum_<kind> and sumprod_<kind> over ``axis`` of [m, k, n] against numpy."""
+    m, k, n, alpha, beta = a["m"], a["k"], a["n"], a["alpha"], a["beta"]
+    s1, s2 = mkn(rng, m, k, n, dt), mkn(rng, m, k, n, dt)
+    for op, srcs, red in ((f"sum_{kind}", (s1,), s1.astype(np.float64)),
+                          (f"sumprod_{kind}", (s1, s2), s1.astype(np.float64) * s2)):
+        out = nans(out_shape, dt) if beta == 0 else rnd(rng, out_shape, dt)
+        ref = alpha * red.sum(axis=axis) + (beta * out.astype(np.float64) if beta else 0)
+        K(op, dt, a, *srcs, out)
+        close(out, ref, dt, scale=max(1.0, np.abs(red).sum(axis=axis).max()))
+
+
 @pytest.mark.parametrize("dt", DT)
 @SETTINGS
 @given(m=dims, k=st.integers(1, 40), n=dims, seed=seeds,
@@ -290,27 +316,8 @@ def test_fiber_kernels(K, dt, m, k, n, seed, beta):
     alpha = 1.3
     a = dict(m=m, k=k, n=n, alpha=alpha, beta=beta)
     fib = rnd(rng, k, dt)
-    f64 = fib.astype(np.float64)[None, :, None]
-    # add_fiber
-    dst = nans((m, k, n), dt) if beta == 0 else mkn(rng, m, k, n, dt)
-    ref = alpha * f64 + (beta * dst.astype(np.float64) if beta else 0)
-    K("add_fiber", dt, a, fib, dst)
-    close(dst, ref, dt)
-    # prod_fiber
-    dst = mkn(rng, m, k, n, dt)
-    ref = dst.astype(np.float64) * alpha * f64
-    K("prod_fiber", dt, dict(m=m, k=k, n=n, alpha=alpha), fib, dst)
-    close(dst, ref, dt)
-    # sum_fiber / sumprod_fiber
-    s1, s2 = mkn(rng, m, k, n, dt), mkn(rng, m, k, n, dt)
-    for op, srcs, red in (("sum_fiber", (s1,), s1.astype(np.float64)),
-                          ("sumprod_fiber", (s1, s2),
-                           s1.astype(np.float64) * s2)):
-        out = nans(k, dt) if beta == 0 else rnd(rng, k, dt)
-        ref = alpha * red.sum(axis=(0, 2)) + (beta * out.astype(np.float64)
-                                              if beta else 0)
-        K(op, dt, a, *srcs, out)
-        close(out, ref, dt, scale=max(1.0, np.abs(red).sum(axis=(0, 2)).max()))
+    check_broadcasts(K, dt, rng, "fiber", a, fib, fib.astype(np.float64)[None, :, None])
+    check_reductions(K, dt, rng, "fiber", a, (0, 2), k)
 
 
 @pytest.mark.parametrize("dt", DT)
@@ -321,25 +328,9 @@ def test_slice_kernels(K, dt, m, k, n, seed, beta):
     rng = np.random.default_rng(seed)
     alpha = -0.7
     a = dict(m=m, k=k, n=n, alpha=alpha, beta=beta)
-    s1, s2 = mkn(rng, m, k, n, dt), mkn(rng, m, k, n, dt)
-    for op, srcs, red in (("sum_slice", (s1,), s1.astype(np.float64)),
-                          ("sumprod_slice", (s1, s2),
-                           s1.astype(np.float64) * s2)):
-        out = nans((m, n), dt) if beta == 0 else rnd(rng, (m, n), dt)
-        ref = alpha * red.sum(axis=1) + (beta * out.astype(np.float64)
-                                         if beta else 0)
-        K(op, dt, a, *srcs, out)
-        close(out, ref, dt, scale=max(1.0, np.abs(red).sum(axis=1).max()))
+    check_reductions(K, dt, rng, "slice", a, 1, (m, n))
     sl = rnd(rng, (m, n), dt)
-    sl64 = sl.astype(np.float64)[:, None, :]
-    dst = nans((m, k, n), dt) if beta == 0 else mkn(rng, m, k, n, dt)
-    ref = alpha * sl64 + (beta * dst.astype(np.float64) if beta else 0)
-    K("add_slice", dt, a, sl, dst)
-    close(dst, ref, dt)
-    dst = mkn(rng, m, k, n, dt)
-    ref = dst.astype(np.float64) * alpha * sl64
-    K("prod_slice", dt, dict(m=m, k=k, n=n, alpha=alpha), sl, dst)
-    close(dst, ref, dt)
+    check_broadcasts(K, dt, rng, "slice", a, sl, sl.astype(np.float64)[:, None, :])
 
 
 # ---------------------------------------------------------------- softmax
