@@ -1125,7 +1125,6 @@ def test_bf16_layernorm(K, rows, e_total, cuts, beta):
              Pair(c(x[:, s])), stats, Pair(c(gamma[s])), Pair(c(bet[s])), y)
         close16(y, rtol=2e-2)
     rowacc = Pair.nan((rows, 2))
-    dgs, dbs = [], []
     for t, s in enumerate(sl):
         dg, db = rnd16(rng, s.stop - s.start), rnd16(rng, s.stop - s.start)
         both(K, "layernorm_backward_reduce",
