@@ -13,7 +13,6 @@ def reference(alpha, a, ta, b, tb, beta, c, ndim, batch_ndim):
     b = b.astype(np.float64)
     nb = batch_ndim
     if ta:  # stored batch + K + M -> batch + M + K
-        m_ndim = a.ndim - nb - ndim
         a = np.transpose(a, list(range(nb)) + list(range(nb + ndim, a.ndim)) + list(range(nb, nb + ndim)))
     if tb:  # stored batch + N + K -> batch + K + N
         n_ndim = b.ndim - nb - ndim

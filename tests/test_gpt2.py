@@ -5,7 +5,6 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import nntile
 from nntile.models import GPT2Config, GPT2LMHead
 from nntile.optim import AdamW, LRSchedule
 

@@ -1,7 +1,6 @@
 """GPT-2 configuration (the fields of transformers' GPT2Config that matter)."""
 import dataclasses
 import json
-import os
 
 
 TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
