@@ -74,6 +74,39 @@ def single(tmp_path_factory):
     return out
 
 
+# ---- ranks sharing a node, without MPI ---------------------------------------------------
+
+def _cores_given(monkeypatch, ncores, local, nlocal, **env):
+    """The cores a rank keeps when mpirun bound nothing, on a node with ncores cores."""
+    for var in ("STARPU_WORKERS_CPUID", "STARPU_WORKERS_COREID", "STARPU_MPI_THREAD_CPUID",
+                "STARPU_WORKERS_NOBIND", "STARPU_WORKERS_GETBIND", "MPI_LOCALRANKID",
+                "SLURM_LOCALID", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", str(local))
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(nlocal))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    kept = [set(range(ncores))]
+    monkeypatch.setattr(os, "cpu_count", lambda: ncores)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(kept[0]))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: kept.__setitem__(0, set(cores)))
+    nntile.Context(start=False, mpi=False)._share_cores_with_local_ranks()
+    return sorted(kept[0])
+
+
+def test_ranks_on_one_node_get_disjoint_cores_when_mpirun_binds_none(monkeypatch):
+    # StarPU pins its workers and polling MPI thread inside the process's binding: ranks left
+    # on all cores would pin theirs to the same first cores
+    shares = [_cores_given(monkeypatch, 32, r, 3) for r in range(3)]
+    assert shares == [list(range(0, 10)), list(range(10, 21)), list(range(21, 32))]
+    # the user's or the launcher's choice stands, and too few cores are not split
+    assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_CPUID="0 1") == list(range(32))
+    assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_NOBIND="1") == list(range(32))
+    assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_GETBIND="0") == list(range(32))
+    assert _cores_given(monkeypatch, 3, 1, 2) == [0, 1, 2]
+    assert _cores_given(monkeypatch, 32, 0, 1) == list(range(32))
+
+
 # ---- distributions, without MPI ---------------------------------------------------------
 
 def test_block_cyclic_matches_the_formula():

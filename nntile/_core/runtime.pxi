@@ -221,6 +221,7 @@ class Context:
         cdef intptr_t comm_handle
         if self.mpi:
             self._bind_gpus_to_local_rank()
+            self._share_cores_with_local_ranks()
             comm_handle = self._start_mpi()
             self._check_distribution(self.comm.Get_size())
             with nogil:
@@ -250,22 +251,52 @@ class Context:
             print(self.describe(), file=sys.stderr)
         return self
 
-    def _bind_gpus_to_local_rank(self):
-        """Several ranks on one node would all take GPU 0: give local rank r its own GPUs
-        (r*k ... r*k+k-1 for k CUDA workers per rank, 1 by default), unless
-        STARPU_WORKERS_CUDAID already says which."""
-        if not HAVE_CUDA or os.environ.get("STARPU_WORKERS_CUDAID") or self.ncuda == 0:
-            return
+    @staticmethod
+    def _local_rank():
+        """(rank on this node, ranks on this node) from the launcher, or None."""
         local = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                               "SLURM_LOCALID") if os.environ.get(v)), None)
         nlocal = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
                        if os.environ.get(v)), None)
-        if local is None or nlocal is None or int(nlocal) < 2:
+        if local is None or nlocal is None:
+            return None
+        return int(local), int(nlocal)
+
+    def _bind_gpus_to_local_rank(self):
+        """Several ranks on one node would all take GPU 0: give local rank r its own GPUs
+        (r*k ... r*k+k-1 for k CUDA workers per rank, 1 by default), unless
+        STARPU_WORKERS_CUDAID already says which."""
+        local = self._local_rank()
+        if (not HAVE_CUDA or os.environ.get("STARPU_WORKERS_CUDAID") or self.ncuda == 0
+                or local is None or local[1] < 2):
             return
         per_rank = self.ncuda or int(os.environ.get("STARPU_NCUDA") or 1)
-        first = int(local) * per_rank
+        first = local[0] * per_rank
         os.environ["STARPU_WORKERS_CUDAID"] = ",".join(str(first + j) for j in range(per_rank))
         os.environ["STARPU_NCUDA"] = str(per_rank)
+
+    def _share_cores_with_local_ranks(self):
+        """StarPU takes the process's CPU binding as the cores it may use. A launcher that
+        does not bind (mpirun --bind-to none) leaves every rank on a node with all cores, and
+        each StarPU then pins its workers and its polling MPI thread to the same first cores,
+        where they take turns. Give local rank r its own contiguous share of the cores
+        instead, unless the launcher bound the process or the user chose the binding."""
+        local = self._local_rank()
+        if local is None or local[1] < 2:
+            return
+        chosen = any(os.environ.get(v) for v in (
+            "STARPU_WORKERS_CPUID", "STARPU_WORKERS_COREID", "STARPU_MPI_THREAD_CPUID"))
+        if (chosen or os.environ.get("STARPU_WORKERS_NOBIND", "0") != "0"
+                or os.environ.get("STARPU_WORKERS_GETBIND", "1") == "0"):
+            return
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) != os.cpu_count() or len(cores) < 2 * local[1]:
+            # bound by the launcher; or too few cores for a worker and an MPI thread per rank,
+            # where any binding oversubscribes
+            return
+        rank, nlocal = local
+        share = cores[rank * len(cores) // nlocal:(rank + 1) * len(cores) // nlocal]
+        os.sched_setaffinity(0, share)
 
     def _start_mpi(self):
         """Initialise MPI through mpi4py; returns the handle of the communicator that
@@ -331,7 +362,10 @@ class Context:
                  f"{STARPU_RELEASE_VERSION}, {len(self.workers)} workers: "
                  + ", ".join(self.workers)]
         if self.mpi:
-            lines.append(f"  StarPU-MPI rank {self.rank} of {self.world_size}")
+            allowed = sorted(os.sched_getaffinity(0))
+            span = f"{allowed[0]}-{max(allowed)}"
+            lines.append(f"  StarPU-MPI rank {self.rank} of {self.world_size}, on "
+                         f"{len(allowed)} cores ({span})")
         for name, (value, origin) in self.settings().items():
             lines.append(f"  {name} = {value} ({origin})")
         return "\n".join(lines)
