@@ -7,8 +7,10 @@
 # Arguments pick steps (default: build kernels model train bench):
 #   build kernels model train bench    the single-GPU checks
 #   multigpu   wide GPT-2 n_embd $NNTILE_WIDE_EMBD (8192) on 1 GPU, then on every GPU in one process
-#   mpi-small  a small model under mpirun, one rank per GPU (default pml, then ob1)
-#   mpi        the wide model under mpirun, one rank per GPU (data and tensor)
+#   wide-1gpu  only the first of those (the baseline of the mpi step)
+#   mpi-small  a small model under mpirun, one rank per GPU (default pml; ob1 if that fails)
+#   mpi        the wide model under mpirun, one rank per GPU ($NNTILE_MPI_DISTRIBUTIONS:
+#              data tensor; extra mpirun options in $NNTILE_MPIRUN_ARGS)
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 set -uo pipefail
@@ -34,10 +36,34 @@ step() {  # step NAME COMMAND...: run, log, remember the outcome
 steps="${*:-build kernels model train bench}"
 want() { [[ " $steps " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
+# A machine lent for minutes starts bare: the build of one call (StarPU's libraries and
+# nntile's extension modules, ~5 MB) can be packed with NNTILE_GPU_EXPORT=DIR and unpacked by
+# a later call from $NNTILE_GPU_PREBUILT instead of building again (~2 minutes).
+prebuilt="${NNTILE_GPU_PREBUILT:-vendor/gpu-prebuilt.tgz}"
+pack_build() {
+    local stage prefix
+    stage="$(mktemp -d)" prefix="$(cat build/starpu-prefix)"
+    mkdir -p "$stage/prefix" "$stage/tree"
+    echo "$prefix" > "$stage/prefix-path"
+    tar cf - --exclude='*.a' --exclude='*.la' -C "$prefix" . | tar xf - -C "$stage/prefix"
+    find nntile -name '*.so' | tar cf - -T - | tar xf - -C "$stage/tree"
+    mkdir -p "$1" && tar czf "$1/gpu-prebuilt.tgz" -C "$stage" . && rm -rf "$stage"
+}
+unpack_build() {
+    local stage prefix
+    stage="$(mktemp -d)" && tar xzf "$prebuilt" -C "$stage" || return 1
+    prefix="$(cat "$stage/prefix-path")"
+    mkdir -p "$prefix" && cp -a "$stage/prefix/." "$prefix/" && cp -a "$stage/tree/." . || return 1
+    echo "$prefix" > build/starpu-prefix && rm -rf "$stage"
+}
+if ! want build && [ ! -f build/starpu-prefix ] && [ -f "$prebuilt" ]; then
+    step unpack-build unpack_build || exit 1
+fi
 if want build || [ ! -f build/starpu-prefix ]; then
     step starpu bash -c 'NNTILE_CUDA=1 scripts/install_starpu.sh | tail -n 1 > build/starpu-prefix' || exit 1
     export NNTILE_STARPU_PREFIX="$(cat build/starpu-prefix)"
     step build env NNTILE_CUDA=1 NNTILE_CUDA_ARCHS="${NNTILE_CUDA_ARCHS:-90}" python3 setup.py build_ext --inplace --force -j "$(nproc)" || exit 1
+    [ -n "${NNTILE_GPU_EXPORT:-}" ] && step pack-build pack_build "$NNTILE_GPU_EXPORT"
 fi
 python3 -c "import nntile; assert nntile.HAVE_CUDA, 'nntile built without CUDA'" || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -52,23 +78,33 @@ wide_embd="${NNTILE_WIDE_EMBD:-8192}"
 wide=(--n-layer 4 --batch 4 --steps 3 --ncpu 0 --tile-batch 2 --tile-embd 4096
       --tile-inner 4096 --tile-head 32 --tile-vocab 8192)
 run_limit="${NNTILE_RUN_LIMIT:-170}"
-if want multigpu; then
+if want multigpu || want wide-1gpu; then
     step wide-1gpu timeout "$run_limit" python3 bench/scale.py --n-embd "$wide_embd" --ncuda 1 "${wide[@]}"
-    [ "$ngpu" -gt 1 ] && step "wide-${ngpu}gpu" timeout "$run_limit" python3 bench/scale.py \
+    want multigpu && [ "$ngpu" -gt 1 ] && step "wide-${ngpu}gpu" timeout "$run_limit" python3 bench/scale.py \
         --n-embd "$wide_embd" --ncuda "$ngpu" "${wide[@]}"
 fi
+# --bind-to none: nntile gives each rank on a node its own share of the cores
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x PYTHONUNBUFFERED -x PATH)
+if (want mpi-small || want mpi) && [ "$ngpu" -gt 1 ]; then
+    # StarPU measures the bus on its first start on a machine and stores it under ~/.starpu;
+    # one process does it here, so that ranks starting together do not race on those files
+    step bus-calibration python3 -c "import nntile; nntile.Context(ncpu=0).shutdown()"
+fi
 if want mpi-small && [ "$ngpu" -gt 1 ]; then
-    # a small model first: tells a stall from slowness in seconds (the n_embd 8192 data-parallel
-    # run did not finish its first step in 95 s); then the same with Open MPI's ob1 layer
+    # a small model first tells a stall from slowness in seconds; if it fails, the same again
+    # with Open MPI's ob1 layer instead of UCX
     small=(--n-embd 1024 --n-layer 2 --batch 4 --steps 3 --ncpu 0 --ncuda 1 --tile-batch 2
            --tile-embd 512 --tile-inner 2048 --tile-head 4 --tile-vocab 8192 --distribution data)
-    step mpi-small timeout 60 "${mpi[@]}" -np "$ngpu" python3 bench/scale.py "${small[@]}"
-    step mpi-small-ob1 timeout 60 "${mpi[@]}" --mca pml ob1 -np "$ngpu" python3 bench/scale.py "${small[@]}"
+    # the watchdog prints when no task ends for 10 s: a stall shows in the log, not as silence
+    step mpi-small timeout 60 "${mpi[@]}" -x STARPU_WATCHDOG_TIMEOUT=10000000 -np "$ngpu" \
+        python3 bench/scale.py "${small[@]}" ||
+    step mpi-small-ob1 timeout 60 "${mpi[@]}" -x STARPU_WATCHDOG_TIMEOUT=10000000 \
+        --mca pml ob1 -np "$ngpu" python3 bench/scale.py "${small[@]}"
 fi
 if want mpi && [ "$ngpu" -gt 1 ]; then
     for dist in ${NNTILE_MPI_DISTRIBUTIONS:-data tensor}; do
-        step "mpi-${ngpu}rank-$dist" timeout "$run_limit" "${mpi[@]}" -np "$ngpu" python3 \
+        step "mpi-${ngpu}rank-$dist" timeout "$run_limit" "${mpi[@]}" \
+            -x STARPU_WATCHDOG_TIMEOUT=10000000 ${NNTILE_MPIRUN_ARGS:-} -np "$ngpu" python3 \
             bench/scale.py --n-embd "$wide_embd" --ncuda 1 --distribution "$dist" "${wide[@]}"
     done
 fi
