@@ -11,6 +11,7 @@
 #   mpi-small  a small model under mpirun, one rank per GPU (default pml; ob1 if that fails)
 #   mpi        the wide model under mpirun, one rank per GPU ($NNTILE_MPI_DISTRIBUTIONS:
 #              data tensor; extra mpirun options in $NNTILE_MPIRUN_ARGS)
+#   (NNTILE_WIDE_EXTRA: options appended to the wide model's, e.g. "--batch 8 --tile-batch 4")
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 set -uo pipefail
@@ -76,7 +77,7 @@ ngpu=$(nvidia-smi -L | wc -l)
 wide_embd="${NNTILE_WIDE_EMBD:-8192}"
 # batch 4 x 1024, two batch tiles (one per data-parallel rank), 4096-wide weight tiles
 wide=(--n-layer 4 --batch 4 --steps 3 --ncpu 0 --tile-batch 2 --tile-embd 4096
-      --tile-inner 4096 --tile-head 32 --tile-vocab 8192)
+      --tile-inner 4096 --tile-head 32 --tile-vocab 8192 ${NNTILE_WIDE_EXTRA:-})
 run_limit="${NNTILE_RUN_LIMIT:-170}"
 if want multigpu || want wide-1gpu; then
     step wide-1gpu timeout "$run_limit" python3 bench/scale.py --n-embd "$wide_embd" --ncuda 1 "${wide[@]}"
