@@ -8,8 +8,9 @@ untied head, no dropout, AdamW. On a machine with a GPU (and nntile built with C
 train there: PyTorch with TF32 matrix products for tf32, the model cast to bfloat16 for
 bf16. Otherwise both train on the CPU; pass --tile-batch 1 (or other tiles) there, since a
 single tile per dimension leaves all but one StarPU worker idle. PyTorch runs first, with
-StarPU's workers paused, and gives its memory back before ours runs. A side that runs out
-of memory is reported as "oom", any other failure as "error" with its text.
+StarPU's workers paused and before our model exists, and gives its memory back before ours
+is built from the same initial weights. A side that runs out of memory is reported as "oom",
+any other failure as "error" with its text.
 
 Prints tokens/s, model TFLOP/s (6 N tokens + 12 L E T tokens per step, N from
 GPT2Config.num_parameters as in bench/scale.py) and the ratio, then one RESULT JSON line.
@@ -154,18 +155,25 @@ def main(argv=None):
     targets = rng.integers(0, args.vocab, (args.batch, args.seq))
     hf = torch_reference.gpt2(args.vocab, config.n_positions, args.n_embd, args.n_layer,
                               args.n_head)
+    # PyTorch trains first, on a GPU our runtime has not touched yet: building our model runs
+    # tasks that leave tiles on the GPU, which would take PyTorch's memory. Ours then starts
+    # from the same weights, kept on the host meanwhile.
+    initial = {name: value.detach().clone() for name, value in hf.state_dict().items()}
     with nntile.Context(ncpu=ncpu, ncuda=ncuda, sched=args.sched, verbose=True) as ctx:
+        with paused(ctx):
+            theirs = run_pytorch(hf, device, args, ids, targets, flops, warmup)
+        print(describe("pytorch", theirs), flush=True)
+        hf.to("cpu", torch.float32)  # the trainer moved (and for bf16 cast) it
+        hf.load_state_dict(initial)
+        del initial
+        if gpu:
+            torch.cuda.empty_cache()
         try:
             model = GPT2LMHead.from_transformers(hf, tiling, args.dtype)
             ctx.wait()
         except Exception as exc:
             model, ours = None, failure(exc)
-        with paused(ctx):
-            theirs = run_pytorch(hf, device, args, ids, targets, flops, warmup)
-        del hf  # the trainer moved it to the device: drop the last reference, free the GPU
-        if gpu:
-            torch.cuda.empty_cache()
-        print(describe("pytorch", theirs), flush=True)
+        del hf
         if model is not None:
             ours = run_ours(ctx, model, args, ids, targets, flops, warmup)
             model.unregister()
