@@ -24,7 +24,11 @@ import sys
 import time
 
 import numpy as np
-import torch
+
+# PyTorch's best chance at the largest sizes: whole-segment growth instead of fragments
+# (read when CUDA is first used)
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+import torch  # noqa: E402
 
 import nntile
 import torch_reference
