@@ -252,3 +252,14 @@ def test_train_refuses_a_model_that_cannot_fit_before_starting(tmp_path):
     assert lines[0].startswith("nntile-train: error: not enough memory: the run needs ")
     assert "parameters 768." in lines[0]  # 64 x 12 x 16384^2 x 4 bytes = 768 GiB, and more
     assert not out.exists()
+
+
+def test_default_gpu_limit_leaves_a_fixed_reserve_on_large_gpus_and_90_percent_on_small():
+    h100 = 81559 * memory.MiB  # nvidia-smi's total of an H100 80GB
+    limit = memory.default_cuda_limit_mib(h100) * memory.MiB
+    assert h100 - limit == pytest.approx(3 * memory.GiB, abs=memory.MiB)
+    assert limit > 0.95 * h100
+    for small in (8 * memory.GiB, 16 * memory.GiB):  # 10% is under 3 GiB: StarPU's own margin
+        assert memory.default_cuda_limit_mib(small) == int(0.9 * small) // memory.MiB
+    b = memory.budget(2 * h100, 100 * memory.GiB, ngpu=2)
+    assert b["gpu"] == 2 * limit and "nntile's default" in b.summary()

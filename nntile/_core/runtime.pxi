@@ -158,6 +158,8 @@ class Context:
         self.rank = 0
         self.world_size = 1
         self.comm = None
+        self._cuda_limit = None
+        self._limit_set_by_default = False
         self._starpu_comm = None
         self._epoch = -1
         if self.ncuda and not HAVE_CUDA:
@@ -183,9 +185,23 @@ class Context:
                 result[name] = (None, "StarPU default")
         if result["ncuda"][0] is None and not HAVE_CUDA:
             result["ncuda"] = (0, "built without CUDA")
+        if result["limit_cuda_mem"][0] is None and HAVE_CUDA and str(result["ncuda"][0]) != "0":
+            limit = self._default_cuda_limit()
+            if limit is not None:
+                result["limit_cuda_mem"] = (limit, "nntile default: GPU memory less "
+                                            "max(3 GiB, 3%)")
         if result["sched"][0] is None:
             result["sched"] = (self._default_sched(), "nntile default")
         return result
+
+    def _default_cuda_limit(self):
+        """StarPU keeps 10% of every GPU free; far more than needed on a large one (see
+        nntile.memory.default_cuda_limit_mib). MiB for the smallest visible GPU, or None."""
+        if self._cuda_limit is None:
+            from nntile import memory
+            sizes = memory.gpu_memory()
+            self._cuda_limit = memory.default_cuda_limit_mib(min(sizes)) if sizes else 0
+        return self._cuda_limit or None
 
     def _default_sched(self):
         # Locality work stealing suits CPU-only runs. With GPUs the dmda family places tasks
@@ -210,6 +226,9 @@ class Context:
             value = getattr(self, name)
             if value is not None:
                 os.environ[env] = str(value)
+        if settings["limit_cuda_mem"][1].startswith("nntile default"):
+            os.environ["STARPU_LIMIT_CUDA_MEM"] = str(settings["limit_cuda_mem"][0])
+            self._limit_set_by_default = True
         cdef starpu_conf conf
         check(starpu_conf_init(&conf), "starpu_conf_init")
         sched_name = str(settings["sched"][0]).encode()
@@ -471,6 +490,9 @@ class Context:
             if self._starpu_comm is not None:
                 self._starpu_comm.Free()
                 self._starpu_comm = None
+            if self._limit_set_by_default:  # a later Context decides afresh
+                os.environ.pop("STARPU_LIMIT_CUDA_MEM", None)
+                self._limit_set_by_default = False
 
     def __enter__(self):
         if _running_context is not self:
