@@ -57,7 +57,8 @@ unpack_build() {
     mkdir -p "$prefix" && cp -a "$stage/prefix/." "$prefix/" && cp -a "$stage/tree/." . || return 1
     echo "$prefix" > build/starpu-prefix && rm -rf "$stage"
 }
-if ! want build && [ ! -f build/starpu-prefix ] && [ -f "$prebuilt" ]; then
+# with "build" too, StarPU then comes from the pack and only nntile is built again
+if [ ! -f build/starpu-prefix ] && [ -f "$prebuilt" ]; then
     step unpack-build unpack_build || exit 1
 fi
 if want build || [ ! -f build/starpu-prefix ]; then
