@@ -179,6 +179,9 @@ class Context:
             value = getattr(self, name)
             if value is not None:
                 result[name] = (value, "argument")
+            elif name == "limit_cuda_mem" and self._limit_set_by_default:
+                result[name] = (self._cuda_limit, "nntile default: GPU memory less "
+                                "max(3 GiB, 3%)")
             elif os.environ.get(env):
                 result[name] = (os.environ[env], f"${env}")
             else:
