@@ -36,12 +36,7 @@
 #define LOAD(x) ((float)(x))
 #define STORE(x) ((float)(x))
 #define STORE_DOUBLE(x) ((float)(x))
-#define EXP expf
-#define VEXP nntile_vexpf
-#define LOG logf
-#define ERF erff
-#define TANH tanhf
-#define SQRT sqrtf
+#include "float_math.h"
 #define CBLAS_GEMM cblas_sgemm
 #include "instantiate_one.h"
 
@@ -70,12 +65,7 @@
 #define LOAD(x) nntile_bf16_to_float(x)
 #define STORE(x) nntile_float_to_bf16((float)(x))
 #define STORE_DOUBLE(x) nntile_double_to_bf16(x)
-#define EXP expf
-#define VEXP nntile_vexpf
-#define LOG logf
-#define ERF erff
-#define TANH tanhf
-#define SQRT sqrtf
+#include "float_math.h"
 #include "instantiate_one.h"
 
 #undef FN
