@@ -105,6 +105,9 @@ _SETTINGS = (
     ("calibrate", "STARPU_CALIBRATE"),
 )
 
+# where Context.settings() says limit_cuda_mem came from when nntile chose it
+_CUDA_LIMIT_DEFAULT = "nntile default: GPU memory less max(3 GiB, 3%)"
+
 
 def _positive_int_or_none(name, value, allow_zero):
     if value is None:
@@ -179,10 +182,8 @@ class Context:
             value = getattr(self, name)
             if value is not None:
                 result[name] = (value, "argument")
-            elif name == "limit_cuda_mem" and self._limit_set_by_default:
-                result[name] = (self._cuda_limit, "nntile default: GPU memory less "
-                                "max(3 GiB, 3%)")
-            elif os.environ.get(env):
+            elif os.environ.get(env) and not (name == "limit_cuda_mem"
+                                              and self._limit_set_by_default):
                 result[name] = (os.environ[env], f"${env}")
             else:
                 result[name] = (None, "StarPU default")
@@ -191,8 +192,7 @@ class Context:
         if result["limit_cuda_mem"][0] is None and HAVE_CUDA and str(result["ncuda"][0]) != "0":
             limit = self._default_cuda_limit()
             if limit is not None:
-                result["limit_cuda_mem"] = (limit, "nntile default: GPU memory less "
-                                            "max(3 GiB, 3%)")
+                result["limit_cuda_mem"] = (limit, _CUDA_LIMIT_DEFAULT)
         if result["sched"][0] is None:
             result["sched"] = (self._default_sched(), "nntile default")
         return result
@@ -229,7 +229,7 @@ class Context:
             value = getattr(self, name)
             if value is not None:
                 os.environ[env] = str(value)
-        if settings["limit_cuda_mem"][1].startswith("nntile default"):
+        if settings["limit_cuda_mem"][1] == _CUDA_LIMIT_DEFAULT:
             os.environ["STARPU_LIMIT_CUDA_MEM"] = str(settings["limit_cuda_mem"][0])
             self._limit_set_by_default = True
         cdef starpu_conf conf
