@@ -85,8 +85,10 @@ if want multigpu || want wide-1gpu; then
     want multigpu && [ "$ngpu" -gt 1 ] && step "wide-${ngpu}gpu" timeout "$run_limit" python3 bench/scale.py \
         --n-embd "$wide_embd" --ncuda "$ngpu" "${wide[@]}"
 fi
-# --bind-to none: nntile gives each rank on a node its own share of the cores
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x PYTHONUNBUFFERED -x PATH)
+# --bind-to none: nntile gives each rank on a node its own share of the cores. The watchdog
+# prints when no task ends for 10 s: a stall shows in the log, not as silence.
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x PYTHONUNBUFFERED -x PATH
+     -x STARPU_WATCHDOG_TIMEOUT=10000000)
 if (want mpi-small || want mpi) && [ "$ngpu" -gt 1 ]; then
     # StarPU measures the bus on its first start on a machine and stores it under ~/.starpu;
     # one process does it here, so that ranks starting together do not race on those files
@@ -97,16 +99,14 @@ if want mpi-small && [ "$ngpu" -gt 1 ]; then
     # with Open MPI's ob1 layer instead of UCX
     small=(--n-embd 1024 --n-layer 2 --batch 4 --steps 3 --ncpu 0 --ncuda 1 --tile-batch 2
            --tile-embd 512 --tile-inner 2048 --tile-head 4 --tile-vocab 8192 --distribution data)
-    # the watchdog prints when no task ends for 10 s: a stall shows in the log, not as silence
-    step mpi-small timeout 60 "${mpi[@]}" -x STARPU_WATCHDOG_TIMEOUT=10000000 -np "$ngpu" \
-        python3 bench/scale.py "${small[@]}" ||
-    step mpi-small-ob1 timeout 60 "${mpi[@]}" -x STARPU_WATCHDOG_TIMEOUT=10000000 \
-        --mca pml ob1 -np "$ngpu" python3 bench/scale.py "${small[@]}"
+    step mpi-small timeout 60 "${mpi[@]}" -np "$ngpu" python3 bench/scale.py "${small[@]}" ||
+    step mpi-small-ob1 timeout 60 "${mpi[@]}" --mca pml ob1 -np "$ngpu" python3 bench/scale.py \
+        "${small[@]}"
 fi
 if want mpi && [ "$ngpu" -gt 1 ]; then
     for dist in ${NNTILE_MPI_DISTRIBUTIONS:-data tensor}; do
         step "mpi-${ngpu}rank-$dist" timeout "$run_limit" "${mpi[@]}" \
-            -x STARPU_WATCHDOG_TIMEOUT=10000000 ${NNTILE_MPIRUN_ARGS:-} -np "$ngpu" python3 \
+            ${NNTILE_MPIRUN_ARGS:-} -np "$ngpu" python3 \
             bench/scale.py --n-embd "$wide_embd" --ncuda 1 --distribution "$dist" "${wide[@]}"
     done
 fi
