@@ -74,14 +74,15 @@ def gemm_case(draw):
              for name, dims in (("batch", batch), ("M", M), ("N", N), ("K", K))}
     ta = draw(st.booleans())
     tb = draw(st.booleans())
-    return batch, M, N, K, tiles, ta, tb
+    seed = draw(st.integers(0, 2**32 - 1))
+    return batch, M, N, K, tiles, ta, tb, seed
 
 
 @settings(max_examples=60, deadline=None)
 @given(gemm_case())
 def test_gemm_random_shapes_and_tilings(ctx, case):
-    batch, M, N, K, tiles, ta, tb = case
-    rng = np.random.default_rng()
+    batch, M, N, K, tiles, ta, tb, seed = case
+    rng = np.random.default_rng(seed)
     nb, nk = len(batch), len(K)
     a_shape = batch + (K + M if ta else M + K)
     a_tiles = tiles["batch"] + (tiles["K"] + tiles["M"] if ta else tiles["M"] + tiles["K"])
