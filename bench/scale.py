@@ -133,34 +133,30 @@ def main(argv=None):
     say(f"model: n_embd {E}, {args.n_layer} layers, {nparams / 1e9:.2f}B parameters, "
         f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}", flush=True)
 
-    from nntile import HAVE_CUDA
+    from nntile.cli_common import CLIError
+    from nntile.distributed import Distribution
     init = "tiles"
+    distribution = Distribution.parse(args.distribution, nranks) if nranks > 1 else None
     est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=init)
     backend = set_disk_swap(args, est)
-    ncuda = args.ncuda if args.ncuda is not None else memory.env_int("STARPU_NCUDA")
-    gpus = memory.gpu_memory() if HAVE_CUDA and ncuda != 0 else []
-    gpus = gpus[:ncuda] if ncuda is not None else gpus
-    limit_cuda = args.limit_cuda_mem or memory.env_int("STARPU_LIMIT_CUDA_MEM")
-    limit_cpu = args.limit_cpu_mem or memory.env_int("STARPU_LIMIT_CPU_MEM")
-    print(f"memory estimate: {est.summary()}", flush=True)
-    if nranks > 1:  # the estimate is for the whole model: each rank holds a share
-        args.force = True
-    try:
-        budget = memory.check_fits(est, sum(gpus), memory.host_memory(), limit_cuda, limit_cpu,
-                                   memory.disk_swap_bytes(), len(gpus))
-        print(f"memory budget: StarPU may use {budget.summary()}", flush=True)
-    except memory.MemoryBudgetError as exc:
-        if not args.force:
-            print(f"scale.py: error: {exc} (--force runs it anyway)", file=sys.stderr, flush=True)
-            return 2
-        print(f"scale.py: warning: {exc} (--force: running anyway)", flush=True)
+    for flag, variable in ((args.limit_cuda_mem, "STARPU_LIMIT_CUDA_MEM"),
+                           (args.limit_cpu_mem, "STARPU_LIMIT_CPU_MEM")):
+        if flag:
+            os.environ[variable] = str(flag)
+    if args.force:
+        os.environ["NNTILE_MEMORY_CHECK"] = "0"
+    try:  # under mpirun: this rank's share, and all ranks agree
+        est = memory.preflight(config, args.batch, args.seq, tiling, args.dtype,
+                               ncuda=args.ncuda, init=init, prog="scale.py", quiet_below=0,
+                               distribution=distribution)
+    except CLIError as exc:
+        print(f"scale.py: error: {exc} (--force runs it anyway)", file=sys.stderr, flush=True)
+        return 2
 
     import nntile
     from nntile.models import GPT2LMHead
     from nntile.optim import AdamW
-    from nntile.distributed import Distribution
     rng = np.random.default_rng(0)
-    distribution = Distribution.parse(args.distribution, nranks) if nranks > 1 else None
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
                         verbose=rank == 0, distribution=distribution,
@@ -202,8 +198,9 @@ def main(argv=None):
                 sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - before))
             if measured is None:  # every tensor exists after the first step
                 measured = memory.live_tensor_bytes()[1]
+                whole = sum(spec.nbytes for spec in est.specs)
                 say(f"registered tensors: {memory.fmt_bytes(measured)} "
-                    f"(estimate {memory.fmt_bytes(est.total)})", flush=True)
+                    f"(estimate {memory.fmt_bytes(whole)})", flush=True)
             show_memory(ctx, say)
             moved = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
             say(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
@@ -213,7 +210,8 @@ def main(argv=None):
                       seq=args.seq, step_s=best, tokens_per_s=tokens / best,
                       tflops=flops_per_step / best / 1e12, losses=losses,
                       max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                      estimate_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
+                      estimate_gib=sum(spec.nbytes for spec in est.specs) / 2**30,
+                      rank_need_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
                       wont_use=args.wont_use, disk_swap=args.disk_swap, disk_backend=backend,
                       workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
                       distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,

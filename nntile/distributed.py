@@ -17,9 +17,35 @@ Ranks form a grid of ``data`` x ``tensor`` processes (rank = d * tensor + t):
 For other layouts, ``block_cyclic`` gives the owners of any tile grid over any process grid;
 a tensor takes such a list directly (``Tensor(shape, tiles, owners=[...])``).
 """
+import os
+
 import numpy as np
 
 CHOICES = ("data", "tensor", "mixed")
+
+
+def local_rank():
+    """(rank on this node, ranks on this node) as the launcher (Open MPI, MPICH/Hydra, Slurm)
+    tells it, or None outside such a launcher."""
+    local = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                          "SLURM_LOCALID") if os.environ.get(v)), None)
+    nlocal = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+                   if os.environ.get(v)), None)
+    if local is None or nlocal is None:
+        return None
+    return int(local), int(nlocal)
+
+
+def local_rank_gpus(ncuda=None):
+    """The CUDA devices this rank takes when several ranks share a node: local rank r gets
+    r*k ... r*k+k-1 for k CUDA workers per rank (``ncuda``, else STARPU_NCUDA, else 1). None
+    when there is nothing to choose (one rank on the node, ncuda=0) or STARPU_WORKERS_CUDAID
+    already names the devices."""
+    local = local_rank()
+    if os.environ.get("STARPU_WORKERS_CUDAID") or ncuda == 0 or local is None or local[1] < 2:
+        return None
+    per_rank = ncuda or int(os.environ.get("STARPU_NCUDA") or 1)
+    return [local[0] * per_rank + j for j in range(per_rank)]
 
 
 def block_cyclic(grid, process_grid, axes=None):

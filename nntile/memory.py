@@ -32,6 +32,8 @@ import shutil
 import subprocess
 from collections import Counter
 
+import numpy as np
+
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp64": 8, "bf16": 2, "int64": 8}
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "workspaces",
               "logits")
@@ -67,16 +69,38 @@ def fmt_bytes(n):
 
 
 class TensorSpec:
-    """One tensor the run registers: its shape, tiles, dtype and what it is for."""
+    """One tensor the run registers: its shape, tiles, dtype, what it is for, and under
+    StarPU-MPI how its tiles get owners (``owners`` as ``Tensor(owners=...)`` takes it: None
+    for weight-like tensors, "batch" for tensors with the batch first, or a list of ranks)."""
 
-    __slots__ = ("name", "shape", "basetile", "dtype", "category")
+    __slots__ = ("name", "shape", "basetile", "dtype", "category", "owners")
 
-    def __init__(self, name, shape, basetile, dtype, category):
+    def __init__(self, name, shape, basetile, dtype, category, owners=None):
         self.name = name
         self.shape = tuple(int(n) for n in shape)
         self.basetile = tuple(int(b) for b in basetile)
         self.dtype = dtype
         self.category = category
+        self.owners = owners
+
+    @property
+    def grid(self):
+        return tuple(-(-n // b) for n, b in zip(self.shape, self.basetile))
+
+    def tile_bytes(self):
+        """Bytes of each tile, in the C order of the tile grid (tile i of the Tensor)."""
+        per_dim = [np.array([b] * (n // b) + ([n % b] if n % b else []), dtype=np.int64)
+                   for n, b in zip(self.shape, self.basetile)]
+        elems = np.ones(1, dtype=np.int64)
+        for sizes in per_dim:
+            elems = np.multiply.outer(elems, sizes).reshape(-1)
+        return elems * self.itemsize
+
+    def tile_owners(self, distribution):
+        """The rank of each tile under ``distribution`` (an nntile.distributed.Distribution)."""
+        if isinstance(self.owners, (list, tuple)):
+            return np.asarray(self.owners, dtype=np.int64)
+        return np.asarray(distribution.owners(self.grid, self.owners == "batch"), dtype=np.int64)
 
     @property
     def itemsize(self):
@@ -143,12 +167,13 @@ def resolve_tiles(config, tiling=None):
 
 
 def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw",
-                 grad_clip=True, training=True):
+                 grad_clip=True, training=True, nranks=1):
     """Every tensor a GPT2LMHead run registers, in the order the code creates them.
 
     ``training``: forward, loss and backward have run once for [batch, seq] (forward only
     creates the forward buffers). ``optimizer``: "adamw" (two states per parameter), "sgd"
-    (one buffer per parameter) or None; ``grad_clip``: the optimizer's one-element norm tensor.
+    (one buffer per parameter) or None; ``grad_clip``: the optimizer's one-element norm tensor
+    (and under StarPU-MPI, with ``nranks`` > 1, one partial norm per rank).
     """
     if dtype not in ("fp32", "tf32", "fp64", "bf16"):
         raise ValueError(f"dtype {dtype!r}: use fp32, tf32, fp64 or bf16")
@@ -163,8 +188,8 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     e, h, i, v = t["embd"], t["head"], t["inner"], t["vocab"]
     specs = []
 
-    def add(name, shape, tiles, category, kind=dtype):
-        specs.append(TensorSpec(name, shape, tiles, kind, category))
+    def add(name, shape, tiles, category, kind=dtype, owners=None):
+        specs.append(TensorSpec(name, shape, tiles, kind, category, owners))
 
     # parameters (value and gradient), as Module.add_param creates them
     params = [("transformer.wte.weight", (V, E), (v, e)),
@@ -190,12 +215,17 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     if optimizer is not None:
         if grad_clip:
             add("optimizer/normsq", (1,), (1,), "optimizer_states")
+            if nranks > 1:
+                add("optimizer/normsq_parts", (nranks, 1), (1, 1), "optimizer_states",
+                    owners=list(range(nranks)))
         states = ("momentum_buffer",) if optimizer == "sgd" else ("exp_avg", "exp_avg_sq")
         for name, shape, tiles in params:
             for state in states:
                 add(f"{name}/{state}", shape, tiles, "optimizer_states")
 
-    # the [batch, seq] workspace (gpt2.pyx _Workspace) and each layer's buffers
+    # the [batch, seq] workspace (gpt2.pyx _Workspace) and each layer's buffers: all have the
+    # batch first, and under StarPU-MPI share their batch tiles out (owners="batch")
+    first_batched = len(specs)
     B, T = batch, seq
     bt, tt = min(t["batch"] or B, B), min(t["seq"], T)
     x, xt = (B, T, E), (bt, tt, e)
@@ -236,6 +266,8 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
         add("scratch.rowacc", row, rowt, "workspaces")
     add("transformer.ln_f.stats", row, rowt, "activations")
     add("transformer.ln_f.y", x, xt, "activations")
+    for spec in specs[first_batched:]:
+        spec.owners = "batch"
     return specs
 
 
@@ -250,6 +282,10 @@ class Estimate:
 
     def __getitem__(self, category):
         return self.breakdown[category]
+
+    def with_args(self, args):
+        """The same estimate for other tensor_specs arguments (a smaller batch, ...)."""
+        return Estimate(tensor_specs(**args), args, self.init)
 
     def keys(self):
         return self.breakdown.keys()
@@ -310,17 +346,92 @@ class Estimate:
         return f"<Estimate {self.summary()}>"
 
 
+# Under StarPU-MPI a task runs on the rank that owns the tiles it writes and receives the
+# tiles it reads from their owners. Gradients and optimizer states are only ever read by
+# tasks of their own rank (the optimizer step, the partial gradient norm); tiles of these
+# categories may be read by other ranks' tasks, which then hold a received copy.
+READ_BY_OTHER_RANKS = ("parameters", "activations", "workspaces", "logits")
+
+
+def _alloc_sizes(tile_bytes):
+    """StarPU's rounding of each tile of up to 4 MiB to its 16 KiB sub-allocation blocks."""
+    rounded = -(-np.maximum(tile_bytes, 1) // SUBALLOC_BLOCK) * SUBALLOC_BLOCK
+    return np.where(tile_bytes <= SUBALLOC_MAX, rounded, tile_bytes)
+
+
+class RankEstimate(Estimate):
+    """What one rank of a StarPU-MPI run holds: the tiles it owns (exact), plus room for a
+    received copy of every tile of other ranks that tasks may read (parameters, activations,
+    workspaces, logits; not gradients or optimizer states, which stay with their owner).
+    StarPU-MPI keeps a received copy until the owner writes the tile, so the room is an upper
+    bound; measured on loopback, the copies alive at once were well under it.
+
+    The categories (``est["parameters"]`` ...) and ``total`` are owned + room; ``owned`` and
+    ``received`` give the two parts."""
+
+    def __init__(self, whole, distribution, rank):
+        super().__init__(whole.specs, whole.args, whole.init)
+        self.whole = whole
+        if not 0 <= rank < distribution.nranks:
+            raise ValueError(f"rank {rank} does not exist in a run of {distribution.nranks}")
+        self.distribution, self.rank = distribution, rank
+        self.owned = dict.fromkeys(CATEGORIES, 0)
+        self.received = dict.fromkeys(CATEGORIES, 0)
+        self._alloc = 0
+        self._owned_params_tiles = 0
+        for spec in self.specs:
+            sizes = spec.tile_bytes()
+            mine = spec.tile_owners(distribution) == rank
+            held = mine if spec.category not in READ_BY_OTHER_RANKS else np.ones_like(mine)
+            self.owned[spec.category] += int(sizes[mine].sum())
+            self.received[spec.category] += int(sizes[held & ~mine].sum())
+            self._alloc += int(_alloc_sizes(sizes[held]).sum())
+        self.breakdown = {c: self.owned[c] + self.received[c] for c in CATEGORIES}
+
+    def with_args(self, args):
+        return RankEstimate(super().with_args(args), self.distribution, self.rank)
+
+    @property
+    def alloc_bytes(self):
+        return self._alloc
+
+    @property
+    def owned_total(self):
+        return sum(self.owned.values())
+
+    @property
+    def init_host_peak(self):
+        """Each rank writes only the parameter tiles it owns."""
+        return self.owned["parameters"] + self.init_numpy_bytes
+
+    def summary(self):
+        return (f"rank {self.rank} of {self.distribution.nranks} "
+                f"({self.distribution.describe()}): {fmt_bytes(self.total)} = "
+                f"{fmt_bytes(self.owned_total)} of tiles it owns + up to "
+                f"{fmt_bytes(sum(self.received.values()))} of other ranks' tiles it reads; "
+                f"the whole model: {self.whole.summary()}")
+
+
 def estimate(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw", grad_clip=True,
-             training=True, init="full"):
+             training=True, init="full", distribution=None, rank=None):
     """Bytes a GPT2LMHead run registers for ``config`` and a [batch, seq] input: parameters,
     gradients, optimizer states, activations kept for backward, workspaces (inputs, backward
     buffers, gradient ping-pong) and logits. ``init``: how weights are written from numpy
-    ("full" arrays, per "tiles", or None when they come from GPU tasks)."""
+    ("full" arrays, per "tiles", or None when they come from GPU tasks).
+
+    With a ``distribution`` of several ranks (nntile.distributed), what ``rank`` holds: a
+    RankEstimate."""
     if init not in ("full", "tiles", None):
         raise ValueError(f"init {init!r}: use 'full', 'tiles' or None")
+    nranks = distribution.nranks if distribution is not None else 1
     args = dict(config=config, batch=batch, seq=seq, tiling=dict(tiling or {}), dtype=dtype,
-                optimizer=optimizer, grad_clip=grad_clip, training=training)
-    return Estimate(tensor_specs(**args), args, init)
+                optimizer=optimizer, grad_clip=grad_clip, training=training, nranks=nranks)
+    whole = Estimate(tensor_specs(**args), args, init)
+    if nranks == 1:
+        return whole
+    if rank is None:
+        raise ValueError("estimate(distribution=...) needs the rank whose share to estimate")
+    return RankEstimate(whole, distribution, rank)
 
 
 # ---- what the machine offers --------------------------------------------------------------
@@ -507,7 +618,7 @@ def _suggestions(est, b, strict):
             tiling["batch"] = min(tiling["batch"], new["batch"])
         new["tiling"] = tiling
         try:
-            return _fits(Estimate(tensor_specs(**new), new, est.init), b, strict) is None
+            return _fits(est.with_args(new), b, strict) is None
         except ValueError:
             return False
 
@@ -521,6 +632,9 @@ def _suggestions(est, b, strict):
     if batch:
         out.append(f"batch <= {batch}")
     out.append("a smaller n_embd")
+    if isinstance(est, RankEstimate):
+        out.append("more ranks (each then owns a smaller share of the gradients and "
+                   "optimizer states)")
     if not b["disk"]:
         out.append("disk swap (STARPU_DISK_SWAP) for what host memory cannot hold")
     return out
@@ -566,31 +680,81 @@ def disk_swap_bytes():
     return min(size * MiB, free) if size is not None else free
 
 
-def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimizer="adamw",
-              grad_clip=True, init="full", prog="nntile", quiet_below=GiB, strict=True):
-    """The check a program runs before StarPU starts: estimate, read the machine (and the
-    STARPU_LIMIT_*_MEM / STARPU_DISK_SWAP* variables), print the estimate on stderr when it is
-    at least ``quiet_below`` bytes, and raise a CLIError (one line, exit code 2) when the run
-    cannot fit. NNTILE_MEMORY_CHECK=0 skips the refusal."""
-    import sys
+def _gpus_of_this_process(ncuda):
+    """Memory of each GPU StarPU will use in this process: the visible ones, or under mpirun
+    with several ranks on the node the ones its local rank takes (the Context's choice)."""
     from nntile import HAVE_CUDA
-    from nntile.cli_common import CLIError
-    est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init)
+    from nntile.distributed import local_rank_gpus
     if ncuda is None:
         ncuda = env_int("STARPU_NCUDA")
     gpus = gpu_memory() if HAVE_CUDA and ncuda != 0 else []
-    if ncuda is not None:
-        gpus = gpus[:ncuda]
+    chosen = local_rank_gpus(ncuda)
+    named = os.environ.get("STARPU_WORKERS_CUDAID", "").replace(",", " ").split()
+    if chosen is None and all(n.isdigit() for n in named) and named:
+        chosen = [int(n) for n in named]
+    if chosen is not None:
+        gpus = [gpus[i] for i in chosen if i < len(gpus)]
+    return gpus[:ncuda] if ncuda is not None else gpus
+
+
+def _host_memory_of_this_process():
+    """Host memory available now, shared equally among the ranks of this node."""
+    from nntile.distributed import local_rank
+    local = local_rank()
+    return host_memory() // (local[1] if local else 1)
+
+
+def _agree(refusal):
+    """Under mpirun, every rank learns the first rank's refusal (or that all fit), so that
+    all stop with the same message or all go on: a lone refusal would leave the other ranks
+    waiting in StarPU-MPI's start for it."""
+    from nntile.cli_common import launcher_rank
+    _, size = launcher_rank()
+    if size < 2:
+        return refusal
+    from mpi4py import MPI
+    refusals = MPI.COMM_WORLD.allgather(refusal)
+    if refusal is not None:
+        return refusal
+    return next((f"rank {rank} cannot fit its share: {text}"
+                 for rank, text in enumerate(refusals) if text is not None), None)
+
+
+def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimizer="adamw",
+              grad_clip=True, init="full", prog="nntile", quiet_below=GiB, strict=True,
+              distribution=None):
+    """The check a program runs before StarPU starts: estimate, read the machine (and the
+    STARPU_LIMIT_*_MEM / STARPU_DISK_SWAP* variables), print the estimate on stderr when it is
+    at least ``quiet_below`` bytes, and raise a CLIError (one line, exit code 2) when the run
+    cannot fit. NNTILE_MEMORY_CHECK=0 skips the refusal.
+
+    Under mpirun with a ``distribution``, each rank checks its own share (a RankEstimate)
+    against its GPUs and its part of the node's host memory, and all ranks agree: one rank
+    that cannot fit stops them all, each with the message."""
+    import sys
+    from nntile.cli_common import CLIError, launcher_rank
+    rank, nranks = launcher_rank()
+    if distribution is not None and distribution.nranks > 1:
+        est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init,
+                       distribution=distribution, rank=rank)
+    else:
+        est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init)
+    gpus = _gpus_of_this_process(ncuda)
+    refusal, b = None, None
     try:
-        b = check_fits(est, sum(gpus), host_memory(), env_int("STARPU_LIMIT_CUDA_MEM"),
-                       env_int("STARPU_LIMIT_CPU_MEM"), disk_swap_bytes(), len(gpus), strict)
+        b = check_fits(est, sum(gpus), _host_memory_of_this_process(),
+                       env_int("STARPU_LIMIT_CUDA_MEM"), env_int("STARPU_LIMIT_CPU_MEM"),
+                       disk_swap_bytes(), len(gpus), strict)
     except MemoryBudgetError as exc:
+        refusal = str(exc)
+    refusal = _agree(refusal)
+    if refusal is not None:
         if os.environ.get("NNTILE_MEMORY_CHECK", "1") == "0":
-            print(f"{prog}: warning: {exc} (NNTILE_MEMORY_CHECK=0: trying anyway)",
+            print(f"{prog}: warning: {refusal} (NNTILE_MEMORY_CHECK=0: trying anyway)",
                   file=sys.stderr, flush=True)
             return est
-        raise CLIError(f"{exc} (NNTILE_MEMORY_CHECK=0 tries anyway)") from None
-    if est.total >= quiet_below:
+        raise CLIError(f"{refusal} (NNTILE_MEMORY_CHECK=0 tries anyway)")
+    if est.total >= quiet_below and rank == 0:
         print(f"{prog}: memory: needs {est.summary()}; StarPU may use {b.summary()}",
               file=sys.stderr, flush=True)
     return est
@@ -607,6 +771,18 @@ def live_tensors():
 
 def tensor_bytes(tensor):
     return tensor.traits.size * tensor.numpy_dtype.itemsize
+
+
+def live_owned_bytes(rank):
+    """Bytes of the tiles of registered tensors that ``rank`` owns (all tiles with one
+    process): what RankEstimate.owned_total predicts."""
+    total = 0
+    for tensor in live_tensors():
+        spec = TensorSpec("", tensor.shape, tensor.basetile, tensor.dtype, None)
+        sizes = spec.tile_bytes()
+        total += int(sizes.sum() if tensor.owners is None
+                     else sizes[np.asarray(tensor.owners) == rank].sum())
+    return total
 
 
 def live_tensor_bytes():

@@ -415,10 +415,10 @@ def _duration(seconds):
 def train_main(argv=None):
     args = build_parser().parse_args(argv)
     s = resolve(args)
+    distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
     preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
-              grad_clip=bool(s.grad_clip), prog="nntile-train")
-    distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
+              grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution)
     prepare_out(s, args)
     from tqdm import tqdm
     lead, _ = launcher_rank()  # under mpirun only rank 0 talks and writes metrics

@@ -263,3 +263,63 @@ def test_default_gpu_limit_leaves_a_fixed_reserve_on_large_gpus_and_90_percent_o
         assert memory.default_cuda_limit_mib(small) == int(0.9 * small) // memory.MiB
     b = memory.budget(2 * h100, 100 * memory.GiB, ngpu=2)
     assert b["gpu"] == 2 * limit and "nntile's default" in b.summary()
+
+
+# ---- one rank's share under StarPU-MPI -------------------------------------------------------
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("grid", [(2, 1), (1, 2), (2, 2), (3, 1), (1, 3)])
+def test_ranks_own_every_tile_once_and_gradients_and_states_stay_home(case, grid):
+    from nntile.distributed import Distribution
+    fields, B, T, tiling, dtype, optimizer = CASES[case]
+    config = GPT2Config(**fields)
+    dist = Distribution(*grid)
+    tiling = dict(tiling, batch=1)  # enough batch tiles for every data group
+    shares = [memory.estimate(config, B, T, tiling, dtype, optimizer, distribution=dist, rank=r)
+              for r in range(dist.nranks)]
+    whole = shares[0].whole
+    assert whole.total == memory.estimate(config, B, T, tiling, dtype, optimizer).total + (
+        dist.nranks * memory.DTYPE_BYTES[dtype])  # the per-rank partial gradient norms
+    for category in memory.CATEGORIES:
+        assert sum(s.owned[category] for s in shares) == whole[category]
+    for s in shares:
+        for category in ("gradients", "optimizer_states"):
+            assert s.received[category] == 0 and s[category] == s.owned[category]
+        for category in memory.READ_BY_OTHER_RANKS:  # room for every tile read elsewhere
+            assert s[category] == whole[category]
+        assert s.owned_total < whole.total and s.total <= whole.total
+        assert s.alloc_bytes >= s.total
+
+
+def test_rank_share_follows_the_distribution():
+    """Data parallelism: weights, their gradients and states go round-robin over the ranks;
+    batch tiles go to data groups in turn."""
+    from nntile.distributed import Distribution
+    config = GPT2Config(vocab_size=64, n_positions=8, n_embd=8, n_layer=1, n_head=1)
+    tiling = dict(batch=1, seq=8, embd=8, head=1, inner=32, vocab=32)
+    dist = Distribution.data_parallel(2)
+    r0, r1 = (memory.estimate(config, 2, 8, tiling, "fp32", distribution=dist, rank=r)
+              for r in (0, 1))
+    # wte (64 x 8) has two tiles of 32 x 8: one per rank; so has its gradient
+    spec = next(s for s in r0.specs if s.name == "transformer.wte.weight/grad")
+    assert spec.tile_owners(dist).tolist() == [0, 1]
+    logits = next(s for s in r0.specs if s.name == "logits")  # [2, 8, 64], tiles [1, 8, 32]
+    assert logits.tile_owners(dist).tolist() == [0, 0, 1, 1]
+    assert r0.owned["logits"] == r1.owned["logits"] == 8 * 64 * 4
+    with pytest.raises(ValueError, match="rank 2 does not exist"):
+        memory.estimate(config, 2, 8, tiling, "fp32", distribution=dist, rank=2)
+    with pytest.raises(ValueError, match="needs the rank"):
+        memory.estimate(config, 2, 8, tiling, "fp32", distribution=dist)
+
+
+def test_rank_that_cannot_fit_is_told_more_ranks_would_help():
+    from nntile.distributed import Distribution
+    config = GPT2Config(vocab_size=1000, n_positions=64, n_embd=128, n_layer=2, n_head=2)
+    dist = Distribution.data_parallel(2)
+    est = memory.estimate(config, 2, 64, dict(batch=1, embd=32, inner=128, vocab=250), "fp32",
+                          distribution=dist, rank=1)
+    with pytest.raises(memory.MemoryBudgetError) as info:
+        memory.check_fits(est, 0, est.total - 1)
+    text = str(info.value)
+    assert "rank 1 of 2 (2 data x 1 tensor)" in text and "more ranks" in text
+    assert memory.check_fits(est, 0, int(est.total / memory.STARPU_MARGIN) + 1)["needs"] == est.total

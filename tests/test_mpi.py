@@ -3,6 +3,7 @@ process. Each case runs real processes through mpirun; they are skipped where nn
 built without StarPU-MPI or mpirun is missing."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,26 +30,27 @@ TRAIN = ["--steps", "4", "--eval-every", "0", "--eval-batches", "1", "--n-layer"
          "--ncpu", "1", "--no-progress", "--save-every", "2", "--keep", "0"]
 
 
-def _env():
+def _env(**extra):
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                STARPU_WORKERS_NOBIND="1", STARPU_SILENT="1",
-               PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]), **extra)
     return env
 
 
-def mpirun(nranks, args, timeout=300):
+def mpirun(nranks, args, timeout=300, env=None):
     cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(nranks),
            sys.executable, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=_env(**(env or {})))
 
 
-def train(out, nranks=None, extra=()):
+def train(out, nranks=None, extra=(), env=None):
     args = ["-m", "nntile.train", *TRAIN, "--out", str(out), *extra]
     if nranks is None:  # one plain process, no MPI at all
         return subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                              timeout=300, env=_env())
-    return mpirun(nranks, args)
+                              timeout=300, env=_env(**(env or {})))
+    return mpirun(nranks, args, env=env)
 
 
 def losses(out):
@@ -282,3 +284,81 @@ def test_bad_distribution_stops_every_rank_with_one_message(tmp_path, nranks, ex
     assert result.stderr.count("error:") == nranks, result.stderr[-3000:]
     assert result.stderr.count(message) == nranks, result.stderr[-3000:]
     assert not os.listdir(tmp_path) or not any(n.endswith(".h5") for n in os.listdir(tmp_path))
+
+
+# ---- what each rank holds ------------------------------------------------------------------
+
+@needs_mpi
+@pytest.mark.parametrize("distribution", ["data", "tensor"])
+def test_each_rank_holds_its_estimated_share(distribution):
+    """The tiles a rank owns are exactly RankEstimate.owned_total, and StarPU's own count of
+    the host memory in use (received copies included) stays within the rank's estimate."""
+    result = mpirun(2, [os.path.join(HERE, "mpi", "rank_memory.py"), distribution])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    # mpirun forwards the ranks' output in chunks that may share a line
+    ranks = [json.loads(m) for m in re.findall(r"\{[^{}]*\}", result.stdout)]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["owned"] == r["est_owned"], r
+        assert r["est_owned"] <= r["peak"] <= r["est_total"] < r["whole"], r
+
+
+WIDER = ["--n-embd", "256", "--tile-embd", "64", "--tile-inner", "256", "--save-every", "0"]
+
+
+def _estimates(distribution, nranks):
+    """(the whole model's estimate, the largest rank share) of the WIDER training run."""
+    from nntile import memory
+    from nntile.train import build_parser, resolve
+    s = resolve(build_parser().parse_args([*TRAIN, *WIDER, "--out", "unused"]))
+    dist = Distribution.parse(distribution, nranks)
+    shares = [memory.estimate(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype,
+                              grad_clip=bool(s.grad_clip), distribution=dist, rank=r)
+              for r in range(nranks)]
+    return shares[0].whole.total, max(share.total for share in shares)
+
+
+@needs_mpi
+def test_two_ranks_train_a_model_one_process_may_not_hold(tmp_path):
+    """Under a host memory limit between one rank's share and the whole model, one process
+    is refused before StarPU starts and two ranks train."""
+    whole, share = _estimates("data", 2)
+    limit = (whole + share) // 2 // 2**20
+    assert share < limit * 2**20 < whole
+    env = {"STARPU_LIMIT_CPU_MEM": str(limit)}
+    alone = train(tmp_path / "one", None, WIDER, env=env)
+    assert alone.returncode == 2 and "not enough memory" in alone.stderr, alone.stderr[-3000:]
+    pair = train(tmp_path / "two", 2, WIDER, env=env)
+    assert pair.returncode == 0, pair.stderr[-3000:]
+    assert len(losses(tmp_path / "two")) == 4
+
+
+@needs_mpi
+def test_rank_share_that_cannot_fit_stops_every_rank_with_the_message(tmp_path):
+    whole, share = _estimates("tensor", 2)
+    limit = share // 2 // 2**20
+    result = train(tmp_path, 2, [*WIDER, "--distribution", "tensor"],
+                   env={"STARPU_LIMIT_CPU_MEM": str(limit)})
+    assert result.returncode == 2, result.stderr[-3000:]
+    for rank in range(2):
+        assert f"nntile-train [rank {rank}]: error: not enough memory" in result.stderr, \
+            result.stderr[-3000:]
+    assert result.stderr.count("of tiles it owns") == 2, result.stderr[-3000:]
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@needs_mpi
+def test_one_rank_short_of_memory_stops_the_others_too(tmp_path):
+    """As on nodes of different sizes: only rank 1 has too little memory; rank 0 stops too,
+    saying which rank could not fit, instead of waiting for it in StarPU-MPI's start."""
+    args = " ".join(["-m", "nntile.train", *TRAIN, *WIDER, "--out", str(tmp_path)])
+    script = (f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export STARPU_LIMIT_CPU_MEM=4; fi; '
+              f'exec "{sys.executable}" {args}')
+    result = subprocess.run([MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2",
+                             "sh", "-c", script], capture_output=True, text=True,
+                            timeout=300, env=_env())
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "nntile-train [rank 0]: error: rank 1 cannot fit its share" in result.stderr, \
+        result.stderr[-3000:]
+    assert "nntile-train [rank 1]: error: not enough memory: the run needs rank 1 of 2" in \
+        result.stderr, result.stderr[-3000:]

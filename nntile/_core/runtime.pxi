@@ -273,29 +273,16 @@ class Context:
             print(self.describe(), file=sys.stderr)
         return self
 
-    @staticmethod
-    def _local_rank():
-        """(rank on this node, ranks on this node) from the launcher, or None."""
-        local = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                                              "SLURM_LOCALID") if os.environ.get(v)), None)
-        nlocal = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
-                       if os.environ.get(v)), None)
-        if local is None or nlocal is None:
-            return None
-        return int(local), int(nlocal)
-
     def _bind_gpus_to_local_rank(self):
-        """Several ranks on one node would all take GPU 0: give local rank r its own GPUs
-        (r*k ... r*k+k-1 for k CUDA workers per rank, 1 by default), unless
-        STARPU_WORKERS_CUDAID already says which."""
-        local = self._local_rank()
-        if (not HAVE_CUDA or os.environ.get("STARPU_WORKERS_CUDAID") or self.ncuda == 0
-                or local is None or local[1] < 2):
+        """Several ranks on one node would all take GPU 0: give each local rank its own
+        (nntile.distributed.local_rank_gpus), unless STARPU_WORKERS_CUDAID already says which."""
+        if not HAVE_CUDA:
             return
-        per_rank = self.ncuda or int(os.environ.get("STARPU_NCUDA") or 1)
-        first = local[0] * per_rank
-        os.environ["STARPU_WORKERS_CUDAID"] = ",".join(str(first + j) for j in range(per_rank))
-        os.environ["STARPU_NCUDA"] = str(per_rank)
+        from nntile.distributed import local_rank_gpus
+        gpus = local_rank_gpus(self.ncuda)
+        if gpus is not None:
+            os.environ["STARPU_WORKERS_CUDAID"] = ",".join(str(g) for g in gpus)
+            os.environ["STARPU_NCUDA"] = str(len(gpus))
 
     def _share_cores_with_local_ranks(self):
         """StarPU takes the process's CPU binding as the cores it may use. A launcher that
@@ -303,7 +290,8 @@ class Context:
         each StarPU then pins its workers and its polling MPI thread to the same first cores,
         where they take turns. Give local rank r its own contiguous share of the cores
         instead, unless the launcher bound the process or the user chose the binding."""
-        local = self._local_rank()
+        from nntile.distributed import local_rank
+        local = local_rank()
         if local is None or local[1] < 2:
             return
         chosen = any(os.environ.get(v) for v in (
