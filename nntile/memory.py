@@ -44,6 +44,13 @@ SUBALLOC_MAX = 4 << 20             # CHUNK_ALLOC_MAX = 32 MiB / 8 (src/datawizar
 SUBALLOC_BLOCK = 16 << 10          # CHUNK_ALLOC_MIN
 PAGE = 4096                        # unistd_o_direct reads and writes whole pages only
 TASK_TILES = 3                     # a GEMM task holds three tiles on the GPU at once
+# With disk swap, host memory and disk together must hold every tile and then some: a tile
+# moving between them has a copy on both for a while. Measured with StarPU 1.4.10 (CPU
+# workers, training a GPT-2 of 39.2 MiB with tiles of 0.25 to 1 MiB): once both are full
+# StarPU livelocks; a slack of up to 4.8 of the largest tiles livelocked, 5.6 to 7.2 did not.
+# 12 leaves room (docs/performance.md, "Disk swap").
+SWAP_SLACK_TILES = 12
+DISK_SWAP_MIN = 16 << 20           # StarPU asserts (aborts) on a smaller disk (core/disk.c)
 NUMPY_INIT_BYTES = 8               # float64 (or two float32) temporaries per written element
 GiB = 1 << 30
 MiB = 1 << 20
@@ -581,6 +588,11 @@ def _fits(est, b, strict):
         if strict and total > b["host"] + b["disk"]:
             return ("host memory and disk swap together hold less than that (every tile the "
                     "GPU evicts needs a host or disk copy, and StarPU keeps those)")
+        slack = SWAP_SLACK_TILES * est.largest_tile
+        if strict and total + slack > b["host"] + b["disk"]:
+            return (f"host memory and disk swap together must hold that plus "
+                    f"{fmt_bytes(slack)} ({SWAP_SLACK_TILES} of the largest tiles) for tiles "
+                    "on their way between them: when both are full StarPU livelocks")
         if total > b["gpu"] + b["host"] + b["disk"]:
             return "GPU, host and disk swap together hold less than that"
     elif strict or not b["gpu"]:
@@ -667,11 +679,27 @@ def env_int(name):
     return int(value) if re.fullmatch(r"\d+", value) else None
 
 
+def check_disk_swap_env():
+    """Raise ValueError for a STARPU_DISK_SWAP_SIZE StarPU would abort on (below 16 MiB,
+    or not a number of MiB) while STARPU_DISK_SWAP asks for a disk swap."""
+    if not os.environ.get("STARPU_DISK_SWAP"):
+        return
+    text = os.environ.get("STARPU_DISK_SWAP_SIZE", "").strip()
+    if not text:
+        return
+    if not re.fullmatch(r"\d+", text):
+        raise ValueError(f"STARPU_DISK_SWAP_SIZE={text!r} should be a whole number of MiB")
+    if int(text) * MiB < DISK_SWAP_MIN:
+        raise ValueError(f"STARPU_DISK_SWAP_SIZE={text} MiB: StarPU needs a disk swap of at "
+                         f"least {DISK_SWAP_MIN // MiB} MiB (it aborts on less)")
+
+
 def disk_swap_bytes():
     """The disk swap StarPU will register from STARPU_DISK_SWAP[_SIZE] (0 without)."""
     path = os.environ.get("STARPU_DISK_SWAP")
     if not path:
         return 0
+    check_disk_swap_env()
     size = env_int("STARPU_DISK_SWAP_SIZE")
     try:
         free = shutil.disk_usage(path).free
@@ -740,6 +768,10 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     else:
         est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init)
     gpus = _gpus_of_this_process(ncuda)
+    try:
+        check_disk_swap_env()
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     refusal, b = None, None
     try:
         b = check_fits(est, sum(gpus), _host_memory_of_this_process(),

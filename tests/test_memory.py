@@ -323,3 +323,70 @@ def test_rank_that_cannot_fit_is_told_more_ranks_would_help():
     text = str(info.value)
     assert "rank 1 of 2 (2 data x 1 tensor)" in text and "more ranks" in text
     assert memory.check_fits(est, 0, int(est.total / memory.STARPU_MARGIN) + 1)["needs"] == est.total
+
+
+# ---- disk swap --------------------------------------------------------------------------------
+
+def test_disk_swap_needs_slack_for_tiles_in_transit():
+    est = _estimate()
+    host = int(0.5 * est.total / memory.STARPU_MARGIN) + 1
+    just = est.total - int(0.5 * est.total) + 1  # host + disk hold every tile, exactly
+    with pytest.raises(memory.MemoryBudgetError, match="livelocks"):
+        memory.check_fits(est, 0, host, disk_bytes=just)
+    slack = memory.SWAP_SLACK_TILES * est.largest_tile
+    memory.check_fits(est, 0, host, disk_bytes=just + slack)
+
+
+def test_disk_swap_smaller_than_starpu_accepts_is_refused_before_it_starts(monkeypatch):
+    import nntile
+    monkeypatch.setenv("STARPU_DISK_SWAP", "/tmp/nntile-test-swap")
+    for size, message in (("15", "at least 16 MiB"), ("1G", "whole number of MiB")):
+        monkeypatch.setenv("STARPU_DISK_SWAP_SIZE", size)
+        with pytest.raises(ValueError, match=message):
+            nntile.Context(ncpu=1, ncuda=0, start=False).start()
+        with pytest.raises(CLIError, match=message):
+            memory.preflight(GPT2Config(vocab_size=37, n_positions=12, n_embd=16, n_layer=1,
+                                        n_head=2), 1, 12, ncuda=0)
+
+
+def _train_with_disk_swap(tmp_path, host_mib, disk_mib, steps=2):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               STARPU_LIMIT_CPU_MEM=str(host_mib), STARPU_DISK_SWAP=str(tmp_path / "swap"),
+               STARPU_DISK_SWAP_SIZE=str(disk_mib), STARPU_DISK_SWAP_BACKEND="unistd",
+               STARPU_SILENT="1")
+    env.pop("NNTILE_MEMORY_CHECK", None)
+    (tmp_path / "swap").mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "nntile.train", *SWAP_RUN, "--steps", str(steps),
+         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env)
+
+
+SWAP_RUN = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--seq-len", "32",
+            "--batch-size", "4", "--tile-embd", "64", "--tile-inner", "256", "--ncpu", "2",
+            "--eval-every", "0", "--save-every", "0", "--no-progress"]
+
+
+def _swap_run_estimate():
+    from nntile.train import build_parser, resolve
+    s = resolve(build_parser().parse_args([*SWAP_RUN, "--out", "unused"]))
+    return memory.estimate(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype,
+                           grad_clip=bool(s.grad_clip))
+
+
+def test_training_through_disk_swap_and_the_refusal_at_its_edge(tmp_path):
+    """Host memory below the model: StarPU evicts tiles to the disk swap and training goes
+    on; host + disk that hold the tiles but not the slack are refused before StarPU starts
+    (with a slack of up to 5 of the largest tiles, StarPU was seen to livelock)."""
+    est = _swap_run_estimate()
+    host = 16
+    assert host * memory.MiB < est.total
+    slack = memory.SWAP_SLACK_TILES * est.largest_tile
+    enough = -(-(est.total + slack) // memory.MiB) - host + 2
+    result = _train_with_disk_swap(tmp_path, host, enough)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 2/2" in result.stdout
+    edge = -(-est.total // memory.MiB) - host
+    assert edge >= 16 and est.total <= (host + edge) * memory.MiB < est.total + slack
+    result = _train_with_disk_swap(tmp_path / "edge", host, edge)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "livelocks" in result.stderr and "Traceback" not in result.stderr

@@ -218,6 +218,8 @@ class Context:
 
     def start(self):
         global _running_context, _epoch
+        from nntile.memory import check_disk_swap_env
+        check_disk_swap_env()  # StarPU would abort on a disk swap it cannot take
         if _running_context is self:
             raise RuntimeError("this Context is already running")
         if _running_context is not None:
