@@ -48,7 +48,7 @@ TASK_TILES = 3                     # a GEMM task holds three tiles on the GPU at
 # moving between them has a copy on both for a while. Measured with StarPU 1.4.10 (CPU
 # workers, training a GPT-2 of 39.2 MiB with tiles of 0.25 to 1 MiB): once both are full
 # StarPU livelocks; a slack of up to 4.8 of the largest tiles livelocked, 5.6 to 7.2 did not.
-# 12 leaves room (docs/performance.md, "Disk swap").
+# 12 leaves room (docs/performance.md, "Disk swap needs slack").
 SWAP_SLACK_TILES = 12
 DISK_SWAP_MIN = 16 << 20           # StarPU asserts (aborts) on a smaller disk (core/disk.c)
 NUMPY_INIT_BYTES = 8               # float64 (or two float32) temporaries per written element
