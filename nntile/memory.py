@@ -75,6 +75,13 @@ def fmt_bytes(n):
     return f"{int(n)} B"
 
 
+def alloc_sizes(tile_bytes):
+    """What StarPU allocates for tiles of these sizes (an array of bytes): a tile of up to
+    4 MiB rounds up to its 16 KiB sub-allocation blocks."""
+    rounded = -(-np.maximum(tile_bytes, 1) // SUBALLOC_BLOCK) * SUBALLOC_BLOCK
+    return np.where(tile_bytes <= SUBALLOC_MAX, rounded, tile_bytes)
+
+
 class TensorSpec:
     """One tensor the run registers: its shape, tiles, dtype, what it is for, and under
     StarPU-MPI how its tiles get owners (``owners`` as ``Tensor(owners=...)`` takes it: None
@@ -124,18 +131,8 @@ class TensorSpec:
 
     def tile_sizes(self):
         """[(elements of a tile, how many tiles have that many)], partial edge tiles included."""
-        sizes = {(): 1}
-        for n, b in zip(self.shape, self.basetile):
-            per_dim = [(b, n // b)] + ([(n % b, 1)] if n % b else [])
-            grown = Counter()
-            for dims, count in sizes.items():
-                for d, c in per_dim:
-                    grown[dims + (d,)] += count * c
-            sizes = grown
-        out = Counter()
-        for dims, count in sizes.items():
-            out[math.prod(dims)] += count
-        return sorted(out.items())
+        elems, counts = np.unique(self.tile_bytes() // self.itemsize, return_counts=True)
+        return [(int(e), int(c)) for e, c in zip(elems, counts)]
 
     @property
     def ntiles(self):
@@ -144,13 +141,7 @@ class TensorSpec:
     @property
     def alloc_bytes(self):
         """Bytes StarPU allocates on a GPU (or in pinned host memory) for all the tiles."""
-        total = 0
-        for elems, count in self.tile_sizes():
-            size = max(1, elems * self.itemsize)
-            if size <= SUBALLOC_MAX:
-                size = -(-size // SUBALLOC_BLOCK) * SUBALLOC_BLOCK
-            total += size * count
-        return total
+        return int(alloc_sizes(self.tile_bytes()).sum())
 
     @property
     def largest_tile(self):
@@ -159,7 +150,7 @@ class TensorSpec:
     @property
     def unaligned_tiles(self):
         """Tiles whose size is not a whole number of pages (unistd_o_direct cannot swap them)."""
-        return sum(c for e, c in self.tile_sizes() if (e * self.itemsize) % PAGE)
+        return int(np.count_nonzero(self.tile_bytes() % PAGE))
 
     def __repr__(self):
         return (f"TensorSpec({self.name!r}, {self.shape}, {self.basetile}, {self.dtype}, "
@@ -294,6 +285,11 @@ class Estimate:
         """The same estimate for other tensor_specs arguments (a smaller batch, ...)."""
         return Estimate(tensor_specs(**args), args, self.init)
 
+    @property
+    def whole(self):
+        """The estimate of the whole model (under StarPU-MPI, of all ranks together)."""
+        return self
+
     def keys(self):
         return self.breakdown.keys()
 
@@ -360,12 +356,6 @@ class Estimate:
 READ_BY_OTHER_RANKS = ("parameters", "activations", "workspaces", "logits")
 
 
-def _alloc_sizes(tile_bytes):
-    """StarPU's rounding of each tile of up to 4 MiB to its 16 KiB sub-allocation blocks."""
-    rounded = -(-np.maximum(tile_bytes, 1) // SUBALLOC_BLOCK) * SUBALLOC_BLOCK
-    return np.where(tile_bytes <= SUBALLOC_MAX, rounded, tile_bytes)
-
-
 class RankEstimate(Estimate):
     """What one rank of a StarPU-MPI run holds: the tiles it owns (exact), plus room for a
     received copy of every tile of other ranks that tasks may read (parameters, activations,
@@ -378,25 +368,28 @@ class RankEstimate(Estimate):
 
     def __init__(self, whole, distribution, rank):
         super().__init__(whole.specs, whole.args, whole.init)
-        self.whole = whole
+        self._whole = whole
         if not 0 <= rank < distribution.nranks:
             raise ValueError(f"rank {rank} does not exist in a run of {distribution.nranks}")
         self.distribution, self.rank = distribution, rank
         self.owned = dict.fromkeys(CATEGORIES, 0)
         self.received = dict.fromkeys(CATEGORIES, 0)
         self._alloc = 0
-        self._owned_params_tiles = 0
         for spec in self.specs:
             sizes = spec.tile_bytes()
             mine = spec.tile_owners(distribution) == rank
             held = mine if spec.category not in READ_BY_OTHER_RANKS else np.ones_like(mine)
             self.owned[spec.category] += int(sizes[mine].sum())
             self.received[spec.category] += int(sizes[held & ~mine].sum())
-            self._alloc += int(_alloc_sizes(sizes[held]).sum())
+            self._alloc += int(alloc_sizes(sizes[held]).sum())
         self.breakdown = {c: self.owned[c] + self.received[c] for c in CATEGORIES}
 
     def with_args(self, args):
         return RankEstimate(super().with_args(args), self.distribution, self.rank)
+
+    @property
+    def whole(self):
+        return self._whole
 
     @property
     def alloc_bytes(self):
@@ -733,9 +726,9 @@ def _host_memory_of_this_process():
 
 
 def _agree(refusal):
-    """Under mpirun, every rank learns the first rank's refusal (or that all fit), so that
-    all stop with the same message or all go on: a lone refusal would leave the other ranks
-    waiting in StarPU-MPI's start for it."""
+    """Under mpirun, a rank that fits learns the first other rank's refusal (a rank that does
+    not fit keeps its own), so that all stop or all go on: a lone refusal would leave the
+    other ranks waiting in StarPU-MPI's start for it."""
     from nntile.cli_common import launcher_rank
     _, size = launcher_rank()
     if size < 2:
@@ -761,12 +754,9 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     that cannot fit stops them all, each with the message."""
     import sys
     from nntile.cli_common import CLIError, launcher_rank
-    rank, nranks = launcher_rank()
-    if distribution is not None and distribution.nranks > 1:
-        est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init,
-                       distribution=distribution, rank=rank)
-    else:
-        est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init)
+    rank, _ = launcher_rank()
+    est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init,
+                   distribution=distribution, rank=rank)
     gpus = _gpus_of_this_process(ncuda)
     try:
         check_disk_swap_env()
