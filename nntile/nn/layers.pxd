@@ -17,6 +17,7 @@ cdef class Module:
     cpdef Module add_child(self, str name, Module module)
     cpdef Tensor buffer(self, str key, tuple shape, tuple basetile)
     cpdef Tensor scratch(self, str key, tuple shape, tuple basetile)
+    cdef Tensor _pooled(self, dict pool, tuple full_key, tuple shape, tuple basetile)
     cdef _use_scratch(self, dict pool)
 
 

@@ -62,26 +62,24 @@ cdef class Module:
         for _, param in self.named_parameters():
             (<Parameter> param).grad.clear()
 
-    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile):
-        """An activation tensor, one per (key, shape, tiling), reused across calls."""
-        full_key = (key, shape, basetile)
-        cdef Tensor tensor = self._buffers.get(full_key)
+    cdef Tensor _pooled(self, dict pool, tuple full_key, tuple shape, tuple basetile):
+        """The activation tensor of ``pool`` under ``full_key``, created on first use."""
+        cdef Tensor tensor = pool.get(full_key)
         if tensor is None:
             tensor = Tensor(shape, basetile, self.dtype, owners="batch")
-            self._buffers[full_key] = tensor
+            pool[full_key] = tensor
         return tensor
+
+    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile):
+        """An activation tensor, one per (key, shape, tiling), reused across calls."""
+        return self._pooled(self._buffers, (key, shape, basetile), shape, basetile)
 
     cpdef Tensor scratch(self, str key, tuple shape, tuple basetile):
         """A temporary of backward, shared by every module of the model under the same key,
         shape and tiling: layers run backward one after another, so layer i-1 may reuse
         layer i's buffers (StarPU orders the reuse after the last read). Saves one set of
         backward buffers per layer but one."""
-        full_key = (key, shape, basetile, self.dtype)
-        cdef Tensor tensor = self._scratch.get(full_key)
-        if tensor is None:
-            tensor = Tensor(shape, basetile, self.dtype, owners="batch")
-            self._scratch[full_key] = tensor
-        return tensor
+        return self._pooled(self._scratch, (key, shape, basetile, self.dtype), shape, basetile)
 
     def unregister(self):
         for tensor in self._buffers.values():
