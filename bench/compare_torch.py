@@ -77,16 +77,24 @@ def summary(times, losses, flops, tokens):
                 tflops=flops / step / 1e12, losses=losses)
 
 
+def timed_steps(step, warmup, steps, loss=None):
+    """Seconds of each step after ``warmup`` ones, and every step's loss: what ``step()``
+    returns, or what ``loss()`` reads once the step is timed."""
+    times, losses = [], []
+    for index in range(warmup + steps):
+        start = time.perf_counter()
+        value = step()
+        if index >= warmup:
+            times.append(time.perf_counter() - start)
+        losses.append(value if loss is None else loss())
+    return times, losses
+
+
 def run_pytorch(hf, device, args, ids, targets, flops, warmup):
     try:
         trainer = torch_reference.Trainer(hf, device, args.dtype)
         tids, ttargets = trainer.tensors(ids, targets)
-        times, losses = [], []
-        for step in range(warmup + args.steps):
-            start = time.perf_counter()
-            losses.append(trainer.step(tids, ttargets))
-            if step >= warmup:
-                times.append(time.perf_counter() - start)
+        times, losses = timed_steps(lambda: trainer.step(tids, ttargets), warmup, args.steps)
         trainer.close()
         return summary(times, losses, flops, ids.size)
     except Exception as exc:  # an OOM is a result here, not a crash
@@ -96,13 +104,8 @@ def run_pytorch(hf, device, args, ids, targets, flops, warmup):
 def run_ours(ctx, model, args, ids, targets, flops, warmup):
     try:
         opt = AdamW(model.named_parameters(), lr=1e-4)
-        times, losses = [], []
-        for step in range(warmup + args.steps):
-            start = time.perf_counter()
-            train_step(ctx, model, opt, ids, targets)
-            if step >= warmup:
-                times.append(time.perf_counter() - start)
-            losses.append(float(model.loss_value.to_array()[0]))
+        times, losses = timed_steps(lambda: train_step(ctx, model, opt, ids, targets), warmup,
+                                    args.steps, loss=lambda: float(model.loss_value.to_array()[0]))
         return summary(times, losses, flops, ids.size)
     except Exception as exc:
         return failure(exc)

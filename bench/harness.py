@@ -45,12 +45,15 @@ def model_flops_per_step(nparams, n_layer, n_embd, seq, tokens):
     return 6 * nparams * tokens + 12 * n_layer * n_embd * seq * tokens
 
 
-def train_step(ctx, model, opt, ids, targets):
-    """One AdamW step of our GPT2LMHead, waited for."""
+def train_step(ctx, model, opt, ids, targets, idle=()):
+    """One AdamW step of our GPT2LMHead, waited for. ``idle``: tensors StarPU is told, once
+    the step is submitted, will not be used soon (starpu_data_wont_use)."""
     model.zero_grad()
     model.submit_loss(ids, targets)
     model.backward()
     opt.step()
+    for tensor in idle:
+        tensor.wont_use()
     ctx.wait()
 
 

@@ -15,7 +15,6 @@ states will not be used soon (starpu_data_wont_use); --disk-swap DIR gives StarP
 memory node (STARPU_DISK_SWAP) to evict host memory to, of --disk-swap-mib MiB.
 """
 import argparse
-import json
 import os
 import resource
 import sys
@@ -23,6 +22,7 @@ import time
 
 import numpy as np
 
+from harness import model_flops_per_step, print_result, seconds, train_step
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
 from nntile import memory
 
@@ -126,7 +126,7 @@ def main(argv=None):
               if getattr(args, f"tile_{k}")}
     nparams = config.num_parameters()
     tokens = args.batch * args.seq
-    flops_per_step = 6 * nparams * tokens + 12 * args.n_layer * E * args.seq * tokens
+    flops_per_step = model_flops_per_step(nparams, args.n_layer, E, args.seq, tokens)
     from nntile.cli_common import launcher_rank
     rank, nranks = launcher_rank()
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -182,23 +182,15 @@ def main(argv=None):
         targets = rng.integers(0, args.vocab, (args.batch, args.seq))
         times, losses, sent = [], [], []
         measured = None
+        whole = est.whole.total  # all ranks together
         for step in range(args.steps):
             before = sum(ctx.bytes_sent()) if ctx.world_size > 1 else 0
-            start = time.perf_counter()
-            model.zero_grad()
-            model.submit_loss(ids, targets)
-            model.backward()
-            opt.step()
-            for tensor in idle:
-                tensor.wont_use()
-            ctx.wait()
-            times.append(time.perf_counter() - start)
+            times.append(seconds(lambda: train_step(ctx, model, opt, ids, targets, idle)))
             losses.append(float(model.loss_value.to_array()[0]))
             if ctx.world_size > 1:  # bytes all ranks sent through StarPU-MPI in this step
                 sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - before))
             if measured is None:  # every tensor exists after the first step
                 measured = memory.live_tensor_bytes()[1]
-                whole = sum(spec.nbytes for spec in est.specs)
                 say(f"registered tensors: {memory.fmt_bytes(measured)} "
                     f"(estimate {memory.fmt_bytes(whole)})", flush=True)
             show_memory(ctx, say)
@@ -210,13 +202,14 @@ def main(argv=None):
                       seq=args.seq, step_s=best, tokens_per_s=tokens / best,
                       tflops=flops_per_step / best / 1e12, losses=losses,
                       max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                      estimate_gib=sum(spec.nbytes for spec in est.specs) / 2**30,
+                      estimate_gib=whole / 2**30,
                       rank_need_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
                       wont_use=args.wont_use, disk_swap=args.disk_swap, disk_backend=backend,
                       workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
                       distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,
                       mpi_bytes_per_step=sent[1:] or sent)
-        say("RESULT " + json.dumps(result), flush=True)
+        if rank == 0:
+            print_result(result)
 
 
 if __name__ == "__main__":
