@@ -37,3 +37,12 @@ def run_python(code, timeout=120, env=None):
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=timeout, env=full_env)
+
+
+def estimate_of_train_run(argv, **kwargs):
+    """nntile.memory.estimate of what ``nntile-train argv`` runs (kwargs: distribution, rank)."""
+    from nntile import memory
+    from nntile.train import build_parser, resolve
+    s = resolve(build_parser().parse_args([*argv, "--out", "unused"]))
+    return memory.estimate(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype,
+                           grad_clip=bool(s.grad_clip), **kwargs)

@@ -14,6 +14,7 @@ from nntile._core.core import live_tensor_count
 from nntile.cli_common import CLIError
 from nntile.models import GPT2Config, GPT2LMHead
 from nntile.optim import SGD, AdamW
+from tests.conftest import estimate_of_train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -366,18 +367,11 @@ SWAP_RUN = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--seq-len", "
             "--eval-every", "0", "--save-every", "0", "--no-progress"]
 
 
-def _swap_run_estimate():
-    from nntile.train import build_parser, resolve
-    s = resolve(build_parser().parse_args([*SWAP_RUN, "--out", "unused"]))
-    return memory.estimate(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype,
-                           grad_clip=bool(s.grad_clip))
-
-
 def test_training_through_disk_swap_and_the_refusal_at_its_edge(tmp_path):
     """Host memory below the model: StarPU evicts tiles to the disk swap and training goes
     on; host + disk that hold the tiles but not the slack are refused before StarPU starts
     (with a slack of up to 5 of the largest tiles, StarPU was seen to livelock)."""
-    est = _swap_run_estimate()
+    est = estimate_of_train_run(SWAP_RUN)
     host = 16
     assert host * memory.MiB < est.total
     slack = memory.SWAP_SLACK_TILES * est.largest_tile

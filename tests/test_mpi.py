@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import nntile
 from nntile.distributed import Distribution, block_cyclic
+from tests.conftest import estimate_of_train_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -38,11 +39,14 @@ def _env(**extra):
     return env
 
 
+def mpirun_cmd(nranks, *program):
+    """mpirun's command line for ``program`` on the CI's 2 cores, however many ranks."""
+    return [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(nranks), *program]
+
+
 def mpirun(nranks, args, timeout=300, env=None):
-    cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(nranks),
-           sys.executable, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=_env(**(env or {})))
+    return subprocess.run(mpirun_cmd(nranks, sys.executable, *args), capture_output=True,
+                          text=True, timeout=timeout, env=_env(**(env or {})))
 
 
 def train(out, nranks=None, extra=(), env=None):
@@ -230,8 +234,8 @@ def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
     out = tmp_path / "run"
     args = list(TRAIN)
     args[args.index("--steps") + 1] = "400"
-    cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable,
-           "-m", "nntile.train", *args, "--save-every", "0", "--out", str(out)]
+    cmd = mpirun_cmd(2, sys.executable, "-m", "nntile.train", *args, "--save-every", "0",
+                     "--out", str(out))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env())
     try:
@@ -308,12 +312,8 @@ WIDER = ["--n-embd", "256", "--tile-embd", "64", "--tile-inner", "256", "--save-
 
 def _estimates(distribution, nranks):
     """(the whole model's estimate, the largest rank share) of the WIDER training run."""
-    from nntile import memory
-    from nntile.train import build_parser, resolve
-    s = resolve(build_parser().parse_args([*TRAIN, *WIDER, "--out", "unused"]))
     dist = Distribution.parse(distribution, nranks)
-    shares = [memory.estimate(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype,
-                              grad_clip=bool(s.grad_clip), distribution=dist, rank=r)
+    shares = [estimate_of_train_run([*TRAIN, *WIDER], distribution=dist, rank=r)
               for r in range(nranks)]
     return shares[0].whole.total, max(share.total for share in shares)
 
@@ -354,8 +354,7 @@ def test_one_rank_short_of_memory_stops_the_others_too(tmp_path):
     args = " ".join(["-m", "nntile.train", *TRAIN, *WIDER, "--out", str(tmp_path)])
     script = (f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export STARPU_LIMIT_CPU_MEM=4; fi; '
               f'exec "{sys.executable}" {args}')
-    result = subprocess.run([MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2",
-                             "sh", "-c", script], capture_output=True, text=True,
+    result = subprocess.run(mpirun_cmd(2, "sh", "-c", script), capture_output=True, text=True,
                             timeout=300, env=_env())
     assert result.returncode == 2, result.stderr[-3000:]
     assert "nntile-train [rank 0]: error: rank 1 cannot fit its share" in result.stderr, \
