@@ -107,6 +107,38 @@ _SETTINGS = (
 
 # where Context.settings() says limit_cuda_mem came from when nntile chose it
 _CUDA_LIMIT_DEFAULT = "nntile default: GPU memory less max(3 GiB, 3%)"
+# ... and ncpu, on a machine with GPUs: a CPU worker that takes a matrix product the GPU would
+# run 100x faster holds up every task after it (docs/performance.md, "Defaults at scale")
+_GPU_ONLY_DEFAULT = "nntile default with GPUs: GPU workers only; give ncpu to add CPU workers"
+
+
+# One GPU alone: above this many times its memory, lws beats dmdas (measured at 1.84x on an
+# H200, dmdas ahead at 1.01x on an H100: the threshold sits between the two)
+_ONE_GPU_LWS_ABOVE = 1.5
+
+
+def _default_sched(int gpus, bint cpus, fill=None):
+    """The scheduler nntile picks when none is given, and why: (name, reason). ``fill``: the
+    run's memory (Context's footprint) over what StarPU may use of the GPUs, when known. The
+    measurements behind each branch: docs/performance.md, "Defaults at scale"."""
+    if not gpus:
+        return "lws", "nntile default without GPUs: locality work stealing"
+    if cpus:
+        # lws lets CPU workers steal matrix products from the GPUs and collapses (1,132 vs
+        # 52,645 tokens/s with 8 CPU workers beside one H100); dmdas places each task where
+        # its performance model says it ends first
+        return "dmdas", "nntile default for GPU and CPU workers together"
+    if gpus > 1:
+        # once tiles fill the GPUs, dmdas's history models keep being flushed ("Too big
+        # deviation") and its placements turn to noise: lws was 2.35x faster at 14.5B on 2
+        # H200s and 10x on 4; dmdas leads by 3-10% only where a model leaves GPUs half empty
+        return "lws", f"nntile default for {gpus} GPUs"
+    if fill is not None and fill > _ONE_GPU_LWS_ABOVE:
+        return "lws", (f"nntile default for one GPU and a run {fill:.1f}x its memory (far out "
+                       "of core, where dmdas's placements follow flushed models)")
+    # at one GPU's memory limit lws fetches a task's tiles only when it starts, and moved 30
+    # GiB each way per step where 0.8 GiB did not fit (1.90 s a step against dmdas's 0.50)
+    return "dmdas", "nntile default for one GPU"
 
 
 def _positive_int_or_none(name, value, allow_zero):
@@ -128,17 +160,22 @@ class Context:
 
     Arguments left as None fall back to StarPU's environment variables (STARPU_NCPU,
     STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
-    STARPU_CALIBRATE) and then to StarPU's own defaults. Only one Context runs at a time.
+    STARPU_CALIBRATE) and then to nntile's defaults, which depend on the machine: on GPUs, GPU
+    workers only, and the scheduler measured fastest for the number of GPUs and for how far
+    the run exceeds their memory (``footprint``: the bytes the run will register, e.g.
+    ``nntile.memory.estimate(...).alloc_bytes``; used for nothing else). ``describe()``
+    says which defaults were taken and why. Only one Context runs at a time.
     """
 
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
-                 distribution=None, mpi_stats=False):
+                 distribution=None, mpi_stats=False, footprint=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
         self.limit_cpu_mem = _positive_int_or_none("limit_cpu_mem", limit_cpu_mem, False)
         self.calibrate = _positive_int_or_none("calibrate", calibrate, allow_zero=True)
+        self.footprint = _positive_int_or_none("footprint", footprint, allow_zero=True)
         if sched is not None and (not isinstance(sched, str) or not sched.strip()):
             raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
         self.sched = sched
@@ -162,6 +199,7 @@ class Context:
         self.world_size = 1
         self.comm = None
         self._cuda_limit = None
+        self._ngpu = None
         self._limit_set_by_default = False
         self._starpu_comm = None
         self._epoch = -1
@@ -193,9 +231,31 @@ class Context:
             limit = self._default_cuda_limit()
             if limit is not None:
                 result["limit_cuda_mem"] = (limit, _CUDA_LIMIT_DEFAULT)
+        gpus = self._gpu_workers(result["ncuda"][0])
+        if result["ncpu"][0] is None and gpus:
+            result["ncpu"] = (0, _GPU_ONLY_DEFAULT)
         if result["sched"][0] is None:
-            result["sched"] = (self._default_sched(), "nntile default")
+            cpus = result["ncpu"][0]
+            result["sched"] = _default_sched(gpus, cpus is None or int(cpus) > 0,
+                                             self._fill(gpus, result["limit_cuda_mem"][0]))
         return result
+
+    def _fill(self, gpus, limit_mib):
+        """The footprint over what StarPU may use of the GPUs (None when either is unknown)."""
+        if not self.footprint or not gpus or not limit_mib:
+            return None
+        return self.footprint / (gpus * int(limit_mib) * (1 << 20))
+
+    def _gpu_workers(self, ncuda):
+        """How many CUDA workers StarPU will start: ncuda when given, else every visible GPU."""
+        if not HAVE_CUDA:
+            return 0
+        if ncuda is not None:
+            return int(ncuda)
+        if self._ngpu is None:
+            from nntile import memory
+            self._ngpu = len(memory.gpu_memory())
+        return self._ngpu
 
     def _default_cuda_limit(self):
         """StarPU keeps 10% of every GPU free; far more than needed on a large one (see
@@ -205,16 +265,6 @@ class Context:
             sizes = memory.gpu_memory()
             self._cuda_limit = memory.default_cuda_limit_mib(min(sizes)) if sizes else 0
         return self._cuda_limit or None
-
-    def _default_sched(self):
-        # Locality work stealing suits CPU-only runs. With GPUs the dmda family places tasks
-        # and prefetches tiles from the history-based performance models; the scheduler study
-        # (docs/performance.md) found dmdas fastest once CPU workers join the GPUs (lws then
-        # collapses) and the dmda family within 6% of the best on GPUs alone.
-        ncuda = self.ncuda if self.ncuda is not None else os.environ.get("STARPU_NCUDA")
-        if HAVE_CUDA and (ncuda is None or int(ncuda) > 0):
-            return "dmdas"
-        return "lws"
 
     def start(self):
         global _running_context, _epoch
@@ -240,6 +290,8 @@ class Context:
         conf.sched_policy_name = sched_name
         if not HAVE_CUDA:
             conf.ncuda = 0
+        if settings["ncpu"][1] == _GPU_ONLY_DEFAULT:
+            conf.ncpus = 0
         nntile_blas_single_thread()
         cdef int ret
         cdef intptr_t comm_handle
@@ -426,6 +478,24 @@ class Context:
                               executing_s=starpu_timing_timespec_to_us(&info.executing_time) * 1e-6,
                               sleeping_s=starpu_timing_timespec_to_us(&info.sleeping_time) * 1e-6,
                               tasks=info.executed_tasks))
+        return stats
+
+    def bus_stats(self):
+        """What StarPU moved over each bus (a pair of memory nodes, e.g. NUMA 0 -> CUDA 0)
+        since the last call (StarPU resets the counters on reading); needs profiling(True).
+        A list of dicts: src, dst (memory node names), bytes, transfers, and bandwidth, the
+        bytes/s StarPU's bus calibration measured for that pair."""
+        self._check_running()
+        cdef starpu_profiling_bus_info info
+        cdef int bus
+        names = [n["node"] for n in self.memory_nodes()]
+        stats = []
+        for bus in range(starpu_bus_get_count()):
+            check(starpu_bus_get_profiling_info(bus, &info), "starpu_bus_get_profiling_info")
+            src, dst = starpu_bus_get_src(bus), starpu_bus_get_dst(bus)
+            stats.append(dict(src=names[src], dst=names[dst], bytes=info.transferred_bytes,
+                              transfers=info.transfer_count,
+                              bandwidth=starpu_transfer_bandwidth(src, dst) * 1e6))
         return stats
 
     def memory_nodes(self):

@@ -113,6 +113,7 @@ cdef extern from "starpu.h" nogil:
     uint32_t starpu_task_footprint(starpu_perfmodel *model, starpu_task *task,
                                    starpu_perfmodel_arch *arch, unsigned nimpl)
     uint32_t starpu_hash_crc32c_be_n(const void *input, size_t n, uint32_t inputcrc)
+    double starpu_transfer_bandwidth(unsigned src_node, unsigned dst_node)
     int STARPU_MIN_PRIO
     int STARPU_MAX_PRIO
     int STARPU_DEFAULT_PRIO
@@ -155,4 +156,13 @@ cdef extern from "starpu_profiling.h" nogil:
     int STARPU_PROFILING_DISABLE
     int starpu_profiling_status_set(int status)
     int starpu_profiling_worker_get_info(int workerid, starpu_profiling_worker_info *info)
+    struct starpu_profiling_bus_info:
+        timespec start_time
+        timespec total_time
+        long long transferred_bytes
+        int transfer_count
+    int starpu_bus_get_count()
+    int starpu_bus_get_src(int busid)
+    int starpu_bus_get_dst(int busid)
+    int starpu_bus_get_profiling_info(int busid, starpu_profiling_bus_info *bus_info)
     double starpu_timing_timespec_to_us(timespec *ts)
