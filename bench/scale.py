@@ -109,11 +109,40 @@ class RandomPool:
 
 
 def show_memory(ctx, say):
-    """StarPU's own accounting per memory node, to see which one fills up."""
+    """StarPU's own accounting per memory node, to see which one fills up; returns the host
+    bytes in use (StarPU frees a host buffer only at unregistration: this only grows)."""
     gib = 2 ** 30
+    nodes = ctx.memory_nodes()
     say("StarPU memory: " + "; ".join(
         f"{n['node']} used {n['used'] / gib:.1f} of {n['total'] / gib:.1f} GiB"
-        for n in ctx.memory_nodes()), flush=True)
+        for n in nodes), flush=True)
+    return sum(n["used"] for n in nodes if n["node"].startswith("NUMA"))
+
+
+def traffic(bus):
+    """Bytes a step moved from host to GPUs, from GPUs to host and between GPUs (bus_stats),
+    and the calibrated host<->GPU bandwidth of all GPU links together (bytes/s each way)."""
+    def kind(name):
+        return "gpu" if name.startswith("CUDA") else "host" if name.startswith("NUMA") else name
+    moved = {"h2d": 0, "d2h": 0, "d2d": 0}
+    bandwidth = {"h2d": 0.0, "d2h": 0.0}
+    for b in bus:
+        way = {("host", "gpu"): "h2d", ("gpu", "host"): "d2h",
+               ("gpu", "gpu"): "d2d"}.get((kind(b["src"]), kind(b["dst"])))
+        if way:
+            moved[way] += b["bytes"]
+            if way in bandwidth:
+                bandwidth[way] += b["bandwidth"]
+    return moved, bandwidth
+
+
+def pcie_floor(need, gpu_total, bandwidth):
+    """Seconds a step must spend on the host<->GPU links at least: what the GPUs cannot hold
+    has to come in and go out once per step, each direction at its calibrated bandwidth."""
+    cross = max(0, need - gpu_total) if gpu_total else 0
+    if not cross or not bandwidth["h2d"] or not bandwidth["d2h"]:
+        return cross, 0.0
+    return cross, max(cross / bandwidth["h2d"], cross / bandwidth["d2h"])
 
 
 def main(argv=None):
@@ -160,7 +189,7 @@ def main(argv=None):
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
                         verbose=rank == 0, distribution=distribution,
-                        mpi_stats=nranks > 1) as ctx:
+                        mpi_stats=nranks > 1, footprint=est.alloc_bytes) as ctx:
         pool = RandomPool(rng)
         t0 = time.perf_counter()
         model = GPT2LMHead(config, tiling, args.dtype)
@@ -178,14 +207,21 @@ def main(argv=None):
         show_memory(ctx, say)
         idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
                 if args.wont_use else [])
+        gpu_total = sum(n["total"] for n in ctx.memory_nodes() if n["node"].startswith("CUDA"))
+        ctx.profiling(True)  # worker busy shares and bus bytes per step
         ids = rng.integers(0, args.vocab, (args.batch, args.seq))
         targets = rng.integers(0, args.vocab, (args.batch, args.seq))
-        times, losses, sent = [], [], []
+        times, losses, sent, moved, busy, host_used = [], [], [], [], [], []
         measured = None
         whole = est.whole.total  # all ranks together
         for step in range(args.steps):
             before = sum(ctx.bytes_sent()) if ctx.world_size > 1 else 0
+            ctx.bus_stats(), ctx.worker_stats()  # both count from here
             times.append(seconds(lambda: train_step(ctx, model, opt, ids, targets, idle)))
+            step_moved, bandwidth = traffic(ctx.bus_stats())
+            moved.append(step_moved)
+            gpus = [w for w in ctx.worker_stats() if w["worker"].startswith("CUDA")]
+            busy.append(sum(w["executing_s"] for w in gpus) / max(1e-9, sum(w["total_s"] for w in gpus)))
             losses.append(float(model.loss_value.to_array()[0]))
             if ctx.world_size > 1:  # bytes all ranks sent through StarPU-MPI in this step
                 sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - before))
@@ -193,11 +229,21 @@ def main(argv=None):
                 measured = memory.live_tensor_bytes()[1]
                 say(f"registered tensors: {memory.fmt_bytes(measured)} "
                     f"(estimate {memory.fmt_bytes(whole)})", flush=True)
-            show_memory(ctx, say)
-            moved = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
+            host_used.append(show_memory(ctx, say))
+            mpi = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
             say(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
-                f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s{moved}", flush=True)
+                f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s{mpi}; host->GPU "
+                f"{step_moved['h2d'] / 2**30:.1f} GiB, GPU->host {step_moved['d2h'] / 2**30:.1f}"
+                f" GiB, GPU->GPU {step_moved['d2d'] / 2**30:.1f} GiB; GPUs busy "
+                f"{100 * busy[-1]:.0f}%", flush=True)
         best = min(times[1:]) if len(times) > 1 else times[0]
+        ibest = times.index(best)
+        cross, floor_s = pcie_floor(est.alloc_bytes, gpu_total, bandwidth)
+        if floor_s:
+            say(f"PCIe floor: {cross / 2**30:.1f} GiB the GPUs cannot hold, in and out each "
+                f"step at {bandwidth['h2d'] / 1e9:.1f} / {bandwidth['d2h'] / 1e9:.1f} GB/s: "
+                f"{floor_s:.2f} s; best step {best:.2f} s = {best / floor_s:.1f}x the floor",
+                flush=True)
         result = dict(n_embd=E, n_layer=args.n_layer, params=nparams, batch=args.batch,
                       seq=args.seq, step_s=best, tokens_per_s=tokens / best,
                       tflops=flops_per_step / best / 1e12, losses=losses,
@@ -207,7 +253,11 @@ def main(argv=None):
                       wont_use=args.wont_use, disk_swap=args.disk_swap, disk_backend=backend,
                       workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
                       distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,
-                      mpi_bytes_per_step=sent[1:] or sent)
+                      mpi_bytes_per_step=sent[1:] or sent, steps_s=times,
+                      gpu_busy=busy[ibest], moved_gib={k: v / 2**30 for k, v in moved[ibest].items()},
+                      host_gpu_gbps={k: v / 1e9 for k, v in bandwidth.items()},
+                      gpu_gib=gpu_total / 2**30, pcie_cross_gib=cross / 2**30,
+                      pcie_floor_s=floor_s, host_used_gib=[h / 2**30 for h in host_used])
         if rank == 0:
             print_result(result)
 
