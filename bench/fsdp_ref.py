@@ -1,0 +1,122 @@
+"""PyTorch FSDP (full shard, one rank per GPU) on the wide GPT-2 of bench/scale.py.
+
+    python3 -m torch.distributed.run --standalone --nproc-per-node N bench/fsdp_ref.py \
+        --n-embd 8192 --n-layer 4 --batch 4 --steps 3 [--dtype tf32|bf16]
+
+The model is built on the meta device, sharded block by block (FSDP2 ``fully_shard``), then
+materialised on each rank's GPU and initialised there, so no rank ever holds the whole model.
+Fused AdamW; ``--batch`` is the global batch, split over the ranks. Prints one RESULT line
+(status ok or oom) on rank 0, with the best step after the first, like bench/scale.py.
+"""
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+import torch_reference  # noqa: E402
+from harness import model_flops_per_step, print_result  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n-embd", type=int, default=1024)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--batch", type=int, default=4, help="global batch, split over ranks")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--dtype", default="tf32", choices=["tf32", "fp32", "bf16"])
+    args = p.parse_args(argv)
+    args.n_head = args.n_head or max(1, args.n_embd // 128)
+    return args
+
+
+def build(args, device):
+    with torch.device("meta"):
+        model = torch_reference.gpt2(args.vocab, max(1024, args.seq), args.n_embd,
+                                     args.n_layer, args.n_head)
+    nparams = sum(p.numel() for p in model.parameters())
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    model.to_empty(device=device)
+    torch.manual_seed(0)
+    with torch.no_grad():  # GPT-2's initialisation, on each rank's shards
+        for name, p in model.named_parameters():
+            if "ln" in name and name.endswith("weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02)
+    if args.dtype == "bf16":
+        model.to(torch.bfloat16)
+    return model, nparams
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    gpu = torch.cuda.is_available()
+    dist.init_process_group("nccl" if gpu else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.batch % world:
+        sys.exit(f"fsdp_ref.py: error: batch {args.batch} does not split over {world} ranks")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else "cpu"
+    if gpu:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+    tokens = args.batch * args.seq
+    result = dict(status="ok", n_embd=args.n_embd, n_layer=args.n_layer, batch=args.batch,
+                  seq=args.seq, ranks=world, dtype=args.dtype)
+    times, losses = [], []
+    try:
+        model, nparams = build(args, device)
+        result["params"] = nparams
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=gpu)
+        rng = np.random.default_rng(rank)
+        local = args.batch // world
+        ids = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
+        targets = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
+        for _ in range(args.steps):
+            dist.barrier()
+            start = time.perf_counter()
+            opt.zero_grad()
+            logits = model(ids).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+            loss.backward()
+            opt.step()
+            if gpu:
+                torch.cuda.synchronize()
+            dist.all_reduce(loss.detach())  # also ends the step on every rank
+            times.append(time.perf_counter() - start)
+            losses.append(float(loss.detach()) / world)
+    except Exception as exc:  # an OOM is a result, not a crash
+        result.update(status="oom" if torch_reference.is_oom(exc) else "error",
+                      error=f"{type(exc).__name__}: {exc}"[:300])
+        result.setdefault("params", None)
+    if times:
+        best = min(times[1:]) if len(times) > 1 else times[0]
+        flops = model_flops_per_step(result["params"], args.n_layer, args.n_embd, args.seq,
+                                     tokens)
+        result.update(step_s=best, steps_s=times, tokens_per_s=tokens / best,
+                      tflops=flops / best / 1e12, losses=losses,
+                      peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if gpu else 0)
+    if rank == 0:
+        for i, t in enumerate(times):
+            print(f"step {i + 1}: {t:.2f} s, loss {losses[i]:.4f}", flush=True)
+        print_result(result)
+    if result["status"] != "ok":
+        os._exit(0 if rank == 0 else 1)  # a peer may be stuck in a collective: do not wait
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
