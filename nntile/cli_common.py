@@ -162,17 +162,16 @@ def model_tiling(tiles):
     return {k: v for k, v in tiles.items() if v is not None}
 
 
-def start_context(args, verbose=True, distribution=None, footprint=None):
+def start_context(args, verbose=True, distribution=None):
     """Start StarPU with the runtime flags (and StarPU-MPI under mpirun); print its workers
-    and settings on stderr. ``footprint``: the memory estimate's bytes, from which the
-    default scheduler is chosen (nntile.Context)."""
+    and settings on stderr."""
     import nntile
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
     os.environ.setdefault("STARPU_SILENT", "1")
     try:
         ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
-                             distribution=distribution, footprint=footprint)
+                             distribution=distribution)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CLIError(f"cannot start StarPU: {exc}") from None
     if verbose:

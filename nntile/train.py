@@ -417,8 +417,8 @@ def train_main(argv=None):
     s = resolve(args)
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
-    est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
-                    grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution)
+    preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
+              grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution)
     prepare_out(s, args)
     from tqdm import tqdm
     lead, _ = launcher_rank()  # under mpirun only rank 0 talks and writes metrics
@@ -429,8 +429,7 @@ def train_main(argv=None):
 
     stop = StopRequest()
     # described once the state is loaded
-    ctx = start_context(args, verbose=False, distribution=distribution,
-                        footprint=est.alloc_bytes)
+    ctx = start_context(args, verbose=False, distribution=distribution)
     stop.install()  # after StarPU started: its handlers must not replace ours
     stop.can_abandon = ctx.world_size == 1
     try:

@@ -72,18 +72,14 @@ def test_no_workers_is_a_clear_error():
 
 
 def test_default_scheduler_follows_the_situation():
-    """The measured choices of docs/performance.md, "Defaults at scale": lws without GPUs, on
-    several GPUs alone and on one GPU far out of core; dmdas where CPU workers join GPUs and
-    on one GPU otherwise."""
+    """The measured choices of docs/performance.md, "Defaults at scale": lws without GPUs and
+    on several GPUs alone; dmdas on one GPU alone and wherever CPU workers join GPUs."""
     from nntile._core.core import _default_sched
     assert _default_sched(0, True)[0] == "lws"
     assert _default_sched(1, True)[0] == "dmdas"
-    assert _default_sched(4, True, fill=3.0)[0] == "dmdas"
+    assert _default_sched(4, True)[0] == "dmdas"
     assert _default_sched(1, False)[0] == "dmdas"
-    assert _default_sched(1, False, fill=1.01)[0] == "dmdas"
-    name, why = _default_sched(1, False, fill=1.84)
-    assert name == "lws" and "1.8x" in why
-    assert _default_sched(2, False, fill=0.3)[0] == "lws"
+    assert _default_sched(2, False)[0] == "lws"
     assert "4 GPUs" in _default_sched(4, False)[1]
 
 
@@ -92,8 +88,6 @@ def test_cpu_only_build_keeps_cpu_workers_and_lws():
     import nntile
     if nntile.HAVE_CUDA:
         pytest.skip("a CUDA build on a GPU machine defaults to GPU workers only")
-    settings = nntile.Context(start=False, footprint=10 << 30).settings()
+    settings = nntile.Context(start=False).settings()
     assert settings["ncpu"] == (None, "StarPU default")
     assert settings["sched"][0] == "lws"
-    with pytest.raises(ValueError, match="footprint"):
-        nntile.Context(start=False, footprint=-1)

@@ -112,14 +112,8 @@ _CUDA_LIMIT_DEFAULT = "nntile default: GPU memory less max(3 GiB, 3%)"
 _GPU_ONLY_DEFAULT = "nntile default with GPUs: GPU workers only; give ncpu to add CPU workers"
 
 
-# One GPU alone: above this many times its memory, lws beats dmdas (measured at 1.84x on an
-# H200, dmdas ahead at 1.01x on an H100: the threshold sits between the two)
-_ONE_GPU_LWS_ABOVE = 1.5
-
-
-def _default_sched(int gpus, bint cpus, fill=None):
-    """The scheduler nntile picks when none is given, and why: (name, reason). ``fill``: the
-    run's memory (Context's footprint) over what StarPU may use of the GPUs, when known. The
+def _default_sched(int gpus, bint cpus):
+    """The scheduler nntile picks when none is given, and why: (name, reason). The
     measurements behind each branch: docs/performance.md, "Defaults at scale"."""
     if not gpus:
         return "lws", "nntile default without GPUs: locality work stealing"
@@ -133,11 +127,9 @@ def _default_sched(int gpus, bint cpus, fill=None):
         # deviation") and its placements turn to noise: lws was 2.35x faster at 14.5B on 2
         # H200s and 10x on 4; dmdas leads by 3-10% only where a model leaves GPUs half empty
         return "lws", f"nntile default for {gpus} GPUs"
-    if fill is not None and fill > _ONE_GPU_LWS_ABOVE:
-        return "lws", (f"nntile default for one GPU and a run {fill:.1f}x its memory (far out "
-                       "of core, where dmdas's placements follow flushed models)")
-    # at one GPU's memory limit lws fetches a task's tiles only when it starts, and moved 30
-    # GiB each way per step where 0.8 GiB did not fit (1.90 s a step against dmdas's 0.50)
+    # one GPU: a tie in memory; past it lws fetches a task's tiles only when the task starts,
+    # while dmdas prefetches as it places (1.27x faster at twice the GPU's memory, 3.8x at
+    # its limit, on an H100)
     return "dmdas", "nntile default for one GPU"
 
 
@@ -161,21 +153,18 @@ class Context:
     Arguments left as None fall back to StarPU's environment variables (STARPU_NCPU,
     STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
     STARPU_CALIBRATE) and then to nntile's defaults, which depend on the machine: on GPUs, GPU
-    workers only, and the scheduler measured fastest for the number of GPUs and for how far
-    the run exceeds their memory (``footprint``: the bytes the run will register, e.g.
-    ``nntile.memory.estimate(...).alloc_bytes``; used for nothing else). ``describe()``
-    says which defaults were taken and why. Only one Context runs at a time.
+    workers only, and the scheduler measured fastest for that number of GPUs.
+    ``describe()`` says which defaults were taken and why. Only one Context runs at a time.
     """
 
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
-                 distribution=None, mpi_stats=False, footprint=None):
+                 distribution=None, mpi_stats=False):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
         self.limit_cpu_mem = _positive_int_or_none("limit_cpu_mem", limit_cpu_mem, False)
         self.calibrate = _positive_int_or_none("calibrate", calibrate, allow_zero=True)
-        self.footprint = _positive_int_or_none("footprint", footprint, allow_zero=True)
         if sched is not None and (not isinstance(sched, str) or not sched.strip()):
             raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
         self.sched = sched
@@ -236,15 +225,8 @@ class Context:
             result["ncpu"] = (0, _GPU_ONLY_DEFAULT)
         if result["sched"][0] is None:
             cpus = result["ncpu"][0]
-            result["sched"] = _default_sched(gpus, cpus is None or int(cpus) > 0,
-                                             self._fill(gpus, result["limit_cuda_mem"][0]))
+            result["sched"] = _default_sched(gpus, cpus is None or int(cpus) > 0)
         return result
-
-    def _fill(self, gpus, limit_mib):
-        """The footprint over what StarPU may use of the GPUs (None when either is unknown)."""
-        if not self.footprint or not gpus or not limit_mib:
-            return None
-        return self.footprint / (gpus * int(limit_mib) * (1 << 20))
 
     def _gpu_workers(self, ncuda):
         """How many CUDA workers StarPU will start: ncuda when given, else every visible GPU."""
