@@ -14,6 +14,8 @@
 #   (NNTILE_WIDE_EXTRA: options appended to the wide model's, e.g. "--batch 8 --tile-batch 4")
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
+#   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
+#              configurations EMBDxBATCH in $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export STARPU_TARBALL="${STARPU_TARBALL:-$PWD/vendor/starpu-1.4.10+dfsg.tar.gz}"
@@ -121,6 +123,11 @@ if want compare; then
         step "compare-$e" timeout "$run_limit" python3 bench/compare_torch.py --n-embd "$e" \
             --ncuda 1 "${wide[@]}"
     done
+fi
+if want node-table; then
+    step node-table python3 bench/node_table.py --configs "${NNTILE_NODE_CONFIGS:-8192x4,8192x16,16384x4}" \
+        --timeout "$run_limit" --out "$logs/node-table.json" --logs "$logs/node-table"
+    sed -n '/^## Node table/,$p' "$logs/node-table.log"
 fi
 grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/compare-*.log 2>/dev/null
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null
