@@ -83,11 +83,13 @@ def test_default_scheduler_follows_the_situation():
     assert "4 GPUs" in _default_sched(4, False)[1]
 
 
-def test_cpu_only_build_keeps_cpu_workers_and_lws():
+def test_cpu_only_build_keeps_cpu_workers_and_lws(monkeypatch):
     import pytest
     import nntile
     if nntile.HAVE_CUDA:
         pytest.skip("a CUDA build on a GPU machine defaults to GPU workers only")
+    for name in ("STARPU_NCPU", "STARPU_NCUDA", "STARPU_SCHED"):  # set by earlier Contexts
+        monkeypatch.delenv(name, raising=False)
     settings = nntile.Context(start=False).settings()
     assert settings["ncpu"] == (None, "StarPU default")
     assert settings["sched"][0] == "lws"
