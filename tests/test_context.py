@@ -93,3 +93,24 @@ def test_cpu_only_build_keeps_cpu_workers_and_lws(monkeypatch):
     settings = nntile.Context(start=False).settings()
     assert settings["ncpu"] == (None, "StarPU default")
     assert settings["sched"][0] == "lws"
+
+
+def test_subpackages_work_after_a_plain_import():
+    result = run_python("""
+        import sys
+        import nntile
+        print(sorted(m for m in ("nntile.models", "nntile.nn", "nntile.optim", "nntile.memory",
+                                 "nntile.checkpoint") if m in sys.modules))
+        print(nntile.models.GPT2LMHead.__name__, nntile.optim.AdamW.__name__,
+              callable(nntile.memory.estimate), nntile.distributed.Distribution.__name__,
+              nntile.nn.__name__, "models" in dir(nntile))
+        try:
+            nntile.no_such_thing
+        except AttributeError as exc:
+            print(exc)
+    """)
+    assert result.returncode == 0, result.stderr
+    lazy, used, missing = result.stdout.splitlines()
+    assert lazy == "[]"  # nothing loaded until used
+    assert used == "GPT2LMHead AdamW True Distribution nntile.nn True"
+    assert missing == "module 'nntile' has no attribute 'no_such_thing'"
