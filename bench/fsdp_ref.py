@@ -112,7 +112,10 @@ def main(argv=None):
     if rank == 0:
         for i, t in enumerate(times):
             print(f"step {i + 1}: {t:.2f} s, loss {losses[i]:.4f}", flush=True)
-        print_result(result)
+    if rank == 0 or result["status"] != "ok":
+        # a rank that fails alone says so itself: its peers wait in a collective until the
+        # launcher ends them, and rank 0 may never print
+        print_result(dict(result, rank=rank))
     if result["status"] != "ok":
         os._exit(0 if rank == 0 else 1)  # a peer may be stuck in a collective: do not wait
     dist.destroy_process_group()

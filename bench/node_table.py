@@ -16,10 +16,12 @@ import argparse
 import datetime
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 
-from harness import parse_result
+from harness import RESULT_PREFIX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -38,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--tile-vocab", type=int, default=8192)
     p.add_argument("--timeout", type=int, default=400, help="seconds per run")
     p.add_argument("--only", choices=["ours", "fsdp"])
+    p.add_argument("--ours-args", default="", help="more arguments for bench/scale.py")
+    p.add_argument("--fsdp-args", default="", help="more arguments for bench/fsdp_ref.py")
     p.add_argument("--out", help="write the records to this JSON file")
     p.add_argument("--logs", default="build/node-table")
     args = p.parse_args(argv)
@@ -66,20 +70,42 @@ def device_name(ngpu):
     return f"{ngpu}x {out.stdout.splitlines()[0].strip()}"
 
 
+def results(output):
+    """The RESULT lines of a run, parsed: one from rank 0, and one from each rank that failed
+    (fsdp_ref.py)."""
+    return [json.loads(line[len(RESULT_PREFIX):]) for line in output.splitlines()
+            if line.startswith(RESULT_PREFIX)]
+
+
+def communicate(cmd, timeout, env):
+    """Output and exit code of ``cmd``, or code None after ``timeout`` seconds. The run is
+    stopped with SIGTERM first: torchrun starts its workers in sessions of their own and
+    passes a SIGTERM on to them, while a SIGKILL would leave them running (on the GPUs the
+    next configuration uses)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        return proc.communicate(timeout=timeout)[0], proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:  # torchrun waits up to 30 s for its workers before it kills them
+            output = proc.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output = proc.communicate()[0]
+        return output, None
+
+
 def run(name, cmd, timeout, logs):
     """A side's record: its RESULT line's fields, or a status saying why there is none."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
     log = os.path.join(logs, f"{name}.log")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        output, code = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        output = "".join(x.decode() if isinstance(x, bytes) else (x or "")
-                         for x in (exc.stdout, exc.stderr))
-        code = None
+    output, code = communicate(cmd, timeout, env)
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n" + output)
-    result = parse_result(output)
+    found = results(output)
+    # one rank out of memory is the run's result, whatever its peers then reported
+    result = next((r for r in found if r.get("status") == "oom"), found[-1] if found else None)
     if code is None:
         return dict(status="timeout", log=log)
     if result is not None:
@@ -106,7 +132,8 @@ def commands(args, embd, batch, ngpu):
             "--vocab", str(args.vocab), "--batch", str(batch), "--steps", str(args.steps)]
     if not ngpu:
         fsdp += ["--dtype", "fp32"]
-    return ours, fsdp
+    # last, so that they override the defaults above
+    return ours + shlex.split(args.ours_args), fsdp + shlex.split(args.fsdp_args)
 
 
 def cell(side):
