@@ -45,13 +45,16 @@ def model_flops_per_step(nparams, n_layer, n_embd, seq, tokens):
     return 6 * nparams * tokens + 12 * n_layer * n_embd * seq * tokens
 
 
-def train_step(ctx, model, opt, ids, targets, idle=()):
+def train_step(ctx, model, opt, ids, targets, idle=(), optimizer_on=None):
     """One AdamW step of our GPT2LMHead, waited for. ``idle``: tensors StarPU is told, once
-    the step is submitted, will not be used soon (starpu_data_wont_use)."""
+    the step is submitted, will not be used soon (starpu_data_wont_use); ``optimizer_on``:
+    the kind of worker the update tasks must run on (None: any)."""
+    from nntile import ops
     model.zero_grad()
     model.submit_loss(ids, targets)
     model.backward()
-    opt.step()
+    with ops.task_workers(optimizer_on):
+        opt.step()
     for tensor in idle:
         tensor.wont_use()
     ctx.wait()

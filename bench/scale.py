@@ -49,6 +49,10 @@ def parse_args(argv=None):
                    help="run even when the estimate says it cannot fit")
     p.add_argument("--wont-use", action="store_true",
                    help="starpu_data_wont_use on gradients and optimizer states after each step")
+    p.add_argument("--layer-priorities", action="store_true",
+                   help="tasks get priorities in layer order (GPT2LMHead.layer_priorities)")
+    p.add_argument("--optimizer-on", choices=("cpu", "cuda"),
+                   help="run the AdamW tasks only on this kind of worker (cpu needs --ncpu)")
     p.add_argument("--disk-swap", metavar="DIR", help="StarPU disk swap directory "
                    "(STARPU_DISK_SWAP): host memory can then be evicted to it")
     p.add_argument("--disk-swap-mib", type=int, help="size of the disk swap in MiB "
@@ -193,6 +197,7 @@ def main(argv=None):
         pool = RandomPool(rng)
         t0 = time.perf_counter()
         model = GPT2LMHead(config, tiling, args.dtype)
+        model.layer_priorities = args.layer_priorities
         for index, (name, param) in enumerate(model.named_parameters()):
             shape = param.value.shape
             if name.endswith("weight") and len(shape) > 1:
@@ -217,7 +222,8 @@ def main(argv=None):
         for step in range(args.steps):
             before = sum(ctx.bytes_sent()) if ctx.world_size > 1 else 0
             ctx.bus_stats(), ctx.worker_stats()  # both count from here
-            times.append(seconds(lambda: train_step(ctx, model, opt, ids, targets, idle)))
+            times.append(seconds(lambda: train_step(ctx, model, opt, ids, targets, idle,
+                                                 args.optimizer_on)))
             step_moved, bandwidth = traffic(ctx.bus_stats())
             moved.append(step_moved)
             gpus = [w for w in ctx.worker_stats() if w["worker"].startswith("CUDA")]
@@ -250,7 +256,8 @@ def main(argv=None):
                       max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                       estimate_gib=whole / 2**30,
                       rank_need_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
-                      wont_use=args.wont_use, disk_swap=args.disk_swap, disk_backend=backend,
+                      wont_use=args.wont_use, layer_priorities=args.layer_priorities,
+                      optimizer_on=args.optimizer_on, disk_swap=args.disk_swap, disk_backend=backend,
                       workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
                       distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,
                       mpi_bytes_per_step=sent[1:] or sent, steps_s=times,

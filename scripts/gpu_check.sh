@@ -13,6 +13,9 @@
 #              data tensor; extra mpirun options in $NNTILE_MPIRUN_ARGS)
 #   (NNTILE_WIDE_EXTRA: options appended to the wide model's, e.g. "--batch 8 --tile-batch 4")
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
+#   levers     the wide model on one GPU once per variant in $NNTILE_LEVERS (';'-separated
+#              extra options, e.g. ";--layer-priorities;--ncpu 8 --optimizer-on cpu"), each
+#              after $NNTILE_LEVER_BASE (e.g. "--batch 8"): out-of-core levers side by side
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 #   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
 #              configurations EMBDxBATCH in $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
@@ -118,6 +121,14 @@ if want scale; then
             "${wide[@]}" ${NNTILE_SCALE_ARGS:-} || break
     done
 fi
+if want levers; then
+    IFS=';' read -ra variants <<< "${NNTILE_LEVERS:-;--layer-priorities}"
+    for i in "${!variants[@]}"; do
+        echo "lever-$i: ${NNTILE_LEVER_BASE:-} ${variants[$i]}" >> "$logs/levers.txt"
+        step "lever-$i" timeout "$run_limit" python3 bench/scale.py --n-embd "$wide_embd" \
+            --ncuda 1 "${wide[@]}" ${NNTILE_LEVER_BASE:-} ${variants[$i]}
+    done
+fi
 if want compare; then
     for e in ${NNTILE_COMPARE_SIZES:-4096 8192}; do
         step "compare-$e" timeout "$run_limit" python3 bench/compare_torch.py --n-embd "$e" \
@@ -129,7 +140,8 @@ if want node-table; then
         --timeout "$run_limit" --out "$logs/node-table.json" --logs "$logs/node-table"
     sed -n '/^## Node table/,$p' "$logs/node-table.log"
 fi
-grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/compare-*.log 2>/dev/null
+grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/lever-*.log \
+    "$logs"/compare-*.log 2>/dev/null
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null
 echo "=== summary ($(cat "$logs/gpu.txt"))"
 printf '%s\n' "${summary[@]}"

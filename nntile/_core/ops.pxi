@@ -7,10 +7,38 @@ include "codelet_table.pxi"
 
 DEF NMAXBUFS = 8
 
+# The priority of the tasks submitted from now on: models raise it for the layers that come
+# first on the step's critical path (see GPT2LMHead), so that a scheduler whose queues sort by
+# priority runs, and fetches tiles for, the next layer before work that can wait.
+cdef int _task_priority = 0
+# The kind of worker the tasks submitted from now on may run on (0: any the codelet has), so
+# that a program can keep, say, the optimizer next to its states in host memory.
+cdef int _task_where = 0
+_WORKER_KINDS = {None: 0, "cpu": STARPU_CPU, "cuda": STARPU_CUDA}
+
+
+def set_task_priority(int priority):
+    """Give the tasks submitted after this call ``priority`` (higher runs first where several
+    are ready; 0 is the default); returns the previous value."""
+    global _task_priority
+    previous, _task_priority = _task_priority, priority
+    return previous
+
+
+def set_task_workers(kind):
+    """Run the tasks submitted after this call only on ``kind`` workers ("cpu", "cuda", or
+    None for any); returns the previous kind. The workers must exist when tasks are
+    submitted (see Context's ncpu and ncuda)."""
+    global _task_where
+    if kind not in _WORKER_KINDS:
+        raise ValueError(f"task workers {kind!r}: use 'cpu', 'cuda' or None")
+    previous = next(k for k, v in _WORKER_KINDS.items() if v == _task_where)
+    _task_where = _WORKER_KINDS[kind]
+    return previous
+
 
 cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles,
-                starpu_data_access_mode *modes, const void *args, size_t argsize,
-                int priority=0) except -1:
+                starpu_data_access_mode *modes, const void *args, size_t argsize) except -1:
     """Submit one task of ``op`` on ``nbuf`` tiles; the only place tasks are created."""
     cdef starpu_codelet *cl = nntile_codelet(op, dtype)
     if cl == NULL:
@@ -32,7 +60,9 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles,
     memcpy(task.cl_arg, args, argsize)
     task.cl_arg_size = argsize
     task.cl_arg_free = 1
-    task.priority = priority
+    task.priority = _task_priority
+    if _task_where:
+        task.where = _task_where
     if _mpi_on:
         # owner computes: runs here only if this rank owns the written tiles, else this
         # rank just sends what it owns of the task's inputs (the call consumes the task)

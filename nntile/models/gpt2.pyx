@@ -54,6 +54,7 @@ cdef class GPT2LMHead(Module):
     cdef _Workspace _ws
     cdef Tensor _h
     cdef bint _ready_for_backward
+    cdef public bint layer_priorities
 
     def __init__(self, config, tiling=None, str dtype="fp32"):
         if dtype not in ("fp32", "fp64", "tf32", "bf16"):
@@ -79,6 +80,7 @@ cdef class GPT2LMHead(Module):
         self.loss_value = Tensor((1,), (1,), dtype)
         self._workspaces = {}
         self._ready_for_backward = False
+        self.layer_priorities = False
 
     @staticmethod
     def check_tiling(tiling, config):
@@ -212,17 +214,29 @@ cdef class GPT2LMHead(Module):
             self._workspaces[key] = ws
         return ws
 
+    cdef _prioritize(self, int distance):
+        """With ``layer_priorities``, tasks submitted next get their distance from the end of
+        the step as priority (forward of block i: 2L+2-i, loss: L+2, backward of block i:
+        i+1, the optimizer after it: 0), so that where several tasks are ready the scheduler
+        runs the one on the critical path, and fetches its tiles, first."""
+        if self.layer_priorities:
+            ops.set_task_priority(distance)
+
     cdef Tensor _forward(self, input_ids):
         ids = self._check_tokens(input_ids, "input_ids")
         cdef _Workspace ws = self._workspace(ids.shape[0], ids.shape[1])
         self._ws = ws
         ws.ids.write(ids)
+        cdef int L = len(self.blocks), i
+        self._prioritize(2 * L + 3)
         ws.x0.clear()
         self.wte.forward(ws.ids, ws.x0)
         self.wpe.forward(ws.positions, ws.x0)
         cdef Tensor x = ws.x0
-        for block in self.blocks:
-            x = (<Block> block).forward(x)
+        for i in range(L):
+            self._prioritize(2 * L + 2 - i)
+            x = (<Block> self.blocks[i]).forward(x)
+        self._prioritize(L + 2)
         self._h = self.ln_f.forward(x)
         ops.gemm(1.0, self._h, "N", self.lm_head.value, "T", 0.0, ws.logits)
         return ws.logits
@@ -230,7 +244,9 @@ cdef class GPT2LMHead(Module):
     def forward(self, input_ids):
         """Logits [batch, seq, vocab] as a numpy array."""
         self._ready_for_backward = False
-        return self._forward(input_ids).to_array()
+        logits = self._forward(input_ids)
+        self._prioritize(0)
+        return logits.to_array()
 
     def loss(self, input_ids, targets):
         """Mean cross-entropy of next-token targets (already shifted) as a float; activations
@@ -249,6 +265,7 @@ cdef class GPT2LMHead(Module):
         ws.labels.write(targets)
         ops.cross_entropy(logits, ws.labels, ws.stats, ws.lse, ws.picked, self.loss_value,
                           1.0 / input_ids.size)
+        self._prioritize(0)
         self._ready_for_backward = True
 
     def backward(self, double scale=1.0):
@@ -259,17 +276,21 @@ cdef class GPT2LMHead(Module):
         self._ready_for_backward = False
         cdef _Workspace ws = self._ws
         cdef Tensor dlogits = ws.logits
+        cdef int i
+        self._prioritize(len(self.blocks) + 1)
         ops.cross_entropy_backward(dlogits, ws.labels, ws.stats, scale / ws.ids.traits.size)
         ops.gemm(1.0, dlogits, "T", self._h, "N", 1.0, self.lm_head.grad, ndim=2)
         cdef Tensor dx = ws.dx, other = ws.dx_other
         # StarPU orders the reuse of dx_other after ln_f has read it (data dependencies).
         ops.gemm(1.0, dlogits, "N", self.lm_head.value, "N", 0.0, other)
         self.ln_f.backward(other, dx, 0.0)
-        for block in reversed(self.blocks):
-            (<Block> block).backward(dx, other)
+        for i in reversed(range(len(self.blocks))):
+            self._prioritize(i + 1)
+            (<Block> self.blocks[i]).backward(dx, other)
             dx, other = other, dx
         self.wte.backward(dx)
         self.wpe.backward(dx)
+        self._prioritize(0)
 
     def unregister(self):
         for ws in self._workspaces.values():
