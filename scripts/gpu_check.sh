@@ -14,7 +14,7 @@
 #   (NNTILE_WIDE_EXTRA: options appended to the wide model's, e.g. "--batch 8 --tile-batch 4")
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
 #   levers     the wide model on one GPU once per variant in $NNTILE_LEVERS (';'-separated
-#              extra options, e.g. ";--layer-priorities;--ncpu 8 --optimizer-on cpu"), each
+#              options and NAME=value environment, e.g. ";--layer-priorities;--sched lws"), each
 #              after $NNTILE_LEVER_BASE (e.g. "--batch 8"): out-of-core levers side by side
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 #   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
@@ -123,10 +123,14 @@ if want scale; then
 fi
 if want levers; then
     IFS=';' read -ra variants <<< "${NNTILE_LEVERS:-;--layer-priorities}"
-    for i in "${!variants[@]}"; do
+    for i in "${!variants[@]}"; do  # a variant's NAME=value words are its environment
+        envs=() opts=()
+        for word in ${variants[$i]}; do
+            if [[ $word == [A-Z]*=* ]]; then envs+=("$word"); else opts+=("$word"); fi
+        done
         echo "lever-$i: ${NNTILE_LEVER_BASE:-} ${variants[$i]}" >> "$logs/levers.txt"
-        step "lever-$i" timeout "$run_limit" python3 bench/scale.py --n-embd "$wide_embd" \
-            --ncuda 1 "${wide[@]}" ${NNTILE_LEVER_BASE:-} ${variants[$i]}
+        step "lever-$i" timeout "$run_limit" env "${envs[@]}" python3 bench/scale.py \
+            --n-embd "$wide_embd" --ncuda 1 "${wide[@]}" ${NNTILE_LEVER_BASE:-} "${opts[@]}"
     done
 fi
 if want compare; then
