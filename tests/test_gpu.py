@@ -86,3 +86,14 @@ def test_gpt2_124m_gpu_matches_cpu():
     assert out["gpu_fp32"]["max_grad_rel"] <= 1e-4
     assert abs(out["gpu_tf32"]["losses"][0] - cpu) <= 2e-3 * cpu
     assert out["gpu_tf32"]["max_grad_rel"] <= 3e-2
+
+
+def test_two_workers_per_gpu_by_default():
+    code = ("import nntile\n"
+            "with nntile.Context(ncuda=1) as ctx:\n"
+            "    print(ctx.settings()['workers_per_gpu'][0], ctx.ncuda_workers)\n"
+            "with nntile.Context(ncuda=1, workers_per_gpu=1) as ctx:\n"
+            "    print(ctx.settings()['workers_per_gpu'][0], ctx.ncuda_workers)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["2", "2", "1", "1"]
