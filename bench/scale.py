@@ -49,8 +49,9 @@ def parse_args(argv=None):
                    help="run even when the estimate says it cannot fit")
     p.add_argument("--wont-use", action="store_true",
                    help="starpu_data_wont_use on gradients and optimizer states after each step")
-    p.add_argument("--layer-priorities", action="store_true",
-                   help="tasks get priorities in layer order (GPT2LMHead.layer_priorities)")
+    p.add_argument("--no-layer-priorities", dest="layer_priorities", action="store_false",
+                   help="tasks without priorities (default: in layer order, "
+                        "GPT2LMHead.layer_priorities)")
     p.add_argument("--optimizer-on", choices=("cpu", "cuda"),
                    help="run the AdamW tasks only on this kind of worker (cpu needs --ncpu)")
     p.add_argument("--disk-swap", metavar="DIR", help="StarPU disk swap directory "

@@ -14,7 +14,7 @@
 #   (NNTILE_WIDE_EXTRA: options appended to the wide model's, e.g. "--batch 8 --tile-batch 4")
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
 #   levers     the wide model on one GPU once per variant in $NNTILE_LEVERS (';'-separated
-#              options and NAME=value environment, e.g. ";--layer-priorities;--sched lws"), each
+#              options and NAME=value environment, e.g. ";--no-layer-priorities;--sched lws"), each
 #              after $NNTILE_LEVER_BASE (e.g. "--batch 8"): out-of-core levers side by side
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 #   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
@@ -122,7 +122,7 @@ if want scale; then
     done
 fi
 if want levers; then
-    IFS=';' read -ra variants <<< "${NNTILE_LEVERS:-;--layer-priorities}"
+    IFS=";" read -ra variants <<< "${NNTILE_LEVERS:-;--no-layer-priorities}"
     for i in "${!variants[@]}"; do  # a variant's NAME=value words are its environment
         envs=() opts=()
         for word in ${variants[$i]}; do
