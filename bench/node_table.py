@@ -31,6 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--configs", default="8192x4,8192x16,16384x4",
                    help="comma-separated EMBDxBATCH")
     p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, help="default n_embd / 128 (GPT-2 XL: 25)")
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--steps", type=int, default=3)
@@ -130,6 +131,9 @@ def commands(args, embd, batch, ngpu):
             f"--nproc-per-node={ranks}", os.path.join(HERE, "fsdp_ref.py"),
             "--n-embd", str(embd), "--n-layer", str(args.n_layer), "--seq", str(args.seq),
             "--vocab", str(args.vocab), "--batch", str(batch), "--steps", str(args.steps)]
+    if args.n_head:
+        ours += ["--n-head", str(args.n_head)]
+        fsdp += ["--n-head", str(args.n_head)]
     if not ngpu:
         fsdp += ["--dtype", "fp32"]
     # last, so that they override the defaults above

@@ -31,6 +31,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n-embd", type=int, default=1024)
     p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, help="default n_embd / 128")
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--batch", type=int, default=4)
@@ -155,7 +156,8 @@ def main(argv=None):
     from nntile.models import GPT2Config
     E = args.n_embd
     config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=E,
-                        n_layer=args.n_layer, n_head=max(1, E // 128), tie_word_embeddings=False)
+                        n_layer=args.n_layer, n_head=args.n_head or max(1, E // 128),
+                        tie_word_embeddings=False)
     tiling = {k: getattr(args, f"tile_{k}") for k in ("batch", "seq", "embd", "head", "inner", "vocab")
               if getattr(args, f"tile_{k}")}
     nparams = config.num_parameters()
