@@ -681,13 +681,7 @@ void prod_bcast(const Args *a, cudaStream_t s, const T *src, T *dst)
 NNTILE_CUDA_END
 
 /* ---------------------------------------------------------------- exports
- * NNTILE_CUDA_EXPORT_<dtype>(X): X(abi_type, storage_type, suffix) */
-#define NNTILE_CUDA_INSTANTIATE(X)                                          \
-    X(float, float, fp32)                                                    \
-    X(double, double, fp64)                                                  \
-    X(uint16_t, nntile_cuda::bf16, bf16)
-
-/* NNTILE_CUDA_EXPORT(op) defines nntile_cuda_<op>_<suffix> (cuda_kernels.h)
+ * NNTILE_CUDA_EXPORT(op) defines nntile_cuda_<op>_<suffix> (cuda_kernels.h)
  * for every dtype as the call nntile_cuda::op<T>(args, stream, buffers...)
  * with T the storage type (bf16 bits become nntile_cuda::bf16 pointers). */
 #define NNTILE_CUDA_PASS(type, name) , nntile_cuda::storage(name)
