@@ -66,23 +66,27 @@ from collections import Counter
 def kernels(path):
     """[(kernel name, its instructions as text, the same with parameter offsets blanked)]
     (a template kernel that two .cu files instantiate stands twice)"""
-    out, name, body = [], None, []
+    out, name, body, arch = [], None, [], 90
     for line in open(path):
-        m = re.match(r"\s*Function : (\S+)", line)
+        m = re.match(r"\s*arch = sm_(\d+)", line)
         if m:
-            name, body = m.group(1), []
-            out.append((name, body))
+            arch = int(m.group(1))
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:  # the arch heads the body, so that only code of one arch is matched
+            name, body = f"{m.group(1)} (sm_{arch})", [f"sm_{arch}"]
+            out.append((name, body, arch))
             continue
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s*(.*?);", line)
         if name and m:
             body.append(" ".join(m.group(1).split()))
-    return [(k, "\n".join(v), re.sub(r"c\[0x0\]\[(0x[0-9a-f]+)\]", blank_param, "\n".join(v)))
-            for k, v in out]
+    return [(k, "\n".join(v), re.sub(r"c\[0x0\]\[(0x[0-9a-f]+)\]",
+                                      lambda m: blank_param(m, arch), "\n".join(v)))
+            for k, v, arch in out]
 
 
-def blank_param(m):
-    """c[0x0][offset] -> c[0x0][P] for kernel parameters (from 0x210 on sm_90)"""
-    return "c[0x0][P]" if int(m.group(1), 16) >= 0x210 else m.group(0)
+def blank_param(m, arch):
+    """c[0x0][offset] -> c[0x0][P] for kernel parameters (from 0x210 on sm_90, 0x160 before)"""
+    return "c[0x0][P]" if int(m.group(1), 16) >= (0x210 if arch >= 90 else 0x160) else m.group(0)
 
 
 base, new = kernels(sys.argv[1]), kernels(sys.argv[2])
