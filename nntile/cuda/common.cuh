@@ -134,9 +134,10 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (I)(n);        \
          i += (I)gridDim.x * blockDim.x)
 
-/* Launchers.  The buffers a kernel reads and writes are kernel parameters of
- * their own, declared __restrict__ (it then may keep loads in flight across
- * stores); the op holds only scalars and gets the buffers as arguments. */
+/* Launchers.  The buffers handed to a launcher become kernel parameters of
+ * their own, declared __restrict__ (the compiler then may keep loads in
+ * flight across stores), and the op gets them as arguments.  Buffers that an
+ * op holds itself (the reductions' terms do) carry no such promise. */
 
 /* ---- element-wise over n items: op(i, bufs...) for every i < n */
 template <typename Op, typename... B>

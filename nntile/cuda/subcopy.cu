@@ -80,18 +80,18 @@ void subcopy(const nntile_subcopy_args *a, cudaStream_t s, const T *src,
                           s);
         return;
     }
-    SubcopyGather pl;
-    pl.nd = (int)outer_nd;
-    pl.inner = inner;
+    SubcopyGather gather;
+    gather.nd = (int)outer_nd;
+    gather.inner = inner;
     int64_t total = inner;
     for (int d = 0; d < NNTILE_SUBCOPY_MAX_NDIM; ++d) {
-        pl.shape[d] = d < outer_nd ? a->copy_shape[d] : 1;
-        pl.sst[d] = d < outer_nd ? sst[d] : 0;
-        pl.dst_st[d] = d < outer_nd ? dst_st[d] : 0;
+        gather.shape[d] = d < outer_nd ? a->copy_shape[d] : 1;
+        gather.sst[d] = d < outer_nd ? sst[d] : 0;
+        gather.dst_st[d] = d < outer_nd ? dst_st[d] : 0;
         if (d < outer_nd)
             total *= a->copy_shape[d];
     }
-    launch_elementwise(total, pl, s, src + soff, dst + doff);
+    launch_elementwise(total, gather, s, src + soff, dst + doff);
 }
 
 NNTILE_CUDA_END
