@@ -40,6 +40,15 @@ template <typename T> using C_t = typename Compute<T>::type;
 /* ABI pointer type (as in cuda_kernels.h) -> storage type */
 template <typename A> struct Storage { typedef A type; };
 template <> struct Storage<uint16_t> { typedef bf16 type; };
+template <typename A> inline typename Storage<A>::type *storage(A *p)
+{
+    return (typename Storage<A>::type *)p;
+}
+template <typename A>
+inline const typename Storage<A>::type *storage(const A *p)
+{
+    return (const typename Storage<A>::type *)p;
+}
 
 __host__ __device__ __forceinline__ float ld(float x) { return x; }
 __host__ __device__ __forceinline__ double ld(double x) { return x; }
@@ -124,6 +133,26 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 #define NNTILE_GRID_STRIDE(I, i, n)                                         \
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (I)(n);        \
          i += (I)gridDim.x * blockDim.x)
+
+/* Launchers.  The buffers handed to a launcher become kernel parameters of
+ * their own, declared __restrict__ (the compiler then may keep loads in
+ * flight across stores), and the op gets them as arguments.  Buffers that an
+ * op holds itself (the reductions' terms do) carry no such promise. */
+
+/* ---- element-wise over n items: op(i, bufs...) for every i < n */
+template <typename Op, typename... B>
+__global__ void elementwise_k(int64_t n, Op op, B *__restrict__... bufs)
+{
+    NNTILE_GRID_STRIDE(int64_t, i, n)
+        op(i, bufs...);
+}
+
+template <typename Op, typename... B>
+void launch_elementwise(int64_t n, Op op, cudaStream_t stream, B *... bufs)
+{
+    if (n > 0)
+        elementwise_k<<<grid_for(n), kBlock, 0, stream>>>(n, op, bufs...);
+}
 
 /* Stream-ordered scratch memory (no host synchronisation) for split
  * reductions: a few KB to a few MB.  It comes from a memory pool of our own
@@ -276,17 +305,37 @@ inline unsigned row_grid(int64_t rows, int tpr)
     return grid_for(rows, kBlock / tpr);
 }
 
-/* Row loop: a group of TPR threads per row, groups stride over rows.  The
- * bounds are uniform per block, so group_allreduce may be used inside when
- * inactive groups (r >= rows) still take part. */
-#define NNTILE_ROW_LOOP(TPR, rows, r, tid, active)                          \
-    constexpr int RPB_ = kBlock / (TPR);                                     \
-    const int grp_ = threadIdx.x / (TPR);                                    \
-    const int tid = threadIdx.x % (TPR);                                     \
-    for (int64_t r0_ = (int64_t)blockIdx.x * RPB_; r0_ < (rows);             \
-         r0_ += (int64_t)gridDim.x * RPB_)                                   \
-        for (int64_t r = r0_ + grp_, once_ = 0; once_ < 1; ++once_)          \
-            for (bool active = r < (rows), o2_ = true; o2_; o2_ = false)
+/* ---- row-wise over rows of len elements: a group of TPR threads per row
+ * (TPR from len), groups stride over rows; every thread calls
+ *   op.template row<TPR>(r, tid, active, bufs...)
+ * with tid its rank in the group.  The loop bounds are uniform per block and
+ * groups past the last row call it too with active false, so that op may use
+ * group_allreduce (an op without it returns when !active). */
+template <int TPR, typename Op, typename... B>
+__global__ void rows_k(int64_t rows, Op op, B *__restrict__... bufs)
+{
+    constexpr int kRows = kBlock / TPR; /* rows per block and step */
+    const int group = threadIdx.x / TPR;
+    const int tid = threadIdx.x % TPR;
+    for (int64_t r0 = (int64_t)blockIdx.x * kRows; r0 < rows;
+         r0 += (int64_t)gridDim.x * kRows) {
+        const int64_t r = r0 + group;
+        op.template row<TPR>(r, tid, r < rows, bufs...);
+    }
+}
+
+template <typename Op, typename... B>
+void launch_rows(int64_t rows, int64_t len, Op op, cudaStream_t stream,
+                 B *... bufs)
+{
+    if (rows <= 0)
+        return;
+    dispatch_tpr(len, [&](auto tpr) {
+        constexpr int TPR = decltype(tpr)::value;
+        rows_k<TPR><<<row_grid(rows, TPR), kBlock, 0, stream>>>(rows, op,
+                                                                bufs...);
+    });
+}
 
 /* ---- full reduction of n terms to NA doubles:
  *   term(i, acc) adds term i into acc[0..NA); epi(acc) stores the result. */
@@ -454,11 +503,14 @@ void colsum(int64_t outer, int64_t red, int64_t inner, Term term, Epi epi,
 
 /* ---- row reduction on [rows, len] (contiguous rows):
  *   term(r, j, acc), epi(r, acc) */
-template <int TPR, int NA, typename Term, typename Epi>
-__global__ void rowsum_k(int64_t rows, int64_t len, Term term, Epi epi)
-{
-    __shared__ double sh[NA][kBlock / 32];
-    NNTILE_ROW_LOOP(TPR, rows, r, tid, active) {
+template <int NA, typename Term, typename Epi> struct RowSumOp {
+    int64_t len;
+    Term term;
+    Epi epi;
+    template <int TPR>
+    __device__ void row(int64_t r, int tid, bool active) const
+    {
+        __shared__ double sh[NA][kBlock / 32];
         double acc[NA];
 #pragma unroll
         for (int a = 0; a < NA; ++a)
@@ -474,19 +526,13 @@ __global__ void rowsum_k(int64_t rows, int64_t len, Term term, Epi epi)
         if (active && tid == 0)
             epi(r, acc);
     }
-}
+};
 
 template <int NA, typename Term, typename Epi>
 void rowsum(int64_t rows, int64_t len, Term term, Epi epi,
             cudaStream_t stream)
 {
-    if (rows <= 0)
-        return;
-    dispatch_tpr(len, [&](auto tpr) {
-        constexpr int TPR = decltype(tpr)::value;
-        rowsum_k<TPR, NA><<<row_grid(rows, TPR), kBlock, 0, stream>>>(
-            rows, len, term, epi);
-    });
+    launch_rows(rows, len, RowSumOp<NA, Term, Epi>{len, term, epi}, stream);
 }
 
 /* ---------------------------------------------------------------- epilogues */
@@ -569,37 +615,83 @@ __global__ void mkn_k(I total, I k, I n, Op op)
     }
 }
 
+template <typename I, typename Op>
+void mkn_launch(int64_t total, int64_t k, int64_t n, Op op,
+                cudaStream_t stream)
+{
+    const unsigned g = grid_for(total);
+    if (n == 1)
+        mkn_k<true, I><<<g, kBlock, 0, stream>>>((I)total, (I)k, (I)1, op);
+    else
+        mkn_k<false, I><<<g, kBlock, 0, stream>>>((I)total, (I)k, (I)n, op);
+}
+
 template <typename Op>
 void mkn(int64_t m, int64_t k, int64_t n, Op op, cudaStream_t stream)
 {
     if (m <= 0 || k <= 0 || n <= 0)
         return;
     const int64_t total = m * k * n;
-    const unsigned g = grid_for(total);
-    if (total < ((int64_t)1 << 31)) {
-        if (n == 1)
-            mkn_k<true, uint32_t><<<g, kBlock, 0, stream>>>(
-                (uint32_t)total, (uint32_t)k, 1u, op);
-        else
-            mkn_k<false, uint32_t><<<g, kBlock, 0, stream>>>(
-                (uint32_t)total, (uint32_t)k, (uint32_t)n, op);
-    } else {
-        if (n == 1)
-            mkn_k<true, uint64_t><<<g, kBlock, 0, stream>>>(
-                (uint64_t)total, (uint64_t)k, 1u, op);
-        else
-            mkn_k<false, uint64_t><<<g, kBlock, 0, stream>>>(
-                (uint64_t)total, (uint64_t)k, (uint64_t)n, op);
+    if (total < ((int64_t)1 << 31))
+        mkn_launch<uint32_t>(total, k, n, op, stream);
+    else
+        mkn_launch<uint64_t>(total, k, n, op, stream);
+}
+
+/* Broadcast ops for mkn: the source is a fiber [k] (FIBER, indexed by j) or
+ * a slice [m, n] (indexed by s = i*n + l). */
+/* dst = alpha*src + beta*dst (dst not read when beta == 0) */
+template <typename T, bool FIBER> struct AddBcastOp {
+    const T *src;
+    T *dst;
+    C_t<T> alpha, beta;
+    int accumulate;
+    __device__ void operator()(int64_t idx, int64_t j, int64_t sl) const
+    {
+        const C_t<T> a = alpha * ld(src[FIBER ? j : sl]);
+        dst[idx] = st<T>(accumulate ? a + beta * ld(dst[idx]) : a);
     }
+};
+
+/* dst *= alpha*src */
+template <typename T, bool FIBER> struct ProdBcastOp {
+    const T *src;
+    T *dst;
+    C_t<T> alpha;
+    __device__ void operator()(int64_t idx, int64_t j, int64_t sl) const
+    {
+        dst[idx] = st<T>(alpha * ld(src[FIBER ? j : sl]) * ld(dst[idx]));
+    }
+};
+
+template <bool FIBER, typename Args, typename T>
+void add_bcast(const Args *a, cudaStream_t s, const T *src, T *dst)
+{
+    mkn(a->m, a->k, a->n,
+        AddBcastOp<T, FIBER>{src, dst, (C_t<T>)a->alpha, (C_t<T>)a->beta,
+                             a->beta != 0.0}, s);
+}
+
+template <bool FIBER, typename Args, typename T>
+void prod_bcast(const Args *a, cudaStream_t s, const T *src, T *dst)
+{
+    mkn(a->m, a->k, a->n, ProdBcastOp<T, FIBER>{src, dst, (C_t<T>)a->alpha},
+        s);
 }
 
 NNTILE_CUDA_END
 
 /* ---------------------------------------------------------------- exports
- * NNTILE_CUDA_EXPORT_<dtype>(X): X(abi_type, storage_type, suffix) */
-#define NNTILE_CUDA_INSTANTIATE(X)                                          \
-    X(float, float, fp32)                                                    \
-    X(double, double, fp64)                                                  \
-    X(uint16_t, nntile_cuda::bf16, bf16)
+ * NNTILE_CUDA_EXPORT(op) defines nntile_cuda_<op>_<suffix> (cuda_kernels.h)
+ * for every dtype as the call nntile_cuda::op<T>(args, stream, buffers...)
+ * with T the storage type (bf16 bits become nntile_cuda::bf16 pointers). */
+#define NNTILE_CUDA_PASS(type, name) , nntile_cuda::storage(name)
+#define NNTILE_CUDA_DEFINE(A, S, op)                                         \
+    extern "C" NNTILE_CUDA_SIGNATURE(op, A, S)                               \
+    {                                                                        \
+        nntile_cuda::op<nntile_cuda::Storage<A>::type>(                      \
+            args, stream NNTILE_CUDA_BUFFERS_##op(NNTILE_CUDA_PASS, A));     \
+    }
+#define NNTILE_CUDA_EXPORT(op) NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op)
 
 #endif /* NNTILE_CUDA_COMMON_CUH */

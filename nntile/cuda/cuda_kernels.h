@@ -32,168 +32,98 @@ extern "C" {
 struct cublasContext;
 typedef struct cublasContext *cublasHandle_t;
 
-/* X(abi_type, suffix): abi_type is what the C prototypes take. */
-#define NNTILE_CUDA_FOR_EACH_DTYPE(X) \
-    X(float, fp32) X(double, fp64) X(uint16_t, bf16)
+/* X(abi_type, suffix, op): abi_type is what the C prototypes take; op is
+ * handed through, so that one op is declared (or defined) for every dtype. */
+#define NNTILE_CUDA_FOR_EACH_DTYPE(X, op) \
+    X(float, fp32, op) X(double, fp64, op) X(uint16_t, bf16, op)
+
+/* NNTILE_CUDA_BUFFERS_<op>(P, A): the buffers of an op, after (args, stream),
+ * as on the CPU: P(type, name) each, with A the ABI element type. */
+#define NNTILE_CUDA_BUFFERS_fill(P, A) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_copy(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_subcopy(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_add(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_scal(P, A) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_prod(P, A) \
+    P(const A *, src1) P(const A *, src2) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_gelu(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_gelu_backward(P, A) \
+    P(const A *, x) P(const A *, dy) P(A *, dx)
+#define NNTILE_CUDA_BUFFERS_gelutanh(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_gelutanh_backward(P, A) \
+    P(const A *, x) P(const A *, dy) P(A *, dx)
+#define NNTILE_CUDA_BUFFERS_add_fiber(P, A) P(const A *, fiber) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_prod_fiber(P, A) P(const A *, fiber) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_sum_fiber(P, A) P(const A *, src) P(A *, fiber)
+#define NNTILE_CUDA_BUFFERS_sumprod_fiber(P, A) \
+    P(const A *, src1) P(const A *, src2) P(A *, fiber)
+#define NNTILE_CUDA_BUFFERS_sum_slice(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_sumprod_slice(P, A) \
+    P(const A *, src1) P(const A *, src2) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_add_slice(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_prod_slice(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_maxsumexp(P, A) P(const A *, src) P(A *, stats)
+#define NNTILE_CUDA_BUFFERS_softmax_inplace(P, A) \
+    P(const A *, stats) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_softmax_backward(P, A) \
+    P(const A *, p) P(const A *, sums) P(A *, dp)
+#define NNTILE_CUDA_BUFFERS_mask_causal(P, A) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_logsumexp(P, A) P(const A *, stats) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_xent_picked(P, A) \
+    P(const A *, logits) P(const int64_t *, labels) P(A *, picked)
+#define NNTILE_CUDA_BUFFERS_xent_loss(P, A) \
+    P(const A *, lse) P(const A *, picked) P(A *, loss)
+#define NNTILE_CUDA_BUFFERS_xent_grad_inplace(P, A) \
+    P(const A *, stats) P(const int64_t *, labels) P(A *, logits)
+#define NNTILE_CUDA_BUFFERS_embedding(P, A) \
+    P(const int64_t *, ids) P(const A *, table) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_embedding_backward(P, A) \
+    P(const int64_t *, ids) P(const A *, dy) P(A *, dtable)
+#define NNTILE_CUDA_BUFFERS_layernorm_stats(P, A) P(const A *, x) P(A *, stats)
+#define NNTILE_CUDA_BUFFERS_layernorm_forward(P, A) \
+    P(const A *, x) P(const A *, stats) P(const A *, gamma) \
+    P(const A *, beta_) P(A *, y)
+#define NNTILE_CUDA_BUFFERS_layernorm_backward_reduce(P, A) \
+    P(const A *, x) P(const A *, dy) P(const A *, stats) P(const A *, gamma) \
+    P(A *, rowacc) P(A *, dgamma) P(A *, dbeta)
+#define NNTILE_CUDA_BUFFERS_layernorm_backward(P, A) \
+    P(const A *, x) P(const A *, dy) P(const A *, stats) P(const A *, gamma) \
+    P(const A *, rowacc) P(A *, dx)
+#define NNTILE_CUDA_BUFFERS_sumsq(P, A) P(const A *, src) P(A *, dst)
+#define NNTILE_CUDA_BUFFERS_adam_step(P, A) \
+    P(A *, p) P(const A *, g) P(A *, m) P(A *, v) P(const A *, normsq)
+#define NNTILE_CUDA_BUFFERS_sgd_step(P, A) \
+    P(A *, p) P(const A *, g) P(A *, buf) P(const A *, normsq)
+
+/* Every op but gemm. */
+#define NNTILE_CUDA_OPS(X) \
+    X(fill) X(copy) X(subcopy) X(add) X(scal) X(prod) X(gelu) \
+    X(gelu_backward) X(gelutanh) X(gelutanh_backward) X(add_fiber) \
+    X(prod_fiber) X(sum_fiber) X(sumprod_fiber) X(sum_slice) \
+    X(sumprod_slice) X(add_slice) X(prod_slice) X(maxsumexp) \
+    X(softmax_inplace) X(softmax_backward) X(mask_causal) X(logsumexp) \
+    X(xent_picked) X(xent_loss) X(xent_grad_inplace) X(embedding) \
+    X(embedding_backward) X(layernorm_stats) X(layernorm_forward) \
+    X(layernorm_backward_reduce) X(layernorm_backward) X(sumsq) \
+    X(adam_step) X(sgd_step)
+
+/* void nntile_cuda_<op>_<suffix>(const struct nntile_<op>_args *args,
+ *                                cudaStream_t stream, <buffers>) */
+#define NNTILE_CUDA_PARAM(type, name) , type name
+#define NNTILE_CUDA_SIGNATURE(op, A, S) \
+    void nntile_cuda_##op##_##S(const struct nntile_##op##_args *args, \
+        cudaStream_t stream NNTILE_CUDA_BUFFERS_##op(NNTILE_CUDA_PARAM, A))
+#define NNTILE_CUDA_DECLARE_ONE(A, S, op) NNTILE_CUDA_SIGNATURE(op, A, S);
+#define NNTILE_CUDA_DECLARE(op) \
+    NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DECLARE_ONE, op)
+NNTILE_CUDA_OPS(NNTILE_CUDA_DECLARE)
+
+/* gemm takes a cuBLAS handle instead of a stream, and has tf32 too. */
 #define NNTILE_CUDA_FOR_EACH_GEMM_DTYPE(X) \
     X(float, fp32) X(float, tf32) X(double, fp64) X(uint16_t, bf16)
-
-#define NNTILE_CUDA_PROTO_fill(T, S) \
-    void nntile_cuda_fill_##S(const struct nntile_fill_args *args, \
-        cudaStream_t stream, T *dst);
-#define NNTILE_CUDA_PROTO_copy(T, S) \
-    void nntile_cuda_copy_##S(const struct nntile_copy_args *args, \
-        cudaStream_t stream, const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_subcopy(T, S) \
-    void nntile_cuda_subcopy_##S(const struct nntile_subcopy_args *args, \
-        cudaStream_t stream, const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_add(T, S) \
-    void nntile_cuda_add_##S(const struct nntile_add_args *args, \
-        cudaStream_t stream, const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_scal(T, S) \
-    void nntile_cuda_scal_##S(const struct nntile_scal_args *args, \
-        cudaStream_t stream, T *dst);
-#define NNTILE_CUDA_PROTO_prod(T, S) \
-    void nntile_cuda_prod_##S(const struct nntile_prod_args *args, \
-        cudaStream_t stream, const T *src1, const T *src2, T *dst);
-#define NNTILE_CUDA_PROTO_gelu(T, S) \
-    void nntile_cuda_gelu_##S(const struct nntile_gelu_args *args, \
-        cudaStream_t stream, const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_gelu_backward(T, S) \
-    void nntile_cuda_gelu_backward_##S( \
-        const struct nntile_gelu_backward_args *args, cudaStream_t stream, \
-        const T *x, const T *dy, T *dx);
-#define NNTILE_CUDA_PROTO_gelutanh(T, S) \
-    void nntile_cuda_gelutanh_##S(const struct nntile_gelutanh_args *args, \
-        cudaStream_t stream, const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_gelutanh_backward(T, S) \
-    void nntile_cuda_gelutanh_backward_##S( \
-        const struct nntile_gelutanh_backward_args *args, \
-        cudaStream_t stream, const T *x, const T *dy, T *dx);
-#define NNTILE_CUDA_PROTO_add_fiber(T, S) \
-    void nntile_cuda_add_fiber_##S(const struct nntile_add_fiber_args *args, \
-        cudaStream_t stream, const T *fiber, T *dst);
-#define NNTILE_CUDA_PROTO_prod_fiber(T, S) \
-    void nntile_cuda_prod_fiber_##S( \
-        const struct nntile_prod_fiber_args *args, cudaStream_t stream, \
-        const T *fiber, T *dst);
-#define NNTILE_CUDA_PROTO_sum_fiber(T, S) \
-    void nntile_cuda_sum_fiber_##S(const struct nntile_sum_fiber_args *args, \
-        cudaStream_t stream, const T *src, T *fiber);
-#define NNTILE_CUDA_PROTO_sumprod_fiber(T, S) \
-    void nntile_cuda_sumprod_fiber_##S( \
-        const struct nntile_sumprod_fiber_args *args, cudaStream_t stream, \
-        const T *src1, const T *src2, T *fiber);
-#define NNTILE_CUDA_PROTO_sum_slice(T, S) \
-    void nntile_cuda_sum_slice_##S(const struct nntile_sum_slice_args *args, \
-        cudaStream_t stream, const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_sumprod_slice(T, S) \
-    void nntile_cuda_sumprod_slice_##S( \
-        const struct nntile_sumprod_slice_args *args, cudaStream_t stream, \
-        const T *src1, const T *src2, T *dst);
-#define NNTILE_CUDA_PROTO_add_slice(T, S) \
-    void nntile_cuda_add_slice_##S(const struct nntile_add_slice_args *args, \
-        cudaStream_t stream, const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_prod_slice(T, S) \
-    void nntile_cuda_prod_slice_##S( \
-        const struct nntile_prod_slice_args *args, cudaStream_t stream, \
-        const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_maxsumexp(T, S) \
-    void nntile_cuda_maxsumexp_##S(const struct nntile_maxsumexp_args *args, \
-        cudaStream_t stream, const T *src, T *stats);
-#define NNTILE_CUDA_PROTO_softmax_inplace(T, S) \
-    void nntile_cuda_softmax_inplace_##S( \
-        const struct nntile_softmax_inplace_args *args, cudaStream_t stream, \
-        const T *stats, T *dst);
-#define NNTILE_CUDA_PROTO_softmax_backward(T, S) \
-    void nntile_cuda_softmax_backward_##S( \
-        const struct nntile_softmax_backward_args *args, cudaStream_t stream, \
-        const T *p, const T *sums, T *dp);
-#define NNTILE_CUDA_PROTO_mask_causal(T, S) \
-    void nntile_cuda_mask_causal_##S( \
-        const struct nntile_mask_causal_args *args, cudaStream_t stream, \
-        T *dst);
-#define NNTILE_CUDA_PROTO_logsumexp(T, S) \
-    void nntile_cuda_logsumexp_##S(const struct nntile_logsumexp_args *args, \
-        cudaStream_t stream, const T *stats, T *dst);
-#define NNTILE_CUDA_PROTO_xent_picked(T, S) \
-    void nntile_cuda_xent_picked_##S( \
-        const struct nntile_xent_picked_args *args, cudaStream_t stream, \
-        const T *logits, const int64_t *labels, T *picked);
-#define NNTILE_CUDA_PROTO_xent_loss(T, S) \
-    void nntile_cuda_xent_loss_##S(const struct nntile_xent_loss_args *args, \
-        cudaStream_t stream, const T *lse, const T *picked, T *loss);
-#define NNTILE_CUDA_PROTO_xent_grad_inplace(T, S) \
-    void nntile_cuda_xent_grad_inplace_##S( \
-        const struct nntile_xent_grad_inplace_args *args, \
-        cudaStream_t stream, const T *stats, const int64_t *labels, \
-        T *logits);
-#define NNTILE_CUDA_PROTO_embedding(T, S) \
-    void nntile_cuda_embedding_##S(const struct nntile_embedding_args *args, \
-        cudaStream_t stream, const int64_t *ids, const T *table, T *dst);
-#define NNTILE_CUDA_PROTO_embedding_backward(T, S) \
-    void nntile_cuda_embedding_backward_##S( \
-        const struct nntile_embedding_backward_args *args, \
-        cudaStream_t stream, const int64_t *ids, const T *dy, T *dtable);
-#define NNTILE_CUDA_PROTO_layernorm_stats(T, S) \
-    void nntile_cuda_layernorm_stats_##S( \
-        const struct nntile_layernorm_stats_args *args, cudaStream_t stream, \
-        const T *x, T *stats);
-#define NNTILE_CUDA_PROTO_layernorm_forward(T, S) \
-    void nntile_cuda_layernorm_forward_##S( \
-        const struct nntile_layernorm_forward_args *args, \
-        cudaStream_t stream, const T *x, const T *stats, const T *gamma, \
-        const T *beta_, T *y);
-#define NNTILE_CUDA_PROTO_layernorm_backward_reduce(T, S) \
-    void nntile_cuda_layernorm_backward_reduce_##S( \
-        const struct nntile_layernorm_backward_reduce_args *args, \
-        cudaStream_t stream, const T *x, const T *dy, const T *stats, \
-        const T *gamma, T *rowacc, T *dgamma, T *dbeta);
-#define NNTILE_CUDA_PROTO_layernorm_backward(T, S) \
-    void nntile_cuda_layernorm_backward_##S( \
-        const struct nntile_layernorm_backward_args *args, \
-        cudaStream_t stream, const T *x, const T *dy, const T *stats, \
-        const T *gamma, const T *rowacc, T *dx);
-#define NNTILE_CUDA_PROTO_sumsq(T, S) \
-    void nntile_cuda_sumsq_##S(const struct nntile_sumsq_args *args, \
-        cudaStream_t stream, const T *src, T *dst);
-#define NNTILE_CUDA_PROTO_adam_step(T, S) \
-    void nntile_cuda_adam_step_##S(const struct nntile_adam_step_args *args, \
-        cudaStream_t stream, T *p, const T *g, T *m, T *v, const T *normsq);
-#define NNTILE_CUDA_PROTO_sgd_step(T, S) \
-    void nntile_cuda_sgd_step_##S(const struct nntile_sgd_step_args *args, \
-        cudaStream_t stream, T *p, const T *g, T *buf, const T *normsq);
 #define NNTILE_CUDA_PROTO_gemm(T, S) \
     void nntile_cuda_gemm_##S(const struct nntile_gemm_args *args, \
         cublasHandle_t handle, const T *A, const T *B, T *C);
-
-#define NNTILE_CUDA_PROTO_ALL(T, S) \
-    NNTILE_CUDA_PROTO_fill(T, S) NNTILE_CUDA_PROTO_copy(T, S) \
-    NNTILE_CUDA_PROTO_subcopy(T, S) NNTILE_CUDA_PROTO_add(T, S) \
-    NNTILE_CUDA_PROTO_scal(T, S) NNTILE_CUDA_PROTO_prod(T, S) \
-    NNTILE_CUDA_PROTO_gelu(T, S) NNTILE_CUDA_PROTO_gelu_backward(T, S) \
-    NNTILE_CUDA_PROTO_gelutanh(T, S) \
-    NNTILE_CUDA_PROTO_gelutanh_backward(T, S) \
-    NNTILE_CUDA_PROTO_add_fiber(T, S) NNTILE_CUDA_PROTO_prod_fiber(T, S) \
-    NNTILE_CUDA_PROTO_sum_fiber(T, S) NNTILE_CUDA_PROTO_sumprod_fiber(T, S) \
-    NNTILE_CUDA_PROTO_sum_slice(T, S) NNTILE_CUDA_PROTO_sumprod_slice(T, S) \
-    NNTILE_CUDA_PROTO_add_slice(T, S) NNTILE_CUDA_PROTO_prod_slice(T, S) \
-    NNTILE_CUDA_PROTO_maxsumexp(T, S) \
-    NNTILE_CUDA_PROTO_softmax_inplace(T, S) \
-    NNTILE_CUDA_PROTO_softmax_backward(T, S) \
-    NNTILE_CUDA_PROTO_mask_causal(T, S) NNTILE_CUDA_PROTO_logsumexp(T, S) \
-    NNTILE_CUDA_PROTO_xent_picked(T, S) NNTILE_CUDA_PROTO_xent_loss(T, S) \
-    NNTILE_CUDA_PROTO_xent_grad_inplace(T, S) \
-    NNTILE_CUDA_PROTO_embedding(T, S) \
-    NNTILE_CUDA_PROTO_embedding_backward(T, S) \
-    NNTILE_CUDA_PROTO_layernorm_stats(T, S) \
-    NNTILE_CUDA_PROTO_layernorm_forward(T, S) \
-    NNTILE_CUDA_PROTO_layernorm_backward_reduce(T, S) \
-    NNTILE_CUDA_PROTO_layernorm_backward(T, S) \
-    NNTILE_CUDA_PROTO_sumsq(T, S) NNTILE_CUDA_PROTO_adam_step(T, S) \
-    NNTILE_CUDA_PROTO_sgd_step(T, S)
-
-NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_PROTO_ALL)
 NNTILE_CUDA_FOR_EACH_GEMM_DTYPE(NNTILE_CUDA_PROTO_gemm)
 
 #ifdef __cplusplus

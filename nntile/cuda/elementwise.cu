@@ -219,41 +219,13 @@ void sumsq(const nntile_sumsq_args *a, cudaStream_t s, const T *src, T *dst)
 
 NNTILE_CUDA_END
 
-using namespace nntile_cuda;
-
-#define EXPORT(A, T, S)                                                       \
-extern "C" void nntile_cuda_fill_##S(const struct nntile_fill_args *args,    \
-    cudaStream_t stream, A *dst)                                              \
-{ fill<T>(args, stream, (T *)dst); }                                          \
-extern "C" void nntile_cuda_copy_##S(const struct nntile_copy_args *args,    \
-    cudaStream_t stream, const A *src, A *dst)                                \
-{ copy<T>(args, stream, (const T *)src, (T *)dst); }                          \
-extern "C" void nntile_cuda_add_##S(const struct nntile_add_args *args,      \
-    cudaStream_t stream, const A *src, A *dst)                                \
-{ add<T>(args, stream, (const T *)src, (T *)dst); }                           \
-extern "C" void nntile_cuda_scal_##S(const struct nntile_scal_args *args,    \
-    cudaStream_t stream, A *dst)                                              \
-{ scal<T>(args, stream, (T *)dst); }                                          \
-extern "C" void nntile_cuda_prod_##S(const struct nntile_prod_args *args,    \
-    cudaStream_t stream, const A *src1, const A *src2, A *dst)                \
-{ prod<T>(args, stream, (const T *)src1, (const T *)src2, (T *)dst); }        \
-extern "C" void nntile_cuda_gelu_##S(const struct nntile_gelu_args *args,    \
-    cudaStream_t stream, const A *src, A *dst)                                \
-{ gelu<T>(args, stream, (const T *)src, (T *)dst); }                          \
-extern "C" void nntile_cuda_gelu_backward_##S(                                \
-    const struct nntile_gelu_backward_args *args, cudaStream_t stream,        \
-    const A *x, const A *dy, A *dx)                                           \
-{ gelu_backward<T>(args, stream, (const T *)x, (const T *)dy, (T *)dx); }     \
-extern "C" void nntile_cuda_gelutanh_##S(                                     \
-    const struct nntile_gelutanh_args *args, cudaStream_t stream,             \
-    const A *src, A *dst)                                                     \
-{ gelutanh<T>(args, stream, (const T *)src, (T *)dst); }                      \
-extern "C" void nntile_cuda_gelutanh_backward_##S(                            \
-    const struct nntile_gelutanh_backward_args *args, cudaStream_t stream,    \
-    const A *x, const A *dy, A *dx)                                           \
-{ gelutanh_backward<T>(args, stream, (const T *)x, (const T *)dy, (T *)dx); } \
-extern "C" void nntile_cuda_sumsq_##S(const struct nntile_sumsq_args *args,  \
-    cudaStream_t stream, const A *src, A *dst)                                \
-{ sumsq<T>(args, stream, (const T *)src, (T *)dst); }
-
-NNTILE_CUDA_INSTANTIATE(EXPORT)
+NNTILE_CUDA_EXPORT(fill)
+NNTILE_CUDA_EXPORT(copy)
+NNTILE_CUDA_EXPORT(add)
+NNTILE_CUDA_EXPORT(scal)
+NNTILE_CUDA_EXPORT(prod)
+NNTILE_CUDA_EXPORT(gelu)
+NNTILE_CUDA_EXPORT(gelu_backward)
+NNTILE_CUDA_EXPORT(gelutanh)
+NNTILE_CUDA_EXPORT(gelutanh_backward)
+NNTILE_CUDA_EXPORT(sumsq)

@@ -19,17 +19,19 @@ __device__ __forceinline__ void atomic_add(bf16 *p, float v)
     atomicAdd(p, __float2bfloat16_rn(v));
 }
 
-template <int TPR, bool BACKWARD, typename T>
-__global__ void embedding_k(int64_t rows, int64_t e, int64_t v_offset,
-                            int64_t v, const int64_t *__restrict__ ids,
-                            const T *__restrict__ src, T *__restrict__ dst)
-{
-    NNTILE_ROW_LOOP(TPR, rows, r, tid, active) {
+/* a group of threads per row r of ids: dst[r] += src[id] (forward) or
+ * dst[id] += src[r] (backward) */
+template <bool BACKWARD> struct EmbeddingRow {
+    int64_t e, v_offset, v;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const int64_t *ids,
+                        const T *src, T *dst) const
+    {
         if (!active)
-            continue;
+            return;
         const int64_t id = ids[r] - v_offset;
         if ((uint64_t)id >= (uint64_t)v)
-            continue;
+            return;
         if (BACKWARD) {
             const T *g = src + r * e;
             T *d = dst + id * e;
@@ -44,35 +46,34 @@ __global__ void embedding_k(int64_t rows, int64_t e, int64_t v_offset,
                 d[c] = st<T>(ld(d[c]) + ld(t[c]));
         }
     }
+};
+
+template <bool BACKWARD, typename Args, typename T>
+void embedding_rows(const Args *a, cudaStream_t s, const int64_t *ids,
+                    const T *src, T *dst)
+{
+    if (a->e > 0 && a->v > 0)
+        launch_rows(a->rows, a->e,
+                    EmbeddingRow<BACKWARD>{a->e, a->v_offset, a->v}, s, ids,
+                    src, dst);
 }
 
-template <bool BACKWARD, typename T>
-void embedding_launch(int64_t rows, int64_t e, int64_t v_offset, int64_t v,
-                      const int64_t *ids, const T *src, T *dst, cudaStream_t s)
+template <typename T>
+void embedding(const nntile_embedding_args *a, cudaStream_t s,
+               const int64_t *ids, const T *table, T *dst)
 {
-    if (rows <= 0 || e <= 0 || v <= 0)
-        return;
-    dispatch_tpr(e, [&](auto tpr) {
-        constexpr int TPR = decltype(tpr)::value;
-        embedding_k<TPR, BACKWARD><<<row_grid(rows, TPR), kBlock, 0, s>>>(
-            rows, e, v_offset, v, ids, src, dst);
-    });
+    embedding_rows<false>(a, s, ids, table, dst);
+}
+
+template <typename T>
+void embedding_backward(const nntile_embedding_backward_args *a,
+                        cudaStream_t s, const int64_t *ids, const T *dy,
+                        T *dtable)
+{
+    embedding_rows<true>(a, s, ids, dy, dtable);
 }
 
 NNTILE_CUDA_END
 
-using namespace nntile_cuda;
-
-#define EXPORT(A, T, S)                                                       \
-extern "C" void nntile_cuda_embedding_##S(                                    \
-    const struct nntile_embedding_args *args, cudaStream_t stream,            \
-    const int64_t *ids, const A *table, A *dst)                               \
-{ embedding_launch<false, T>(args->rows, args->e, args->v_offset, args->v,    \
-                             ids, (const T *)table, (T *)dst, stream); }      \
-extern "C" void nntile_cuda_embedding_backward_##S(                           \
-    const struct nntile_embedding_backward_args *args, cudaStream_t stream,   \
-    const int64_t *ids, const A *dy, A *dtable)                               \
-{ embedding_launch<true, T>(args->rows, args->e, args->v_offset, args->v,     \
-                            ids, (const T *)dy, (T *)dtable, stream); }
-
-NNTILE_CUDA_INSTANTIATE(EXPORT)
+NNTILE_CUDA_EXPORT(embedding)
+NNTILE_CUDA_EXPORT(embedding_backward)

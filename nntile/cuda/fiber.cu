@@ -5,43 +5,19 @@
 NNTILE_CUDA_BEGIN
 
 /* dst[i,j,l] = alpha*fiber[j] + beta*dst[i,j,l] */
-template <typename T> struct AddFiberOp {
-    const T *fiber;
-    T *dst;
-    C_t<T> alpha, beta;
-    int accumulate;
-    __device__ void operator()(int64_t idx, int64_t j, int64_t) const
-    {
-        const C_t<T> a = alpha * ld(fiber[j]);
-        dst[idx] = st<T>(accumulate ? a + beta * ld(dst[idx]) : a);
-    }
-};
-
 template <typename T>
 void add_fiber(const nntile_add_fiber_args *a, cudaStream_t s,
                const T *fiber, T *dst)
 {
-    mkn(a->m, a->k, a->n,
-        AddFiberOp<T>{fiber, dst, (C_t<T>)a->alpha, (C_t<T>)a->beta,
-                      a->beta != 0.0}, s);
+    add_bcast<true>(a, s, fiber, dst);
 }
 
 /* dst[i,j,l] *= alpha*fiber[j] */
-template <typename T> struct ProdFiberOp {
-    const T *fiber;
-    T *dst;
-    C_t<T> alpha;
-    __device__ void operator()(int64_t idx, int64_t j, int64_t) const
-    {
-        dst[idx] = st<T>(alpha * ld(fiber[j]) * ld(dst[idx]));
-    }
-};
-
 template <typename T>
 void prod_fiber(const nntile_prod_fiber_args *a, cudaStream_t s,
                 const T *fiber, T *dst)
 {
-    mkn(a->m, a->k, a->n, ProdFiberOp<T>{fiber, dst, (C_t<T>)a->alpha}, s);
+    prod_bcast<true>(a, s, fiber, dst);
 }
 
 /* fiber[j] = alpha * sum_{i,l} f(i,j,l) for n > 1: one block per j (and per
@@ -83,13 +59,14 @@ __global__ void fibersum_k(int64_t m, int64_t k, int64_t n, int64_t chunk,
     }
 }
 
-template <typename T, bool PROD>
-void fiber_reduce(int64_t m, int64_t k, int64_t n, double alpha, double beta,
-                  const T *s1, const T *s2, T *fiber, cudaStream_t s)
+template <bool PROD, typename T, typename Args>
+void fiber_reduce(const Args *a, cudaStream_t s, const T *s1, const T *s2,
+                  T *fiber)
 {
+    int64_t m = a->m, k = a->k, n = a->n;
     if (k <= 0)
         return;
-    const AxpbyEpi<T> epi{fiber, alpha, beta, 0};
+    const AxpbyEpi<T> epi{fiber, a->alpha, a->beta, 0};
     if (m <= 0 || n <= 0)
         n = 1, m = 0;
     if (n == 1) {
@@ -120,39 +97,19 @@ template <typename T>
 void sum_fiber(const nntile_sum_fiber_args *a, cudaStream_t s, const T *src,
                T *fiber)
 {
-    fiber_reduce<T, false>(a->m, a->k, a->n, a->alpha, a->beta, src, nullptr,
-                           fiber, s);
+    fiber_reduce<false, T>(a, s, src, nullptr, fiber);
 }
 
 template <typename T>
 void sumprod_fiber(const nntile_sumprod_fiber_args *a, cudaStream_t s,
                    const T *s1, const T *s2, T *fiber)
 {
-    fiber_reduce<T, true>(a->m, a->k, a->n, a->alpha, a->beta, s1, s2, fiber,
-                          s);
+    fiber_reduce<true>(a, s, s1, s2, fiber);
 }
 
 NNTILE_CUDA_END
 
-using namespace nntile_cuda;
-
-#define EXPORT(A, T, S)                                                       \
-extern "C" void nntile_cuda_add_fiber_##S(                                    \
-    const struct nntile_add_fiber_args *args, cudaStream_t stream,            \
-    const A *fiber, A *dst)                                                   \
-{ add_fiber<T>(args, stream, (const T *)fiber, (T *)dst); }                   \
-extern "C" void nntile_cuda_prod_fiber_##S(                                   \
-    const struct nntile_prod_fiber_args *args, cudaStream_t stream,           \
-    const A *fiber, A *dst)                                                   \
-{ prod_fiber<T>(args, stream, (const T *)fiber, (T *)dst); }                  \
-extern "C" void nntile_cuda_sum_fiber_##S(                                    \
-    const struct nntile_sum_fiber_args *args, cudaStream_t stream,            \
-    const A *src, A *fiber)                                                   \
-{ sum_fiber<T>(args, stream, (const T *)src, (T *)fiber); }                   \
-extern "C" void nntile_cuda_sumprod_fiber_##S(                                \
-    const struct nntile_sumprod_fiber_args *args, cudaStream_t stream,        \
-    const A *src1, const A *src2, A *fiber)                                   \
-{ sumprod_fiber<T>(args, stream, (const T *)src1, (const T *)src2,            \
-                   (T *)fiber); }
-
-NNTILE_CUDA_INSTANTIATE(EXPORT)
+NNTILE_CUDA_EXPORT(add_fiber)
+NNTILE_CUDA_EXPORT(prod_fiber)
+NNTILE_CUDA_EXPORT(sum_fiber)
+NNTILE_CUDA_EXPORT(sumprod_fiber)

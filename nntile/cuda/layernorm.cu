@@ -6,38 +6,43 @@
 
 NNTILE_CUDA_BEGIN
 
-template <typename T>
-__device__ __forceinline__ double ln_rstd(const T *st_, int64_t e_total,
-                                          double eps)
-{
-    return 1.0 / sqrt((double)ld(st_[1]) / (double)e_total + eps);
-}
+/* Row r's mean and 1/std from its stats, in the compute type. */
+template <typename T> struct LnNorm {
+    C_t<T> mean, rstd;
+    __device__ LnNorm(const T *stats, int64_t r, int64_t e_total, double eps)
+        : mean(ld(stats[2 * r])),
+          rstd((C_t<T>)(1.0 / sqrt((double)ld(stats[2 * r + 1])
+                                   / (double)e_total + eps)))
+    {
+    }
+    __device__ C_t<T> xhat(T x) const { return (ld(x) - mean) * rstd; }
+};
 
 /* Merge this tile's columns into (mean, M2) with Chan's parallel update. */
-template <int TPR, typename T>
-__global__ void layernorm_stats_k(int64_t rows, int64_t e, int64_t e_offset,
-                                  const T *__restrict__ x,
-                                  T *__restrict__ stats)
-{
-    typedef C_t<T> C;
-    __shared__ double sh[kBlock / 32];
-    const double na = (double)e_offset, nb = (double)e;
-    const double inv_nb = 1.0 / nb;
-    const double nab = na + nb;
-    const double wb = nb / nab, wab = na * nb / nab;
-    NNTILE_ROW_LOOP(TPR, rows, r, tid, active) {
-        const T *row = x + r * e;
+struct LnStatsRow {
+    int64_t e, e_offset;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        T *stats) const
+    {
+        typedef C_t<T> C;
+        __shared__ double sh[kBlock / 32];
+        const double na = (double)e_offset, nb = (double)e;
+        const double inv_nb = 1.0 / nb;
+        const double nab = na + nb;
+        const double wb = nb / nab, wab = na * nb / nab;
+        const T *xr = x + r * e;
         double s = 0.0;
         if (active)
             #pragma unroll 4
             for (int64_t j = tid; j < e; j += TPR)
-                s += (double)ld(row[j]);
+                s += (double)ld(xr[j]);
         const double mean_b = group_allreduce<TPR>(s, SumOp(), sh) * inv_nb;
         double q = 0.0;
         if (active)
             #pragma unroll 4
             for (int64_t j = tid; j < e; j += TPR) {
-                const double d = (double)ld(row[j]) - mean_b;
+                const double d = (double)ld(xr[j]) - mean_b;
                 q += d * d;
             }
         const double m2_b = group_allreduce<TPR>(q, SumOp(), sh);
@@ -55,7 +60,7 @@ __global__ void layernorm_stats_k(int64_t rows, int64_t e, int64_t e_offset,
             }
         }
     }
-}
+};
 
 template <typename T>
 void layernorm_stats(const nntile_layernorm_stats_args *a, cudaStream_t s,
@@ -69,76 +74,61 @@ void layernorm_stats(const nntile_layernorm_stats_args *a, cudaStream_t s,
             cudaMemsetAsync(stats, 0, (size_t)(2 * rows) * sizeof(T), s);
         return;
     }
-    dispatch_tpr(e, [&](auto tpr) {
-        constexpr int TPR = decltype(tpr)::value;
-        layernorm_stats_k<TPR><<<row_grid(rows, TPR), kBlock, 0, s>>>(
-            rows, e, a->e_offset, x, stats);
-    });
+    launch_rows(rows, e, LnStatsRow{e, a->e_offset}, s, x, stats);
 }
 
 /* y = (x - mean)*rstd*gamma + beta_ */
-template <int TPR, typename T>
-__global__ void layernorm_forward_k(int64_t rows, int64_t e, int64_t e_total,
-                                    double eps, const T *__restrict__ x,
-                                    const T *__restrict__ stats,
-                                    const T *__restrict__ gamma,
-                                    const T *__restrict__ beta_,
-                                    T *__restrict__ y)
-{
-    typedef C_t<T> C;
-    NNTILE_ROW_LOOP(TPR, rows, r, tid, active) {
+struct LnForwardRow {
+    int64_t e, e_total;
+    double eps;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        const T *stats, const T *gamma, const T *beta_,
+                        T *y) const
+    {
         if (!active)
-            continue;
-        const C mean = ld(stats[2 * r]);
-        const C rstd = (C)ln_rstd(stats + 2 * r, e_total, eps);
+            return;
+        const LnNorm<T> nr(stats, r, e_total, eps);
         const T *xr = x + r * e;
         T *yr = y + r * e;
         #pragma unroll 4
         for (int64_t j = tid; j < e; j += TPR)
-            yr[j] = st<T>((ld(xr[j]) - mean) * rstd * ld(gamma[j])
-                          + ld(beta_[j]));
+            yr[j] = st<T>(nr.xhat(xr[j]) * ld(gamma[j]) + ld(beta_[j]));
     }
-}
+};
 
 template <typename T>
 void layernorm_forward(const nntile_layernorm_forward_args *a, cudaStream_t s,
                        const T *x, const T *stats, const T *gamma,
                        const T *beta_, T *y)
 {
-    if (a->rows <= 0 || a->e <= 0)
-        return;
-    dispatch_tpr(a->e, [&](auto tpr) {
-        constexpr int TPR = decltype(tpr)::value;
-        layernorm_forward_k<TPR><<<row_grid(a->rows, TPR), kBlock, 0, s>>>(
-            a->rows, a->e, a->e_total, a->eps, x, stats, gamma, beta_, y);
-    });
+    if (a->e > 0)
+        launch_rows(a->rows, a->e, LnForwardRow{a->e, a->e_total, a->eps}, s,
+                    x, stats, gamma, beta_, y);
 }
 
 /* rowacc[r] (+)= (sum_j g, sum_j g*xhat), g = dy*gamma */
-template <int TPR, typename T>
-__global__ void layernorm_rowacc_k(int64_t rows, int64_t e, int64_t e_total,
-                                   double eps, int init,
-                                   const T *__restrict__ x,
-                                   const T *__restrict__ dy,
-                                   const T *__restrict__ stats,
-                                   const T *__restrict__ gamma,
-                                   T *__restrict__ rowacc)
-{
-    typedef C_t<T> C;
-    __shared__ double sh[2][kBlock / 32];
-    NNTILE_ROW_LOOP(TPR, rows, r, tid, active) {
+struct LnRowAccRow {
+    int64_t e, e_total;
+    double eps;
+    int init;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        const T *dy, const T *stats, const T *gamma,
+                        T *rowacc) const
+    {
+        typedef C_t<T> C;
+        __shared__ double sh[2][kBlock / 32];
         double a0 = 0.0, a1 = 0.0;
         if (active) {
-            const C mean = ld(stats[2 * r]);
-            const C rstd = (C)ln_rstd(stats + 2 * r, e_total, eps);
+            const LnNorm<T> nr(stats, r, e_total, eps);
             const T *xr = x + r * e;
             const T *dyr = dy + r * e;
             #pragma unroll 4
             for (int64_t j = tid; j < e; j += TPR) {
                 const C g = ld(dyr[j]) * ld(gamma[j]);
-                const C xh = (ld(xr[j]) - mean) * rstd;
                 a0 += (double)g;
-                a1 += (double)(g * xh);
+                a1 += (double)(g * nr.xhat(xr[j]));
             }
         }
         a0 = group_allreduce<TPR>(a0, SumOp(), sh[0]);
@@ -152,7 +142,7 @@ __global__ void layernorm_rowacc_k(int64_t rows, int64_t e, int64_t e_total,
             rowacc[2 * r + 1] = st<T>((C)a1);
         }
     }
-}
+};
 
 /* column sums over rows: dgamma += sum_r dy*xhat, dbeta += sum_r dy */
 template <typename T> struct LnColTerm {
@@ -163,11 +153,9 @@ template <typename T> struct LnColTerm {
                                double (&acc)[2]) const
     {
         typedef C_t<T> C;
-        const C mean = ld(stats[2 * r]);
-        const C rstd = (C)ln_rstd(stats + 2 * r, e_total, eps);
+        const LnNorm<T> nr(stats, r, e_total, eps);
         const C d = ld(dy[r * e + j]);
-        const C xh = (ld(x[r * e + j]) - mean) * rstd;
-        acc[0] += (double)(d * xh);
+        acc[0] += (double)(d * nr.xhat(x[r * e + j]));
         acc[1] += (double)d;
     }
 };
@@ -189,36 +177,29 @@ void layernorm_backward_reduce(const nntile_layernorm_backward_reduce_args *a,
                                T *dgamma, T *dbeta)
 {
     const int64_t rows = a->rows > 0 ? a->rows : 0, e = a->e > 0 ? a->e : 0;
-    if (rows > 0)
-        dispatch_tpr(e, [&](auto tpr) {
-            constexpr int TPR = decltype(tpr)::value;
-            layernorm_rowacc_k<TPR><<<row_grid(rows, TPR), kBlock, 0, s>>>(
-                rows, e, a->e_total, a->eps, a->init != 0, x, dy, stats,
-                gamma, rowacc);
-        });
+    launch_rows(rows, e, LnRowAccRow{e, a->e_total, a->eps, a->init != 0}, s,
+                x, dy, stats, gamma, rowacc);
     colsum<2>(1, rows, e,
               LnColTerm<T>{x, dy, stats, e, a->e_total, a->eps},
               LnColEpi<T>{dgamma, dbeta}, s);
 }
 
 /* dx = rstd*(g - rowacc0/e_total - xhat*rowacc1/e_total) + beta*dx */
-template <int TPR, typename T>
-__global__ void layernorm_backward_k(int64_t rows, int64_t e, int64_t e_total,
-                                     double eps, C_t<T> beta, int accumulate,
-                                     const T *__restrict__ x,
-                                     const T *__restrict__ dy,
-                                     const T *__restrict__ stats,
-                                     const T *__restrict__ gamma,
-                                     const T *__restrict__ rowacc,
-                                     T *__restrict__ dx)
-{
-    typedef C_t<T> C;
-    const double inv_e = 1.0 / (double)e_total;
-    NNTILE_ROW_LOOP(TPR, rows, r, tid, active) {
+template <typename T> struct LnBackwardRow {
+    int64_t e, e_total;
+    double eps;
+    C_t<T> beta;
+    int accumulate;
+    template <int TPR>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        const T *dy, const T *stats, const T *gamma,
+                        const T *rowacc, T *dx) const
+    {
+        typedef C_t<T> C;
+        const double inv_e = 1.0 / (double)e_total;
         if (!active)
-            continue;
-        const C mean = ld(stats[2 * r]);
-        const C rstd = (C)ln_rstd(stats + 2 * r, e_total, eps);
+            return;
+        const LnNorm<T> nr(stats, r, e_total, eps);
         const C c0 = (C)((double)ld(rowacc[2 * r]) * inv_e);
         const C c1 = (C)((double)ld(rowacc[2 * r + 1]) * inv_e);
         const T *xr = x + r * e;
@@ -226,13 +207,15 @@ __global__ void layernorm_backward_k(int64_t rows, int64_t e, int64_t e_total,
         T *dxr = dx + r * e;
         #pragma unroll 4
         for (int64_t j = tid; j < e; j += TPR) {
-            const C xh = (ld(xr[j]) - mean) * rstd;
+            /* xh before g: the other order costs the fp64 kernel 6-8
+             * registers (nvcc 13, sm_90) */
+            const C xh = nr.xhat(xr[j]);
             const C g = ld(dyr[j]) * ld(gamma[j]);
-            const C v = rstd * (g - c0 - xh * c1);
+            const C v = nr.rstd * (g - c0 - xh * c1);
             dxr[j] = st<T>(accumulate ? v + beta * ld(dxr[j]) : v);
         }
     }
-}
+};
 
 template <typename T>
 void layernorm_backward(const nntile_layernorm_backward_args *a,
@@ -240,43 +223,16 @@ void layernorm_backward(const nntile_layernorm_backward_args *a,
                         const T *stats, const T *gamma, const T *rowacc,
                         T *dx)
 {
-    if (a->rows <= 0 || a->e <= 0)
-        return;
-    dispatch_tpr(a->e, [&](auto tpr) {
-        constexpr int TPR = decltype(tpr)::value;
-        layernorm_backward_k<TPR><<<row_grid(a->rows, TPR), kBlock, 0, s>>>(
-            a->rows, a->e, a->e_total, a->eps, (C_t<T>)a->beta,
-            a->beta != 0.0, x, dy, stats, gamma, rowacc, dx);
-    });
+    if (a->e > 0)
+        launch_rows(a->rows, a->e,
+                    LnBackwardRow<T>{a->e, a->e_total, a->eps,
+                                     (C_t<T>)a->beta, a->beta != 0.0},
+                    s, x, dy, stats, gamma, rowacc, dx);
 }
 
 NNTILE_CUDA_END
 
-using namespace nntile_cuda;
-
-#define EXPORT(A, T, S)                                                       \
-extern "C" void nntile_cuda_layernorm_stats_##S(                              \
-    const struct nntile_layernorm_stats_args *args, cudaStream_t stream,      \
-    const A *x, A *stats)                                                     \
-{ layernorm_stats<T>(args, stream, (const T *)x, (T *)stats); }               \
-extern "C" void nntile_cuda_layernorm_forward_##S(                            \
-    const struct nntile_layernorm_forward_args *args, cudaStream_t stream,    \
-    const A *x, const A *stats, const A *gamma, const A *beta_, A *y)         \
-{ layernorm_forward<T>(args, stream, (const T *)x, (const T *)stats,          \
-                       (const T *)gamma, (const T *)beta_, (T *)y); }         \
-extern "C" void nntile_cuda_layernorm_backward_reduce_##S(                    \
-    const struct nntile_layernorm_backward_reduce_args *args,                 \
-    cudaStream_t stream, const A *x, const A *dy, const A *stats,             \
-    const A *gamma, A *rowacc, A *dgamma, A *dbeta)                           \
-{ layernorm_backward_reduce<T>(args, stream, (const T *)x, (const T *)dy,     \
-                               (const T *)stats, (const T *)gamma,            \
-                               (T *)rowacc, (T *)dgamma, (T *)dbeta); }       \
-extern "C" void nntile_cuda_layernorm_backward_##S(                           \
-    const struct nntile_layernorm_backward_args *args, cudaStream_t stream,   \
-    const A *x, const A *dy, const A *stats, const A *gamma,                  \
-    const A *rowacc, A *dx)                                                   \
-{ layernorm_backward<T>(args, stream, (const T *)x, (const T *)dy,            \
-                        (const T *)stats, (const T *)gamma,                   \
-                        (const T *)rowacc, (T *)dx); }
-
-NNTILE_CUDA_INSTANTIATE(EXPORT)
+NNTILE_CUDA_EXPORT(layernorm_stats)
+NNTILE_CUDA_EXPORT(layernorm_forward)
+NNTILE_CUDA_EXPORT(layernorm_backward_reduce)
+NNTILE_CUDA_EXPORT(layernorm_backward)

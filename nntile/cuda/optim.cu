@@ -115,18 +115,5 @@ void sgd_step(const nntile_sgd_step_args *a, cudaStream_t s, T *p,
 
 NNTILE_CUDA_END
 
-using namespace nntile_cuda;
-
-#define EXPORT(A, T, S)                                                       \
-extern "C" void nntile_cuda_adam_step_##S(                                    \
-    const struct nntile_adam_step_args *args, cudaStream_t stream, A *p,      \
-    const A *g, A *m, A *v, const A *normsq)                                  \
-{ adam_step<T>(args, stream, (T *)p, (const T *)g, (T *)m, (T *)v,            \
-               (const T *)normsq); }                                          \
-extern "C" void nntile_cuda_sgd_step_##S(                                     \
-    const struct nntile_sgd_step_args *args, cudaStream_t stream, A *p,       \
-    const A *g, A *buf, const A *normsq)                                      \
-{ sgd_step<T>(args, stream, (T *)p, (const T *)g, (T *)buf,                   \
-              (const T *)normsq); }
-
-NNTILE_CUDA_INSTANTIATE(EXPORT)
+NNTILE_CUDA_EXPORT(adam_step)
+NNTILE_CUDA_EXPORT(sgd_step)

@@ -34,23 +34,24 @@ __device__ void merge_stats(T *st_, C_t<T> m1, double s1, int init)
  * the shift. */
 constexpr int64_t kOnlineMin = 8192;
 
-template <int TPR, bool ONLINE, typename T>
-__global__ void maxsumexp_rows_k(int64_t m, int64_t k, int init,
-                                 const T *__restrict__ src,
-                                 T *__restrict__ stats)
-{
-    typedef C_t<T> C;
-    __shared__ C shc[kBlock / 32];
-    __shared__ double shd[kBlock / 32];
-    NNTILE_ROW_LOOP(TPR, m, r, tid, active) {
-        const T *row = src + r * k;
+template <typename T, bool ONLINE> struct MaxSumExpRow {
+    int64_t k;
+    int init;
+    template <int TPR>
+    __device__ void row(int64_t r, int tid, bool active, const T *src,
+                        T *stats) const
+    {
+        typedef C_t<T> C;
+        __shared__ C shc[kBlock / 32];
+        __shared__ double shd[kBlock / 32];
+        const T *x = src + r * k;
         C mt = ninf<C>();
         double s = 0.0;
         if (ONLINE) {
             if (active) {
 #pragma unroll 4
                 for (int64_t j = tid; j < k; j += TPR) {
-                    const C v = ld(row[j]);
+                    const C v = ld(x[j]);
                     if (v > mt) {
                         /* mt == -inf: s == 0 and exp(-inf) == 0 */
                         s *= exp((double)mt - (double)v);
@@ -63,7 +64,7 @@ __global__ void maxsumexp_rows_k(int64_t m, int64_t k, int init,
         } else if (active) {
 #pragma unroll 4
             for (int64_t j = tid; j < k; j += TPR) {
-                const C v = ld(row[j]);
+                const C v = ld(x[j]);
                 mt = v > mt ? v : mt;
             }
         }
@@ -75,13 +76,13 @@ __global__ void maxsumexp_rows_k(int64_t m, int64_t k, int init,
             const C sh = exp_shift(mx);
 #pragma unroll 4
             for (int64_t j = tid; j < k; j += TPR)
-                s += (double)vexp(ld(row[j]) - sh);
+                s += (double)vexp(ld(x[j]) - sh);
         }
         s = group_allreduce<TPR>(s, SumOp(), shd);
         if (active && tid == 0)
             merge_stats(stats + 2 * r, mx, s, init);
     }
-}
+};
 
 /* all-reduce over threadIdx.y of a 32x8 block; every thread calls it */
 template <typename V, typename Op>
@@ -140,15 +141,10 @@ void maxsumexp(const nntile_maxsumexp_args *a, cudaStream_t s, const T *src,
     if (m <= 0 || n <= 0)
         return;
     if (n == 1) {
-        dispatch_tpr(k, [&](auto tpr) {
-            constexpr int TPR = decltype(tpr)::value;
-            if (k > kOnlineMin)
-                maxsumexp_rows_k<TPR, true><<<row_grid(m, TPR), kBlock, 0,
-                                              s>>>(m, k, init, src, stats);
-            else
-                maxsumexp_rows_k<TPR, false><<<row_grid(m, TPR), kBlock, 0,
-                                               s>>>(m, k, init, src, stats);
-        });
+        if (k > kOnlineMin)
+            launch_rows(m, k, MaxSumExpRow<T, true>{k, init}, s, src, stats);
+        else
+            launch_rows(m, k, MaxSumExpRow<T, false>{k, init}, s, src, stats);
         return;
     }
     const dim3 grid((unsigned)ceil_div(n, 32),
@@ -171,15 +167,15 @@ template <typename T> struct SoftmaxOp {
 };
 
 /* n == 1: a group per contiguous row, row scalars computed once */
-template <int TPR, typename T>
-__global__ void softmax_rows_k(int64_t m, int64_t k,
-                               const T *__restrict__ stats,
-                               T *__restrict__ dst)
-{
-    typedef C_t<T> C;
-    NNTILE_ROW_LOOP(TPR, m, r, tid, active) {
+template <typename T> struct SoftmaxRow {
+    int64_t k;
+    template <int TPR>
+    __device__ void row(int64_t r, int tid, bool active, const T *stats,
+                        T *dst) const
+    {
+        typedef C_t<T> C;
         if (!active)
-            continue;
+            return;
         const C sh = exp_shift(ld(stats[2 * r]));
         const C sum = ld(stats[2 * r + 1]);
         const C inv = sum > (C)0 ? (C)1 / sum : (C)0;
@@ -188,18 +184,14 @@ __global__ void softmax_rows_k(int64_t m, int64_t k,
         for (int64_t j = tid; j < k; j += TPR)
             d[j] = st<T>(vexp(ld(d[j]) - sh) * inv);
     }
-}
+};
 
 template <typename T>
 void softmax_inplace(const nntile_softmax_inplace_args *a, cudaStream_t s,
                      const T *stats, T *dst)
 {
     if (a->n == 1 && a->m > 0 && a->k > 0) {
-        dispatch_tpr(a->k, [&](auto tpr) {
-            constexpr int TPR = decltype(tpr)::value;
-            softmax_rows_k<TPR><<<row_grid(a->m, TPR), kBlock, 0, s>>>(
-                a->m, a->k, stats, dst);
-        });
+        launch_rows(a->m, a->k, SoftmaxRow<T>{a->k}, s, stats, dst);
         return;
     }
     mkn(a->m, a->k, a->n, SoftmaxOp<T>{stats, dst}, s);
@@ -224,80 +216,53 @@ void softmax_backward(const nntile_softmax_backward_args *a, cudaStream_t s,
 }
 
 /* dst[b,i,j] = -inf where k_offset + j > q_offset + i: a group per row */
-template <int TPR, typename T>
-__global__ void mask_causal_k(int64_t rows, int64_t tq, int64_t tk,
-                              int64_t q_offset, int64_t k_offset,
-                              T *__restrict__ dst)
-{
-    const T v = st<T>(ninf<C_t<T>>());
-    NNTILE_ROW_LOOP(TPR, rows, r, tid, active) {
+struct MaskCausalRow {
+    int64_t tq, tk, q_offset, k_offset;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, T *dst) const
+    {
+        const T v = st<T>(ninf<C_t<T>>());
         if (!active)
-            continue;
+            return;
         int64_t start = q_offset + r % tq - k_offset + 1;
         if (start < 0)
             start = 0;
-        T *row = dst + r * tk;
+        T *d = dst + r * tk;
         #pragma unroll 4
         for (int64_t j = start + tid; j < tk; j += TPR)
-            row[j] = v;
+            d[j] = v;
     }
-}
+};
 
 template <typename T>
 void mask_causal(const nntile_mask_causal_args *a, cudaStream_t s, T *dst)
 {
     if (a->batch <= 0 || a->tq <= 0 || a->tk <= 0)
         return;
-    const int64_t rows = a->batch * a->tq;
-    dispatch_tpr(a->tk, [&](auto tpr) {
-        constexpr int TPR = decltype(tpr)::value;
-        mask_causal_k<TPR><<<row_grid(rows, TPR), kBlock, 0, s>>>(
-            rows, a->tq, a->tk, a->q_offset, a->k_offset, dst);
-    });
+    launch_rows(a->batch * a->tq, a->tk,
+                MaskCausalRow{a->tq, a->tk, a->q_offset, a->k_offset}, s, dst);
 }
 
 /* dst[i] = max + log(sum) */
-template <typename T>
-__global__ void logsumexp_k(int64_t n, const T *__restrict__ stats,
-                            T *__restrict__ dst)
-{
-    NNTILE_GRID_STRIDE(int64_t, i, n)
+struct LogSumExpOp {
+    template <typename T>
+    __device__ void operator()(int64_t i, const T *stats, T *dst) const
+    {
         dst[i] = st<T>(ld(stats[2 * i]) + m_log(ld(stats[2 * i + 1])));
-}
+    }
+};
 
 template <typename T>
 void logsumexp(const nntile_logsumexp_args *a, cudaStream_t s,
                const T *stats, T *dst)
 {
-    if (a->n <= 0)
-        return;
-    logsumexp_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, stats, dst);
+    launch_elementwise(a->n, LogSumExpOp(), s, stats, dst);
 }
 
 NNTILE_CUDA_END
 
-using namespace nntile_cuda;
-
-#define EXPORT(A, T, S)                                                       \
-extern "C" void nntile_cuda_maxsumexp_##S(                                    \
-    const struct nntile_maxsumexp_args *args, cudaStream_t stream,            \
-    const A *src, A *stats)                                                   \
-{ maxsumexp<T>(args, stream, (const T *)src, (T *)stats); }                   \
-extern "C" void nntile_cuda_softmax_inplace_##S(                              \
-    const struct nntile_softmax_inplace_args *args, cudaStream_t stream,      \
-    const A *stats, A *dst)                                                   \
-{ softmax_inplace<T>(args, stream, (const T *)stats, (T *)dst); }             \
-extern "C" void nntile_cuda_softmax_backward_##S(                             \
-    const struct nntile_softmax_backward_args *args, cudaStream_t stream,     \
-    const A *p, const A *sums, A *dp)                                         \
-{ softmax_backward<T>(args, stream, (const T *)p, (const T *)sums,            \
-                      (T *)dp); }                                             \
-extern "C" void nntile_cuda_mask_causal_##S(                                  \
-    const struct nntile_mask_causal_args *args, cudaStream_t stream, A *dst)  \
-{ mask_causal<T>(args, stream, (T *)dst); }                                   \
-extern "C" void nntile_cuda_logsumexp_##S(                                    \
-    const struct nntile_logsumexp_args *args, cudaStream_t stream,            \
-    const A *stats, A *dst)                                                   \
-{ logsumexp<T>(args, stream, (const T *)stats, (T *)dst); }
-
-NNTILE_CUDA_INSTANTIATE(EXPORT)
+NNTILE_CUDA_EXPORT(maxsumexp)
+NNTILE_CUDA_EXPORT(softmax_inplace)
+NNTILE_CUDA_EXPORT(softmax_backward)
+NNTILE_CUDA_EXPORT(mask_causal)
+NNTILE_CUDA_EXPORT(logsumexp)

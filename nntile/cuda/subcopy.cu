@@ -7,32 +7,30 @@
 
 NNTILE_CUDA_BEGIN
 
-struct SubcopyPlan {
+/* The gather kernel's op: copies element e of the box (the inner run
+ * contiguous in both tensors, nd outer dimensions). */
+struct SubcopyGather {
     int nd; /* outer dims */
     int64_t inner;
     int64_t shape[NNTILE_SUBCOPY_MAX_NDIM];
     int64_t sst[NNTILE_SUBCOPY_MAX_NDIM];
     int64_t dst_st[NNTILE_SUBCOPY_MAX_NDIM];
-};
-
-template <typename T>
-__global__ void subcopy_k(int64_t total, SubcopyPlan pl,
-                          const T *__restrict__ src, T *__restrict__ dst)
-{
-    NNTILE_GRID_STRIDE(int64_t, e, total) {
-        int64_t rest = e / pl.inner;
-        const int64_t in = e - rest * pl.inner;
+    template <typename T>
+    __device__ void operator()(int64_t e, const T *src, T *dst) const
+    {
+        int64_t rest = e / inner;
+        const int64_t in = e - rest * inner;
         int64_t so = in, dof = in;
-        for (int d = pl.nd - 1; d >= 0; --d) {
-            const int64_t q = rest / pl.shape[d];
-            const int64_t id = rest - q * pl.shape[d];
+        for (int d = nd - 1; d >= 0; --d) {
+            const int64_t q = rest / shape[d];
+            const int64_t id = rest - q * shape[d];
             rest = q;
-            so += id * pl.sst[d];
-            dof += id * pl.dst_st[d];
+            so += id * sst[d];
+            dof += id * dst_st[d];
         }
         dst[dof] = src[so];
     }
-}
+};
 
 template <typename T>
 void subcopy(const nntile_subcopy_args *a, cudaStream_t s, const T *src,
@@ -82,29 +80,20 @@ void subcopy(const nntile_subcopy_args *a, cudaStream_t s, const T *src,
                           s);
         return;
     }
-    SubcopyPlan pl;
-    pl.nd = (int)outer_nd;
-    pl.inner = inner;
+    SubcopyGather gather;
+    gather.nd = (int)outer_nd;
+    gather.inner = inner;
     int64_t total = inner;
     for (int d = 0; d < NNTILE_SUBCOPY_MAX_NDIM; ++d) {
-        pl.shape[d] = d < outer_nd ? a->copy_shape[d] : 1;
-        pl.sst[d] = d < outer_nd ? sst[d] : 0;
-        pl.dst_st[d] = d < outer_nd ? dst_st[d] : 0;
+        gather.shape[d] = d < outer_nd ? a->copy_shape[d] : 1;
+        gather.sst[d] = d < outer_nd ? sst[d] : 0;
+        gather.dst_st[d] = d < outer_nd ? dst_st[d] : 0;
         if (d < outer_nd)
             total *= a->copy_shape[d];
     }
-    subcopy_k<<<grid_for(total), kBlock, 0, s>>>(total, pl, src + soff,
-                                                 dst + doff);
+    launch_elementwise(total, gather, s, src + soff, dst + doff);
 }
 
 NNTILE_CUDA_END
 
-using namespace nntile_cuda;
-
-#define EXPORT(A, T, S)                                                       \
-extern "C" void nntile_cuda_subcopy_##S(                                      \
-    const struct nntile_subcopy_args *args, cudaStream_t stream,              \
-    const A *src, A *dst)                                                     \
-{ subcopy<T>(args, stream, (const T *)src, (T *)dst); }
-
-NNTILE_CUDA_INSTANTIATE(EXPORT)
+NNTILE_CUDA_EXPORT(subcopy)

@@ -5,28 +5,26 @@
 
 NNTILE_CUDA_BEGIN
 
-template <typename T>
-__global__ void xent_picked_k(int64_t rows, int64_t v, int64_t v_offset,
-                              const T *__restrict__ logits,
-                              const int64_t *__restrict__ labels,
-                              T *__restrict__ picked)
-{
-    NNTILE_GRID_STRIDE(int64_t, r, rows) {
+/* picked[r] = logits[r, labels[r]] where this tile holds that entry */
+struct XentPickedOp {
+    int64_t v, v_offset;
+    template <typename T>
+    __device__ void operator()(int64_t r, const T *logits,
+                               const int64_t *labels, T *picked) const
+    {
         const int64_t c = labels[r] - v_offset;
         if ((uint64_t)c < (uint64_t)v)
             picked[r] = logits[r * v + c];
     }
-}
+};
 
 template <typename T>
 void xent_picked(const nntile_xent_picked_args *a, cudaStream_t s,
                  const T *logits, const int64_t *labels, T *picked)
 {
-    if (a->rows <= 0 || a->v <= 0)
-        return;
-    xent_picked_k<<<grid_for(a->rows), kBlock, 0, s>>>(a->rows, a->v,
-                                                       a->v_offset, logits,
-                                                       labels, picked);
+    if (a->v > 0)
+        launch_elementwise(a->rows, XentPickedOp{a->v, a->v_offset}, s,
+                           logits, labels, picked);
 }
 
 /* loss = alpha*(sum lse - sum picked) + beta*loss */
@@ -92,21 +90,6 @@ void xent_grad_inplace(const nntile_xent_grad_inplace_args *a, cudaStream_t s,
 
 NNTILE_CUDA_END
 
-using namespace nntile_cuda;
-
-#define EXPORT(A, T, S)                                                       \
-extern "C" void nntile_cuda_xent_picked_##S(                                  \
-    const struct nntile_xent_picked_args *args, cudaStream_t stream,          \
-    const A *logits, const int64_t *labels, A *picked)                        \
-{ xent_picked<T>(args, stream, (const T *)logits, labels, (T *)picked); }     \
-extern "C" void nntile_cuda_xent_loss_##S(                                    \
-    const struct nntile_xent_loss_args *args, cudaStream_t stream,            \
-    const A *lse, const A *picked, A *loss)                                   \
-{ xent_loss<T>(args, stream, (const T *)lse, (const T *)picked, (T *)loss); } \
-extern "C" void nntile_cuda_xent_grad_inplace_##S(                            \
-    const struct nntile_xent_grad_inplace_args *args, cudaStream_t stream,    \
-    const A *stats, const int64_t *labels, A *logits)                         \
-{ xent_grad_inplace<T>(args, stream, (const T *)stats, labels,                \
-                       (T *)logits); }
-
-NNTILE_CUDA_INSTANTIATE(EXPORT)
+NNTILE_CUDA_EXPORT(xent_picked)
+NNTILE_CUDA_EXPORT(xent_loss)
+NNTILE_CUDA_EXPORT(xent_grad_inplace)
