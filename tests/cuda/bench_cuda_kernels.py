@@ -12,7 +12,8 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]  # test_cuda_kernels, tests.*
 import test_cuda_kernels as T  # noqa: E402
 
 cp = T.cp
