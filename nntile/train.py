@@ -347,8 +347,8 @@ class StopRequest:
         different steps, so they agree (a max over ranks) and all stop at the same one."""
         if ctx.world_size == 1:
             return bool(self.signum)
-        from mpi4py import MPI
-        signum = ctx.comm.allreduce(self.signum or 0, op=MPI.MAX)
+        from nntile.distributed import mpi
+        signum = ctx.comm.allreduce(self.signum or 0, op=mpi().MAX)
         if signum and not self.signum:
             self.signum = signum
         return bool(signum)

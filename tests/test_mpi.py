@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import nntile
-from nntile.distributed import Distribution, block_cyclic
+from nntile.distributed import Distribution, block_cyclic, core_list, share_node_cores
 from tests.conftest import estimate_of_train_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,15 +32,22 @@ TRAIN = ["--steps", "4", "--eval-every", "0", "--eval-batches", "1", "--n-layer"
 
 
 def _env(**extra):
-    env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+    """The environment of the runs: threads left unpinned on the CI's 2 cores, unless
+    ``extra`` sets STARPU_WORKERS_NOBIND=None (then nntile places them by its defaults)."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                STARPU_WORKERS_NOBIND="1", STARPU_SILENT="1",
-               PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]), **extra)
-    return env
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return {name: value for name, value in env.items() if value is not None}
+
+
+# nntile's own placement of StarPU's threads on the cores mpirun gives each rank
+PLACED = {"STARPU_WORKERS_NOBIND": None}
 
 
 def mpirun_cmd(nranks, *program):
-    """mpirun's command line for ``program`` on the CI's 2 cores, however many ranks."""
+    """mpirun's command line for ``program`` on the CI's 2 cores, however many ranks; these
+    runs leave placement out of the question (the tests with PLACED are about it)."""
     return [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(nranks), *program]
 
 
@@ -82,21 +89,22 @@ def single(tmp_path_factory):
 
 # ---- ranks sharing a node, without MPI ---------------------------------------------------
 
-def _cores_given(monkeypatch, ncores, local, nlocal, **env):
-    """The cores a rank keeps when mpirun bound nothing, on a node with ncores cores."""
+def _cores_given(monkeypatch, ncores, local, nlocal, bound=None, **env):
+    """The cores a rank keeps on a node with ncores cores, where the launcher bound it to
+    ``bound`` (None: to nothing)."""
     for var in ("STARPU_WORKERS_CPUID", "STARPU_WORKERS_COREID", "STARPU_MPI_THREAD_CPUID",
-                "STARPU_WORKERS_NOBIND", "STARPU_WORKERS_GETBIND", "MPI_LOCALRANKID",
-                "SLURM_LOCALID", "MPI_LOCALNRANKS"):
+                "STARPU_MPI_THREAD_COREID", "STARPU_WORKERS_NOBIND", "STARPU_WORKERS_GETBIND",
+                "MPI_LOCALRANKID", "SLURM_LOCALID", "MPI_LOCALNRANKS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", str(local))
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(nlocal))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    kept = [set(range(ncores))]
+    kept = [set(range(ncores)) if bound is None else set(bound)]
     monkeypatch.setattr(os, "cpu_count", lambda: ncores)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(kept[0]))
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: kept.__setitem__(0, set(cores)))
-    nntile.Context(start=False, mpi=False)._share_cores_with_local_ranks()
+    share_node_cores()
     return sorted(kept[0])
 
 
@@ -105,12 +113,38 @@ def test_ranks_on_one_node_get_disjoint_cores_when_mpirun_binds_none(monkeypatch
     # on all cores would pin theirs to the same first cores
     shares = [_cores_given(monkeypatch, 32, r, 3) for r in range(3)]
     assert shares == [list(range(0, 10)), list(range(10, 21)), list(range(21, 32))]
-    # the user's or the launcher's choice stands, and too few cores are not split
+    # as few cores as ranks: one each; fewer: one each, in turn
+    assert [_cores_given(monkeypatch, 3, r, 2) for r in range(2)] == [[0], [1, 2]]
+    assert [_cores_given(monkeypatch, 2, r, 3) for r in range(3)] == [[0], [1], [0]]
+    # the user's or the launcher's choice stands
     assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_CPUID="0 1") == list(range(32))
+    assert _cores_given(monkeypatch, 32, 1, 2, STARPU_MPI_THREAD_COREID="3") == list(range(32))
     assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_NOBIND="1") == list(range(32))
     assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_GETBIND="0") == list(range(32))
-    assert _cores_given(monkeypatch, 3, 1, 2) == [0, 1, 2]
+    assert _cores_given(monkeypatch, 32, 1, 2, bound=[5, 6]) == [5, 6]
     assert _cores_given(monkeypatch, 32, 0, 1) == list(range(32))
+
+
+def test_core_lists_read_as_ranges():
+    assert core_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert core_list([3]) == "3"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or 1 not in os.sched_getaffinity(0),
+                    reason="needs cores 0 and 1")
+def test_describe_says_which_core_each_worker_runs_on():
+    """A process bound to core 1 (as a launcher binds it): StarPU's worker runs there, and
+    describe() says so from the kernel's own record of the thread's binding."""
+    from tests.conftest import run_python
+    result = run_python("""
+        import os
+        os.sched_setaffinity(0, {1})
+        import nntile
+        with nntile.Context(ncpu=1, ncuda=0) as ctx:
+            print(ctx.describe())
+    """, env={"STARPU_SILENT": "1", "STARPU_WORKERS_NOBIND": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "  cores: CPU 0 thread on 1\n" in result.stdout, result.stdout
 
 
 # ---- distributions, without MPI ---------------------------------------------------------
@@ -170,6 +204,42 @@ def test_ops_on_tiles_spread_over_three_ranks():
     # mpirun forwards the ranks' output in chunks that may share a line
     assert sorted(re.findall(r"rank \d+ of \d+: ok", result.stdout)) == \
         [f"rank {r} of 3: ok" for r in range(3)]
+
+
+def _rank_reports(stdout):
+    """The JSON objects the ranks printed (mpirun may put two ranks' chunks on one line)."""
+    return sorted((json.loads(m) for m in re.findall(r"\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}", stdout)),
+                  key=lambda r: r["rank"])
+
+
+@needs_mpi
+@pytest.mark.parametrize("launch", [["--bind-to", "none", "-np", "1"], ["-np", "2"],
+                                    ["--bind-to", "core", "-np", "2"],
+                                    ["--oversubscribe", "-np", "3"]],
+                         ids=["1-rank-2-cores", "default-binding", "bind-to-core", "3-ranks"])
+def test_every_rank_gets_workers_whatever_cores_it_is_given(launch):
+    """nntile's defaults under any binding: each rank computes on CPU workers inside its own
+    cores; StarPU-MPI's thread gets a core of its own where the rank has two, and shares the
+    rank's one core (Open MPI yielding it when idle) where it has one."""
+    result = subprocess.run([MPIRUN, *launch, sys.executable,
+                             os.path.join(HERE, "mpi", "placement.py")],
+                            capture_output=True, text=True, timeout=300, env=_env(**PLACED))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    reports = _rank_reports(result.stdout)
+    nranks = int(launch[-1])
+    assert [r["rank"] for r in reports] == list(range(nranks)), result.stdout
+    for r in reports:
+        assert r["error"] < 1e-12 and r["described"], r
+        assert r["ncpu"] >= 1 and len(r["workers"]) == r["ncpu"], r
+        worker_cores = {c for cores in r["workers"].values() for c in cores}
+        assert worker_cores <= set(r["cores"]) and set(r["mpi"]) <= set(r["cores"]), r
+        if len(r["cores"]) == 1:
+            assert r["yield_when_idle"] == "1", r
+        else:
+            assert not set(r["mpi"]) & worker_cores, r
+    if nranks <= len(os.sched_getaffinity(0)):  # ranks of one node do not share cores
+        owned = [c for r in reports for c in r["cores"]]
+        assert len(owned) == len(set(owned)), reports
 
 
 @needs_mpi
@@ -257,6 +327,17 @@ def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
     assert 5 <= steps < 400
     assert [p.name for p in out.glob("*.h5")] == [f"ckpt-{steps}.h5"]
     assert f"step {steps}/400 (stopped by SIGTERM)" in stdout
+
+
+@needs_mpi
+def test_mpi_driver_mode_is_refused_on_every_rank(tmp_path):
+    """STARPU_MPI_DRIVER_CALL_FREQUENCY would hang the run (measured); refused instead."""
+    result = train(tmp_path, 2, env={"STARPU_MPI_DRIVER_CALL_FREQUENCY": "1"})
+    assert result.returncode == 2, result.stderr[-3000:]
+    for rank in range(2):
+        assert f"nntile-train [rank {rank}]: error: cannot start StarPU: " \
+               "STARPU_MPI_DRIVER_CALL_FREQUENCY=1" in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
 
 
 @needs_mpi
