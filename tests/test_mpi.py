@@ -4,6 +4,7 @@ built without StarPU-MPI or mpirun is missing."""
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -327,6 +328,62 @@ def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
     assert 5 <= steps < 400
     assert [p.name for p in out.glob("*.h5")] == [f"ckpt-{steps}.h5"]
     assert f"step {steps}/400 (stopped by SIGTERM)" in stdout
+
+
+def _readme_mpi_lines():
+    """The mpirun command lines of README.md's StarPU-MPI section, comments dropped."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = f.read().split("## Several processes", 1)[1].split("\n## ", 1)[0].splitlines()
+    return [shlex.split(line, comments=True) for line in lines if line.startswith("mpirun ")]
+
+
+def _with(words, binding=(), nranks=None):
+    """A README line with mpirun's binding option, or another rank count, put in."""
+    words = list(words)
+    if nranks is not None:
+        words[words.index("-np") + 1] = str(nranks)
+    return [words[0], *binding, *words[1:]]
+
+
+README_LINES = _readme_mpi_lines()
+NNTILE_TRAIN = shutil.which("nntile-train")
+
+
+@needs_mpi
+@pytest.mark.skipif(not NNTILE_TRAIN, reason="nntile-train is not installed")
+@pytest.mark.parametrize("binding", [(), ("--bind-to", "core")], ids=["default-binding",
+                                                                       "bind-to-core"])
+def test_readme_mpi_lines_run_as_written(tmp_path, binding):
+    """The README's lines for up to 2 ranks, word for word (in an empty directory), with
+    mpirun's default binding (one core per rank) and with --bind-to core; the first line also
+    with one rank. All train the same model on the same batches: the same losses."""
+    runs = [(words, words) for words in README_LINES
+            if int(words[words.index("-np") + 1]) <= 2]
+    assert len(runs) == 2, README_LINES  # data and tensor
+    runs.append((runs[0][0], _with(runs[0][0], nranks=1)))
+    curves = []
+    for i, (line, words) in enumerate(runs):
+        cwd = tmp_path / str(i)
+        cwd.mkdir()
+        result = subprocess.run(_with(words, binding), cwd=cwd, capture_output=True,
+                                text=True, timeout=300, env=_env(**PLACED))
+        assert result.returncode == 0 and "Traceback" not in result.stderr, \
+            shlex.join(words) + "\n" + result.stderr[-3000:]
+        out = cwd / line[line.index("--out") + 1]
+        steps = int(line[line.index("--steps") + 1])
+        assert os.path.exists(out / f"ckpt-{steps}.h5")
+        curves.append(losses(out))
+        nranks = words[words.index("-np") + 1]
+        # rank 0 says where its threads run: one core (mpirun binds each rank to one), shared
+        core = re.search(rf"StarPU-MPI rank 0 of {nranks}, on 1 core \((\d+)\)",
+                         result.stderr)
+        assert core, result.stderr[-3000:]
+        assert f"cores: CPU 0 thread on {core[1]}, MPI thread on {core[1]}\n" in \
+            result.stderr, result.stderr[-3000:]
+    assert len(curves[0]) == steps
+    np.testing.assert_allclose(curves[0], curves[2], rtol=0, atol=1e-6)  # 2 ranks as 1
+    # the tensor line tiles n_embd: sums in another order
+    np.testing.assert_allclose(curves[1], curves[2], rtol=0, atol=1e-4)
 
 
 @needs_mpi
