@@ -19,6 +19,10 @@ a tensor takes such a list directly (``Tensor(shape, tiles, owners=[...])``).
 """
 import os
 import re
+import sys
+import threading
+import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -151,6 +155,86 @@ def core_list(cores):
         else:
             runs.append([core, core])
     return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+# ---- a rank that stops making progress ------------------------------------------------------
+
+def watchdog_timeout(value=None):
+    """Seconds a rank may go without progress before a Watchdog ends the run: ``value``, else
+    NNTILE_MPI_TIMEOUT, else 300; 0 turns the watchdog off."""
+    name = "NNTILE_MPI_TIMEOUT"
+    if value is None:
+        value = os.environ.get(name) or 300
+    else:
+        name = "mpi_timeout"
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{name}={value!r} must be a number of seconds >= 0 (0: no watchdog)")
+    return seconds
+
+
+class Watchdog:
+    """Ends every rank of an MPI run once this rank stops making progress.
+
+    A rank that dies mid-step leaves the others waiting for its messages. Open MPI's mpirun
+    then ends the job by itself; other launchers (srun, mpirun --enable-recovery) may leave
+    them waiting for ever. The program calls beat() after each step; when no beat comes for
+    max(timeout, 10 x the longest step so far), this rank says so on stderr and calls
+    MPI_Abort, which ends every rank. Without a communicator of several ranks, or with a
+    timeout of 0, it does nothing."""
+
+    def __init__(self, comm, prog, timeout):
+        self.timeout = watchdog_timeout(timeout) if comm is not None else 0.0
+        self.comm = comm if comm is not None and comm.Get_size() > 1 and self.timeout else None
+        self.label = f"{prog} [rank {comm.Get_rank()}]" if self.comm is not None else prog
+        self.longest = 0.0
+        self._last = time.monotonic()
+        self._paused = 0
+        self._done = threading.Event()
+        self._thread = None
+        if self.comm is not None:
+            self._thread = threading.Thread(target=self._watch, name="nntile-watchdog",
+                                            daemon=True)
+            self._thread.start()
+
+    @property
+    def limit(self):
+        return max(self.timeout, 10 * self.longest)
+
+    def beat(self):
+        now = time.monotonic()
+        self.longest = max(self.longest, now - self._last)
+        self._last = now
+
+    @contextmanager
+    def paused(self):
+        """Not watched inside: a checkpoint write may take far longer than a step."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            self._last = time.monotonic()
+
+    def stop(self):
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self):
+        while not self._done.wait(min(1.0, self.timeout / 10)):
+            idle = time.monotonic() - self._last
+            if self._paused or idle <= self.limit:
+                continue
+            print(f"{self.label}: error: no step finished in {idle:.0f} s: another rank has "
+                  "probably died, or the run hangs; ending every rank (NNTILE_MPI_TIMEOUT "
+                  "sets the limit)", file=sys.stderr, flush=True)
+            threading.Timer(10.0, os._exit, (1,)).start()  # in case MPI_Abort hangs too
+            self.comm.Abort(1)
+            os._exit(1)
 
 
 def block_cyclic(grid, process_grid, axes=None):

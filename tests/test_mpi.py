@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -46,10 +47,11 @@ def _env(**extra):
 PLACED = {"STARPU_WORKERS_NOBIND": None}
 
 
-def mpirun_cmd(nranks, *program):
+def mpirun_cmd(nranks, *program, options=()):
     """mpirun's command line for ``program`` on the CI's 2 cores, however many ranks; these
     runs leave placement out of the question (the tests with PLACED are about it)."""
-    return [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(nranks), *program]
+    return [MPIRUN, "--oversubscribe", "--bind-to", "none", *options, "-np", str(nranks),
+            *program]
 
 
 def mpirun(nranks, args, timeout=300, env=None):
@@ -287,29 +289,40 @@ def test_eval_and_generate_under_mpirun_match_one_process_and_print_once(single)
 
 
 def _rank_pids(marker):
-    """PIDs of the Python ranks whose command line holds ``marker`` (not mpirun's)."""
-    pids = []
+    """{rank: PID} of the Python ranks whose command line holds ``marker`` (not mpirun's)."""
+    pids = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     args = f.read().split(b"\0")
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
             except OSError:
                 continue
             if marker.encode() in args and b"nntile.train" in args and b"mpirun" not in args[0]:
-                pids.append(int(entry))
+                pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
     return pids
 
 
-@needs_mpi
-def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
-    out = tmp_path / "run"
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+@contextmanager
+def _run_under_way(out, steps, options=(), env=None):
+    """Two ranks training TRAIN for ``steps`` steps (mpirun ``options``), a few steps in:
+    yields (mpirun's process, {rank: PID}); kills what is left of it on the way out."""
     args = list(TRAIN)
-    args[args.index("--steps") + 1] = "400"
+    args[args.index("--steps") + 1] = str(steps)
     cmd = mpirun_cmd(2, sys.executable, "-m", "nntile.train", *args, "--save-every", "0",
-                     "--out", str(out))
+                     "--out", str(out), options=options)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env())
+                            env=_env(**(env or {})))
     try:
         metrics = out / "metrics.jsonl"
         deadline = time.monotonic() + 120
@@ -317,12 +330,20 @@ def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         pids = _rank_pids(str(out))
-        assert len(pids) == 2
-        os.kill(max(pids), signal.SIGTERM)  # one rank only: the other learns it from it
-        stdout, stderr = proc.communicate(timeout=120)
+        assert sorted(pids) == [0, 1], pids
+        yield proc, pids
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()
+
+
+@needs_mpi
+def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
+    out = tmp_path / "run"
+    with _run_under_way(out, 400) as (proc, pids):
+        os.kill(pids[1], signal.SIGTERM)  # one rank only: the other learns it from it
+        stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     steps = len(losses(out))
     assert 5 <= steps < 400
@@ -386,14 +407,53 @@ def test_readme_mpi_lines_run_as_written(tmp_path, binding):
     np.testing.assert_allclose(curves[1], curves[2], rtol=0, atol=1e-4)
 
 
+def _kill_one_rank_mid_run(tmp_path, rank, options=(), env=None):
+    """SIGKILL ``rank`` of a run under way; return (the launcher's result, seconds from the
+    kill until every rank had ended)."""
+    with _run_under_way(tmp_path / "run", 100000, options, env) as (proc, pids):
+        os.kill(pids[rank], signal.SIGKILL)
+        killed = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=240)
+        while any(_running(pid) for pid in pids.values()) and time.monotonic() < killed + 240:
+            time.sleep(0.1)
+        seconds = time.monotonic() - killed
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), seconds
+
+
 @needs_mpi
-def test_mpi_driver_mode_is_refused_on_every_rank(tmp_path):
-    """STARPU_MPI_DRIVER_CALL_FREQUENCY would hang the run (measured); refused instead."""
-    result = train(tmp_path, 2, env={"STARPU_MPI_DRIVER_CALL_FREQUENCY": "1"})
+def test_rank_killed_mid_step_ends_the_run_through_mpirun(tmp_path):
+    """Open MPI's mpirun ends every rank once one dies: no rank waits for the dead one."""
+    result, seconds = _kill_one_rank_mid_run(tmp_path, 0)
+    assert result.returncode != 0 and seconds < 60, (seconds, result.stderr[-3000:])
+    assert "exited on signal 9" in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+@needs_mpi
+def test_rank_killed_mid_step_ends_the_run_through_the_watchdog(tmp_path):
+    """Under a launcher that lets the others run on (--enable-recovery), the survivor waits
+    for the dead rank's messages until its watchdog ends the run, with a message."""
+    result, seconds = _kill_one_rank_mid_run(tmp_path, 1, ["--enable-recovery"],
+                                             {"NNTILE_MPI_TIMEOUT": "5"})
+    assert "nntile-train [rank 0]: error: no step finished in" in result.stderr, \
+        result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    # its limit: the longer of NNTILE_MPI_TIMEOUT and 10 times the slowest step
+    assert seconds < 120, seconds
+
+
+@needs_mpi
+@pytest.mark.parametrize("env, message", [
+    # StarPU-MPI's driver mode hangs the run (measured): refused
+    ({"STARPU_MPI_DRIVER_CALL_FREQUENCY": "1"}, "STARPU_MPI_DRIVER_CALL_FREQUENCY=1 has"),
+    ({"NNTILE_MPI_TIMEOUT": "soon"}, "NNTILE_MPI_TIMEOUT='soon' must be a number of seconds"),
+])
+def test_bad_mpi_setting_stops_every_rank_with_one_message(tmp_path, env, message):
+    result = train(tmp_path, 2, env=env)
     assert result.returncode == 2, result.stderr[-3000:]
     for rank in range(2):
-        assert f"nntile-train [rank {rank}]: error: cannot start StarPU: " \
-               "STARPU_MPI_DRIVER_CALL_FREQUENCY=1" in result.stderr, result.stderr[-3000:]
+        assert f"nntile-train [rank {rank}]: error: cannot start StarPU: {message}" in \
+            result.stderr, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
 
 

@@ -179,14 +179,15 @@ class Context:
     STARPU_CALIBRATE, STARPU_NWORKER_PER_CUDA) and then to nntile's defaults, which depend on
     the machine: on GPUs, GPU workers only, two per GPU, and the scheduler measured fastest for
     that number of GPUs. Under MPI, a rank bound to one core runs one CPU worker there beside
-    StarPU-MPI's progress thread.
+    StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default
+    300) is how long a rank may go without progress before the programs' watchdog ends the run.
     ``describe()`` says which defaults were taken and why, and which cores StarPU's threads
     use. Only one Context runs at a time.
     """
 
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
-                 distribution=None, mpi_stats=False, workers_per_gpu=None):
+                 distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -211,6 +212,9 @@ class Context:
                     "so each rank would train alone (rebuild StarPU with MPI, then nntile)")
             self.mpi = False
         self.mpi_stats = bool(mpi_stats)
+        # how long a rank may go without progress before the programs' watchdog ends the run
+        from nntile.distributed import watchdog_timeout
+        self.mpi_timeout = watchdog_timeout(mpi_timeout) if self.mpi else None
         self.distribution = distribution
         self.rank = 0
         self.world_size = 1
