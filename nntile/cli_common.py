@@ -49,8 +49,9 @@ def _let_other_ranks_report(seconds=10.0):
     _, size = launcher_rank()
     if size < 2:
         return
+    from nntile.distributed import mpi
     try:
-        from mpi4py import MPI
+        MPI = mpi()
     except ImportError:
         return
     request = MPI.COMM_WORLD.Ibarrier()

@@ -733,8 +733,8 @@ def _agree(refusal):
     _, size = launcher_rank()
     if size < 2:
         return refusal
-    from mpi4py import MPI
-    refusals = MPI.COMM_WORLD.allgather(refusal)
+    from nntile.distributed import mpi
+    refusals = mpi().COMM_WORLD.allgather(refusal)
     if refusal is not None:
         return refusal
     return next((f"rank {rank} cannot fit its share: {text}"

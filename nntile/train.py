@@ -347,8 +347,8 @@ class StopRequest:
         different steps, so they agree (a max over ranks) and all stop at the same one."""
         if ctx.world_size == 1:
             return bool(self.signum)
-        from mpi4py import MPI
-        signum = ctx.comm.allreduce(self.signum or 0, op=MPI.MAX)
+        from nntile.distributed import mpi
+        signum = ctx.comm.allreduce(self.signum or 0, op=mpi().MAX)
         if signum and not self.signum:
             self.signum = signum
         return bool(signum)
@@ -441,6 +441,7 @@ def train_main(argv=None):
 def _run(s, args, ctx, stop, echo, tqdm):
     from nntile.checkpoint import CheckpointError, checkpoint_name, prune, save
     from nntile.data import BatchSampler, eval_batches
+    from nntile.distributed import Watchdog
     from nntile.models import GPT2LMHead
     from nntile.optim import AdamW, LRSchedule
 
@@ -508,7 +509,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
 
     def save_checkpoint(step):
         path = os.path.join(s.out, checkpoint_name(step))
-        save(path, model, opt, checkpoint_meta(step))  # collective under MPI
+        with watchdog.paused():
+            save(path, model, opt, checkpoint_meta(step))  # collective under MPI
         if ctx.rank == 0:
             prune(s.out, s.keep)
         saved.update(step=step, path=path)
@@ -525,6 +527,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
                disable=args.no_progress or ctx.rank != 0, dynamic_ncols=True, smoothing=0.1)
     # the loss is the same number on every rank (to_array gathers it); rank 0 logs it
     metrics = open(metrics_path if ctx.rank == 0 else os.devnull, "a")
+    watchdog = Watchdog(ctx.comm, "nntile-train", ctx.mpi_timeout)  # a dead rank ends all
     try:
         last_time = time.perf_counter()
         while step < s.steps and not stop.agreed(ctx):
@@ -570,12 +573,14 @@ def _run(s, args, ctx, stop, echo, tqdm):
             bar.set_postfix_str(f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | "
                                 f"{tflops:.4f} TFLOP/s", refresh=False)
             bar.update(1)
+            watchdog.beat()
             if step == s.steps or (s.save_every and step % s.save_every == 0):
                 save_checkpoint(step)
         stop.tell(echo)
         if saved["step"] != step:
             save_checkpoint(step)
     finally:
+        watchdog.stop()
         bar.close()
         metrics.close()
     elapsed = time.perf_counter() - run_start

@@ -4,18 +4,20 @@ built without StarPU-MPI or mpirun is missing."""
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import nntile
-from nntile.distributed import Distribution, block_cyclic
+from nntile.distributed import Distribution, block_cyclic, core_list, share_node_cores
 from tests.conftest import estimate_of_train_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,16 +34,24 @@ TRAIN = ["--steps", "4", "--eval-every", "0", "--eval-batches", "1", "--n-layer"
 
 
 def _env(**extra):
-    env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+    """The environment of the runs: threads left unpinned on the CI's 2 cores, unless
+    ``extra`` sets STARPU_WORKERS_NOBIND=None (then nntile places them by its defaults)."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                STARPU_WORKERS_NOBIND="1", STARPU_SILENT="1",
-               PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]), **extra)
-    return env
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return {name: value for name, value in env.items() if value is not None}
 
 
-def mpirun_cmd(nranks, *program):
-    """mpirun's command line for ``program`` on the CI's 2 cores, however many ranks."""
-    return [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(nranks), *program]
+# nntile's own placement of StarPU's threads on the cores mpirun gives each rank
+PLACED = {"STARPU_WORKERS_NOBIND": None}
+
+
+def mpirun_cmd(nranks, *program, options=()):
+    """mpirun's command line for ``program`` on the CI's 2 cores, however many ranks; these
+    runs leave placement out of the question (the tests with PLACED are about it)."""
+    return [MPIRUN, "--oversubscribe", "--bind-to", "none", *options, "-np", str(nranks),
+            *program]
 
 
 def mpirun(nranks, args, timeout=300, env=None):
@@ -82,21 +92,22 @@ def single(tmp_path_factory):
 
 # ---- ranks sharing a node, without MPI ---------------------------------------------------
 
-def _cores_given(monkeypatch, ncores, local, nlocal, **env):
-    """The cores a rank keeps when mpirun bound nothing, on a node with ncores cores."""
+def _cores_given(monkeypatch, ncores, local, nlocal, bound=None, **env):
+    """The cores a rank keeps on a node with ncores cores, where the launcher bound it to
+    ``bound`` (None: to nothing)."""
     for var in ("STARPU_WORKERS_CPUID", "STARPU_WORKERS_COREID", "STARPU_MPI_THREAD_CPUID",
-                "STARPU_WORKERS_NOBIND", "STARPU_WORKERS_GETBIND", "MPI_LOCALRANKID",
-                "SLURM_LOCALID", "MPI_LOCALNRANKS"):
+                "STARPU_MPI_THREAD_COREID", "STARPU_WORKERS_NOBIND", "STARPU_WORKERS_GETBIND",
+                "MPI_LOCALRANKID", "SLURM_LOCALID", "MPI_LOCALNRANKS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", str(local))
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(nlocal))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    kept = [set(range(ncores))]
+    kept = [set(range(ncores)) if bound is None else set(bound)]
     monkeypatch.setattr(os, "cpu_count", lambda: ncores)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(kept[0]))
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: kept.__setitem__(0, set(cores)))
-    nntile.Context(start=False, mpi=False)._share_cores_with_local_ranks()
+    share_node_cores()
     return sorted(kept[0])
 
 
@@ -105,12 +116,38 @@ def test_ranks_on_one_node_get_disjoint_cores_when_mpirun_binds_none(monkeypatch
     # on all cores would pin theirs to the same first cores
     shares = [_cores_given(monkeypatch, 32, r, 3) for r in range(3)]
     assert shares == [list(range(0, 10)), list(range(10, 21)), list(range(21, 32))]
-    # the user's or the launcher's choice stands, and too few cores are not split
+    # as few cores as ranks: one each; fewer: one each, in turn
+    assert [_cores_given(monkeypatch, 3, r, 2) for r in range(2)] == [[0], [1, 2]]
+    assert [_cores_given(monkeypatch, 2, r, 3) for r in range(3)] == [[0], [1], [0]]
+    # the user's or the launcher's choice stands
     assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_CPUID="0 1") == list(range(32))
+    assert _cores_given(monkeypatch, 32, 1, 2, STARPU_MPI_THREAD_COREID="3") == list(range(32))
     assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_NOBIND="1") == list(range(32))
     assert _cores_given(monkeypatch, 32, 1, 2, STARPU_WORKERS_GETBIND="0") == list(range(32))
-    assert _cores_given(monkeypatch, 3, 1, 2) == [0, 1, 2]
+    assert _cores_given(monkeypatch, 32, 1, 2, bound=[5, 6]) == [5, 6]
     assert _cores_given(monkeypatch, 32, 0, 1) == list(range(32))
+
+
+def test_core_lists_read_as_ranges():
+    assert core_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert core_list([3]) == "3"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or 1 not in os.sched_getaffinity(0),
+                    reason="needs cores 0 and 1")
+def test_describe_says_which_core_each_worker_runs_on():
+    """A process bound to core 1 (as a launcher binds it): StarPU's worker runs there, and
+    describe() says so from the kernel's own record of the thread's binding."""
+    from tests.conftest import run_python
+    result = run_python("""
+        import os
+        os.sched_setaffinity(0, {1})
+        import nntile
+        with nntile.Context(ncpu=1, ncuda=0) as ctx:
+            print(ctx.describe())
+    """, env={"STARPU_SILENT": "1", "STARPU_WORKERS_NOBIND": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "  cores: CPU 0 thread on 1\n" in result.stdout, result.stdout
 
 
 # ---- distributions, without MPI ---------------------------------------------------------
@@ -167,8 +204,45 @@ def test_distribution_errors_name_the_problem():
 def test_ops_on_tiles_spread_over_three_ranks():
     result = mpirun(3, [os.path.join(HERE, "mpi", "ops_check.py")])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert sorted(line for line in result.stdout.splitlines() if line.endswith(": ok")) == \
+    # mpirun forwards the ranks' output in chunks that may share a line
+    assert sorted(re.findall(r"rank \d+ of \d+: ok", result.stdout)) == \
         [f"rank {r} of 3: ok" for r in range(3)]
+
+
+def _rank_reports(stdout):
+    """The JSON objects the ranks printed (mpirun may put two ranks' chunks on one line)."""
+    return sorted((json.loads(m) for m in re.findall(r"\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}", stdout)),
+                  key=lambda r: r["rank"])
+
+
+@needs_mpi
+@pytest.mark.parametrize("launch", [["--bind-to", "none", "-np", "1"], ["-np", "2"],
+                                    ["--bind-to", "core", "-np", "2"],
+                                    ["--oversubscribe", "-np", "3"]],
+                         ids=["1-rank-2-cores", "default-binding", "bind-to-core", "3-ranks"])
+def test_every_rank_gets_workers_whatever_cores_it_is_given(launch):
+    """nntile's defaults under any binding: each rank computes on CPU workers inside its own
+    cores; StarPU-MPI's thread gets a core of its own where the rank has two, and shares the
+    rank's one core (Open MPI yielding it when idle) where it has one."""
+    result = subprocess.run([MPIRUN, *launch, sys.executable,
+                             os.path.join(HERE, "mpi", "placement.py")],
+                            capture_output=True, text=True, timeout=300, env=_env(**PLACED))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    reports = _rank_reports(result.stdout)
+    nranks = int(launch[-1])
+    assert [r["rank"] for r in reports] == list(range(nranks)), result.stdout
+    for r in reports:
+        assert r["error"] < 1e-12 and r["described"], r
+        assert r["ncpu"] >= 1 and len(r["workers"]) == r["ncpu"], r
+        worker_cores = {c for cores in r["workers"].values() for c in cores}
+        assert worker_cores <= set(r["cores"]) and set(r["mpi"]) <= set(r["cores"]), r
+        if len(r["cores"]) == 1:
+            assert r["yield_when_idle"] == "1", r
+        else:
+            assert not set(r["mpi"]) & worker_cores, r
+    if nranks <= len(os.sched_getaffinity(0)):  # ranks of one node do not share cores
+        owned = [c for r in reports for c in r["cores"]]
+        assert len(owned) == len(set(owned)), reports
 
 
 @needs_mpi
@@ -215,29 +289,40 @@ def test_eval_and_generate_under_mpirun_match_one_process_and_print_once(single)
 
 
 def _rank_pids(marker):
-    """PIDs of the Python ranks whose command line holds ``marker`` (not mpirun's)."""
-    pids = []
+    """{rank: PID} of the Python ranks whose command line holds ``marker`` (not mpirun's)."""
+    pids = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     args = f.read().split(b"\0")
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
             except OSError:
                 continue
             if marker.encode() in args and b"nntile.train" in args and b"mpirun" not in args[0]:
-                pids.append(int(entry))
+                pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
     return pids
 
 
-@needs_mpi
-def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
-    out = tmp_path / "run"
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+@contextmanager
+def _run_under_way(out, steps, options=(), env=None):
+    """Two ranks training TRAIN for ``steps`` steps (mpirun ``options``), a few steps in:
+    yields (mpirun's process, {rank: PID}); kills what is left of it on the way out."""
     args = list(TRAIN)
-    args[args.index("--steps") + 1] = "400"
+    args[args.index("--steps") + 1] = str(steps)
     cmd = mpirun_cmd(2, sys.executable, "-m", "nntile.train", *args, "--save-every", "0",
-                     "--out", str(out))
+                     "--out", str(out), options=options)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env())
+                            env=_env(**(env or {})))
     try:
         metrics = out / "metrics.jsonl"
         deadline = time.monotonic() + 120
@@ -245,17 +330,131 @@ def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         pids = _rank_pids(str(out))
-        assert len(pids) == 2
-        os.kill(max(pids), signal.SIGTERM)  # one rank only: the other learns it from it
-        stdout, stderr = proc.communicate(timeout=120)
+        assert sorted(pids) == [0, 1], pids
+        yield proc, pids
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()
+
+
+@needs_mpi
+def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
+    out = tmp_path / "run"
+    with _run_under_way(out, 400) as (proc, pids):
+        os.kill(pids[1], signal.SIGTERM)  # one rank only: the other learns it from it
+        stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     steps = len(losses(out))
     assert 5 <= steps < 400
     assert [p.name for p in out.glob("*.h5")] == [f"ckpt-{steps}.h5"]
     assert f"step {steps}/400 (stopped by SIGTERM)" in stdout
+
+
+def _readme_mpi_lines():
+    """The mpirun command lines of README.md's StarPU-MPI section, comments dropped."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = f.read().split("## Several processes", 1)[1].split("\n## ", 1)[0].splitlines()
+    return [shlex.split(line, comments=True) for line in lines if line.startswith("mpirun ")]
+
+
+def _with(words, binding=(), nranks=None):
+    """A README line with mpirun's binding option, or another rank count, put in."""
+    words = list(words)
+    if nranks is not None:
+        words[words.index("-np") + 1] = str(nranks)
+    return [words[0], *binding, *words[1:]]
+
+
+README_LINES = _readme_mpi_lines()
+NNTILE_TRAIN = shutil.which("nntile-train")
+
+
+@needs_mpi
+@pytest.mark.skipif(not NNTILE_TRAIN, reason="nntile-train is not installed")
+@pytest.mark.parametrize("binding", [(), ("--bind-to", "core")], ids=["default-binding",
+                                                                       "bind-to-core"])
+def test_readme_mpi_lines_run_as_written(tmp_path, binding):
+    """The README's lines for up to 2 ranks, word for word (in an empty directory), with
+    mpirun's default binding (one core per rank) and with --bind-to core; the first line also
+    with one rank. All train the same model on the same batches: the same losses."""
+    runs = [(words, words) for words in README_LINES
+            if int(words[words.index("-np") + 1]) <= 2]
+    assert len(runs) == 2, README_LINES  # data and tensor
+    runs.append((runs[0][0], _with(runs[0][0], nranks=1)))
+    curves = []
+    for i, (line, words) in enumerate(runs):
+        cwd = tmp_path / str(i)
+        cwd.mkdir()
+        result = subprocess.run(_with(words, binding), cwd=cwd, capture_output=True,
+                                text=True, timeout=300, env=_env(**PLACED))
+        assert result.returncode == 0 and "Traceback" not in result.stderr, \
+            shlex.join(words) + "\n" + result.stderr[-3000:]
+        out = cwd / line[line.index("--out") + 1]
+        steps = int(line[line.index("--steps") + 1])
+        assert os.path.exists(out / f"ckpt-{steps}.h5")
+        curves.append(losses(out))
+        nranks = words[words.index("-np") + 1]
+        # rank 0 says where its threads run: one core (mpirun binds each rank to one), shared
+        core = re.search(rf"StarPU-MPI rank 0 of {nranks}, on 1 core \((\d+)\)",
+                         result.stderr)
+        assert core, result.stderr[-3000:]
+        assert f"cores: CPU 0 thread on {core[1]}, MPI thread on {core[1]}\n" in \
+            result.stderr, result.stderr[-3000:]
+    assert len(curves[0]) == steps
+    np.testing.assert_allclose(curves[0], curves[2], rtol=0, atol=1e-6)  # 2 ranks as 1
+    # the tensor line tiles n_embd: sums in another order
+    np.testing.assert_allclose(curves[1], curves[2], rtol=0, atol=1e-4)
+
+
+def _kill_one_rank_mid_run(tmp_path, rank, options=(), env=None):
+    """SIGKILL ``rank`` of a run under way; return (the launcher's result, seconds from the
+    kill until every rank had ended)."""
+    with _run_under_way(tmp_path / "run", 100000, options, env) as (proc, pids):
+        os.kill(pids[rank], signal.SIGKILL)
+        killed = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=240)
+        while any(_running(pid) for pid in pids.values()) and time.monotonic() < killed + 240:
+            time.sleep(0.1)
+        seconds = time.monotonic() - killed
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), seconds
+
+
+@needs_mpi
+def test_rank_killed_mid_step_ends_the_run_through_mpirun(tmp_path):
+    """Open MPI's mpirun ends every rank once one dies: no rank waits for the dead one."""
+    result, seconds = _kill_one_rank_mid_run(tmp_path, 0)
+    assert result.returncode != 0 and seconds < 60, (seconds, result.stderr[-3000:])
+    assert "exited on signal 9" in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+@needs_mpi
+def test_rank_killed_mid_step_ends_the_run_through_the_watchdog(tmp_path):
+    """Under a launcher that lets the others run on (--enable-recovery), the survivor waits
+    for the dead rank's messages until its watchdog ends the run, with a message."""
+    result, seconds = _kill_one_rank_mid_run(tmp_path, 1, ["--enable-recovery"],
+                                             {"NNTILE_MPI_TIMEOUT": "5"})
+    assert "nntile-train [rank 0]: error: no step finished in" in result.stderr, \
+        result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    # its limit: the longer of NNTILE_MPI_TIMEOUT and 10 times the slowest step
+    assert seconds < 120, seconds
+
+
+@needs_mpi
+@pytest.mark.parametrize("env, message", [
+    # StarPU-MPI's driver mode hangs the run (measured): refused
+    ({"STARPU_MPI_DRIVER_CALL_FREQUENCY": "1"}, "STARPU_MPI_DRIVER_CALL_FREQUENCY=1 has"),
+    ({"NNTILE_MPI_TIMEOUT": "soon"}, "NNTILE_MPI_TIMEOUT='soon' must be a number of seconds"),
+])
+def test_bad_mpi_setting_stops_every_rank_with_one_message(tmp_path, env, message):
+    result = train(tmp_path, 2, env=env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    for rank in range(2):
+        assert f"nntile-train [rank {rank}]: error: cannot start StarPU: {message}" in \
+            result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
 
 
 @needs_mpi

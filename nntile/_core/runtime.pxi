@@ -116,6 +116,10 @@ _GPU_ONLY_DEFAULT = "nntile default with GPUs: GPU workers only; give ncpu to ad
 # GPT-2, n_embd 8192): 0.53 -> 0.47 s per step in memory, 3.39 -> 2.37-2.63 s at 1.23x its
 # memory; GPT-2 124M 0.90 -> 0.95x PyTorch (docs/performance.md, "Two workers per GPU")
 _TWO_PER_GPU_DEFAULT = "nntile default with GPUs: two workers per GPU overlap transfers and kernels"
+# ... and ncpu, on an MPI rank bound to one core: StarPU-MPI would reserve that core for its
+# progress thread and leave no worker (docs: README, "Several processes")
+_SHARED_CORE_DEFAULT = ("nntile default on an MPI rank with one core: one CPU worker, sharing "
+                        "it with the MPI thread")
 # the environment variables nntile sets from its own defaults while a Context runs
 _DEFAULTS_IN_ENV = {_CUDA_LIMIT_DEFAULT: "limit_cuda_mem", _TWO_PER_GPU_DEFAULT: "workers_per_gpu"}
 
@@ -141,6 +145,18 @@ def _default_sched(int gpus, bint cpus):
     return "dmdas", "nntile default for one GPU"
 
 
+def _check_mpi_env():
+    """StarPU-MPI settings that cannot work, refused before MPI or StarPU starts."""
+    frequency = os.environ.get("STARPU_MPI_DRIVER_CALL_FREQUENCY", "").strip()
+    if frequency.isdigit() and int(frequency) > 0:
+        # measured: a 2-rank run and a 1-rank run, each waiting for ever on its first task
+        raise RuntimeError(
+            f"STARPU_MPI_DRIVER_CALL_FREQUENCY={frequency} has StarPU-MPI's progress thread "
+            "run CPU worker 0 itself, but in StarPU 1.4 that thread sleeps while no message "
+            "is pending, and the worker's tasks wait for ever; unset it (on a rank with one "
+            "core, nntile shares the core between a worker and the MPI thread by itself)")
+
+
 def _positive_int_or_none(name, value, allow_zero):
     if value is None:
         return None
@@ -162,13 +178,16 @@ class Context:
     STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
     STARPU_CALIBRATE, STARPU_NWORKER_PER_CUDA) and then to nntile's defaults, which depend on
     the machine: on GPUs, GPU workers only, two per GPU, and the scheduler measured fastest for
-    that number of GPUs.
-    ``describe()`` says which defaults were taken and why. Only one Context runs at a time.
+    that number of GPUs. Under MPI, a rank bound to one core runs one CPU worker there beside
+    StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default
+    300) is how long a rank may go without progress before the programs' watchdog ends the run.
+    ``describe()`` says which defaults were taken and why, and which cores StarPU's threads
+    use. Only one Context runs at a time.
     """
 
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
-                 distribution=None, mpi_stats=False, workers_per_gpu=None):
+                 distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -193,6 +212,9 @@ class Context:
                     "so each rank would train alone (rebuild StarPU with MPI, then nntile)")
             self.mpi = False
         self.mpi_stats = bool(mpi_stats)
+        # how long a rank may go without progress before the programs' watchdog ends the run
+        from nntile.distributed import watchdog_timeout
+        self.mpi_timeout = watchdog_timeout(mpi_timeout) if self.mpi else None
         self.distribution = distribution
         self.rank = 0
         self.world_size = 1
@@ -232,6 +254,10 @@ class Context:
         gpus = self._gpu_workers(result["ncuda"][0])
         if result["ncpu"][0] is None and gpus:
             result["ncpu"] = (0, _GPU_ONLY_DEFAULT)
+        elif result["ncpu"][0] is None and self.mpi:
+            from nntile.distributed import one_core_rank
+            if one_core_rank():
+                result["ncpu"] = (1, _SHARED_CORE_DEFAULT)
         if result["sched"][0] is None:
             cpus = result["ncpu"][0]
             result["sched"] = _default_sched(gpus, cpus is None or int(cpus) > 0)
@@ -268,6 +294,10 @@ class Context:
         if _running_context is not None:
             raise RuntimeError("another nntile.Context is already running in this process; "
                                "shut it down (ctx.shutdown() or leave its 'with' block) first")
+        if self.mpi:
+            _check_mpi_env()
+            from nntile.distributed import share_node_cores
+            share_node_cores()  # before settings(), which depend on the rank's cores
         settings = self.settings()
         # StarPU reads these at start-up; an argument wins over an inherited variable.
         for name, env in _SETTINGS:
@@ -287,12 +317,14 @@ class Context:
             conf.ncuda = 0
         if settings["ncpu"][1] == _GPU_ONLY_DEFAULT:
             conf.ncpus = 0
+        elif settings["ncpu"][1] == _SHARED_CORE_DEFAULT:
+            conf.ncpus = 1  # an explicit count: StarPU-MPI then reserves no core
         nntile_blas_single_thread()
         cdef int ret
         cdef intptr_t comm_handle
         if self.mpi:
             self._bind_gpus_to_local_rank()
-            self._share_cores_with_local_ranks()
+            self._share_one_core_with_mpi_thread()
             comm_handle = self._start_mpi()
             self._check_distribution(self.comm.Get_size())
             with nogil:
@@ -333,36 +365,22 @@ class Context:
             os.environ["STARPU_WORKERS_CUDAID"] = ",".join(str(g) for g in gpus)
             os.environ["STARPU_NCUDA"] = str(len(gpus))
 
-    def _share_cores_with_local_ranks(self):
-        """StarPU takes the process's CPU binding as the cores it may use. A launcher that
-        does not bind (mpirun --bind-to none) leaves every rank on a node with all cores, and
-        each StarPU then pins its workers and its polling MPI thread to the same first cores,
-        where they take turns. Give local rank r its own contiguous share of the cores
-        instead, unless the launcher bound the process or the user chose the binding."""
-        from nntile.distributed import local_rank
-        local = local_rank()
-        if local is None or local[1] < 2:
-            return
-        chosen = any(os.environ.get(v) for v in (
-            "STARPU_WORKERS_CPUID", "STARPU_WORKERS_COREID", "STARPU_MPI_THREAD_CPUID"))
-        if (chosen or os.environ.get("STARPU_WORKERS_NOBIND", "0") != "0"
-                or os.environ.get("STARPU_WORKERS_GETBIND", "1") == "0"):
-            return
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) != os.cpu_count() or len(cores) < 2 * local[1]:
-            # bound by the launcher; or too few cores for a worker and an MPI thread per rank,
-            # where any binding oversubscribes
-            return
-        rank, nlocal = local
-        share = cores[rank * len(cores) // nlocal:(rank + 1) * len(cores) // nlocal]
-        os.sched_setaffinity(0, share)
+    def _share_one_core_with_mpi_thread(self):
+        """On a rank with one core, StarPU-MPI's progress thread would be pinned onto the core
+        a worker holds (with a warning); leave it unpinned instead, on the rank's one core
+        all the same, where MPI yields it while idle (nntile.distributed.mpi)."""
+        from nntile.distributed import one_core_rank, placement_chosen
+        if one_core_rank() and not placement_chosen() and not os.environ.get("STARPU_MPI_NOBIND"):
+            os.environ["STARPU_MPI_NOBIND"] = "1"
+            self._env_from_defaults.add("STARPU_MPI_NOBIND")
 
     def _start_mpi(self):
         """Initialise MPI through mpi4py; returns the handle of the communicator that
         StarPU-MPI gets (a duplicate of COMM_WORLD, so that its messages never meet the
         ones nntile's Python code exchanges on COMM_WORLD)."""
+        from nntile.distributed import mpi
         try:
-            from mpi4py import MPI
+            MPI = mpi()
         except ImportError:
             raise RuntimeError("StarPU-MPI needs mpi4py (pip install mpi4py)") from None
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
@@ -420,11 +438,16 @@ class Context:
         lines = [f"nntile: StarPU {STARPU_MAJOR_VERSION}.{STARPU_MINOR_VERSION}."
                  f"{STARPU_RELEASE_VERSION}, {len(self.workers)} workers: "
                  + ", ".join(self.workers)]
+        from nntile.distributed import core_list, rank_cores, thread_cores
         if self.mpi:
-            allowed = sorted(os.sched_getaffinity(0))
-            span = f"{allowed[0]}-{max(allowed)}"
+            allowed = rank_cores()
             lines.append(f"  StarPU-MPI rank {self.rank} of {self.world_size}, on "
-                         f"{len(allowed)} cores ({span})")
+                         f"{len(allowed)} core{'s' if len(allowed) > 1 else ''} "
+                         f"({core_list(allowed)})")
+        threads = thread_cores() if self.running else {}
+        if threads:
+            lines.append("  cores: " + ", ".join(f"{name} thread on {core_list(cores)}"
+                                                 for name, cores in threads.items()))
         for name, (value, origin) in self.settings().items():
             lines.append(f"  {name} = {value} ({origin})")
         return "\n".join(lines)
