@@ -29,6 +29,7 @@ A8 = "int64[8]"
 FIELDS = {
     "fill": ([("n", I), ("value", D)], 1),
     "copy": ([("n", I)], 2),
+    "cast": ([("n", I)], 2),
     "subcopy": ([("ndim", I), ("src_shape", A8), ("dst_shape", A8),
                  ("copy_shape", A8), ("src_offset", A8),
                  ("dst_offset", A8)], 2),
