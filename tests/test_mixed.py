@@ -224,3 +224,22 @@ def test_dtype_pairs_other_than_bf16_with_fp32_are_refused(ctx):
     with pytest.raises(ValueError, match="bf16-mixed"):
         GPT2LMHead(nntile.models.GPT2Config(vocab_size=10, n_positions=4, n_embd=4, n_layer=1,
                                             n_head=1), dtype="fp16")
+
+
+def test_op_stats_count_every_task_by_op_and_kernel_dtype(ctx):
+    """Context.op_stats: the per-op table of the GPU bench, from StarPU's task profiling."""
+    b = nntile.Tensor((6, 6), (4, 4), "bf16")  # 4 tiles, partial ones among them
+    f = nntile.Tensor((6, 6), (4, 4), "fp32")
+    ctx.wait()
+    ctx.profiling(True)
+    ctx.op_stats(), ctx.worker_stats()  # reset the counters
+    ops.gemm(1.0, b, "N", b, "N", 0.0, f)  # 4 C tiles x 2 K tiles
+    ops.cast(f, b)
+    ctx.wait()
+    stats, workers = ctx.op_stats(), ctx.worker_stats()
+    ctx.profiling(False)
+    mixed = "bf16 with fp32 accumulators"
+    assert {(s["op"], s["dtype"]): s["tasks"] for s in stats} == {("gemm", mixed): 8,
+                                                                   ("cast", mixed): 4}
+    assert sum(w["tasks"] for w in workers) == 12
+    assert all(s["seconds"] > 0 for s in stats) and ctx.op_stats() == []

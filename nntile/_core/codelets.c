@@ -202,6 +202,37 @@ struct starpu_codelet *nntile_codelet(int op, int dtype)
     return cl->cpu_funcs[0] ? cl : NULL;
 }
 
+/* Nanoseconds and tasks per codelet: atomics, since workers finish tasks side by side. */
+static unsigned long long op_ns[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
+static unsigned long long op_tasks[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
+
+/* A codelet's callback: StarPU runs it once the task has finished, with the task current. */
+static void op_profile_callback(void *arg)
+{
+    (void)arg;
+    struct starpu_task *task = starpu_task_get_current();
+    if (task == NULL || task->profiling_info == NULL)
+        return;
+    const size_t index = (size_t)(task->cl - &codelets[0][0]);
+    const double us = starpu_timing_timespec_delay_us(&task->profiling_info->start_time,
+                                                      &task->profiling_info->end_time);
+    __atomic_fetch_add(&op_ns[0][0] + index, (unsigned long long)(us * 1e3), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&op_tasks[0][0] + index, 1ULL, __ATOMIC_RELAXED);
+}
+
+void nntile_op_profiling(int enable)
+{
+    for (int op = 0; op < NNTILE_OP_COUNT; ++op)
+        for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
+            codelets[op][dtype].callback_func = enable ? op_profile_callback : NULL;
+}
+
+unsigned long long nntile_op_time(int op, int dtype, double *seconds)
+{
+    *seconds = 1e-9 * (double)__atomic_exchange_n(&op_ns[op][dtype], 0ULL, __ATOMIC_RELAXED);
+    return __atomic_exchange_n(&op_tasks[op][dtype], 0ULL, __ATOMIC_RELAXED);
+}
+
 const char *nntile_op_name(int op)
 {
     return (op >= 0 && op < NNTILE_OP_COUNT) ? op_names[op] : "?";

@@ -72,6 +72,12 @@ const char *nntile_op_name(int op);
  * itself (destroy = 1, what starpu_task_create makes). */
 void nntile_task_discard(struct starpu_task *task);
 
+/* Per-op time: while on (and StarPU's profiling is on), every task adds its execution time
+ * (StarPU's profiling info of the task) to its op and dtype column. nntile_op_time takes
+ * the sums of one column since the last call and resets them; returns the task count. */
+void nntile_op_profiling(int enable);
+unsigned long long nntile_op_time(int op, int dtype, double *seconds);
+
 /* Set OpenBLAS to one thread: each StarPU CPU worker is already one thread. */
 void nntile_blas_single_thread(void);
 
