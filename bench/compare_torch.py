@@ -53,7 +53,9 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int,
                    help="untimed steps first (default 1 on CPU, 3 on GPU, where StarPU "
                         "calibrates its performance models)")
-    p.add_argument("--dtype", default="tf32", choices=["tf32", "fp32", "bf16"])
+    p.add_argument("--precision", "--dtype", dest="dtype", default="tf32",
+                   choices=["tf32", "fp32", "bf16", "bf16-mixed"],
+                   help="bf16-mixed: ours against PyTorch under torch.autocast(bfloat16)")
     p.add_argument("--ncpu", type=int)
     p.add_argument("--ncuda", type=int)
     p.add_argument("--sched")

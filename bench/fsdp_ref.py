@@ -17,7 +17,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 
 import torch_reference  # noqa: E402
 from harness import model_flops_per_step, print_result  # noqa: E402
@@ -32,7 +32,9 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--batch", type=int, default=4, help="global batch, split over ranks")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--dtype", default="tf32", choices=["tf32", "fp32", "bf16"])
+    p.add_argument("--dtype", default="tf32", choices=["tf32", "fp32", "bf16", "bf16-mixed"],
+                   help="bf16-mixed: MixedPrecisionPolicy(param_dtype=bf16, "
+                   "reduce_dtype=fp32), fp32 shards and Adam states")
     args = p.parse_args(argv)
     args.n_head = args.n_head or max(1, args.n_embd // 128)
     return args
@@ -43,9 +45,13 @@ def build(args, device):
         model = torch_reference.gpt2(args.vocab, max(1024, args.seq), args.n_embd,
                                      args.n_layer, args.n_head)
     nparams = sum(p.numel() for p in model.parameters())
+    # bf16-mixed: fp32 shards, gathered and computed in bf16, gradients reduced in fp32
+    mp = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                             reduce_dtype=torch.float32)) \
+        if args.dtype == "bf16-mixed" else {}
     for block in model.transformer.h:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, **mp)
+    fully_shard(model, **mp)
     model.to_empty(device=device)
     torch.manual_seed(0)
     with torch.no_grad():  # GPT-2's initialisation, on each rank's shards

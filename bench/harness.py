@@ -60,6 +60,21 @@ def train_step(ctx, model, opt, ids, targets, idle=(), optimizer_on=None):
     ctx.wait()
 
 
+def op_table(stats, steps, rows=25):
+    """Context.op_stats() of ``steps`` steps as a text table: per op and kernel dtype, the
+    tasks and milliseconds of execution per step and the share of all execution time."""
+    total = sum(s["seconds"] for s in stats) or 1e-30
+    lines = [f"{'op':<28}{'dtype':<30}{'tasks/step':>11}{'ms/step':>10}{'share':>8}"]
+    for s in stats[:rows]:
+        lines.append(f"{s['op']:<28}{s['dtype']:<30}{s['tasks'] / steps:>11.0f}"
+                     f"{1e3 * s['seconds'] / steps:>10.2f}{100 * s['seconds'] / total:>7.1f}%")
+    if len(stats) > rows:
+        rest = sum(s["seconds"] for s in stats[rows:])
+        lines.append(f"{'(the other ' + str(len(stats) - rows) + ')':<58}{'':>11}"
+                     f"{1e3 * rest / steps:>10.2f}{100 * rest / total:>7.1f}%")
+    return "\n".join(lines)
+
+
 def print_result(result):
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 

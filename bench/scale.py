@@ -36,7 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--dtype", default="tf32")
+    p.add_argument("--precision", "--dtype", dest="dtype", default="tf32",
+                   help="tf32 (default), fp32, bf16 or bf16-mixed")
     p.add_argument("--ncpu", type=int)
     p.add_argument("--ncuda", type=int)
     p.add_argument("--sched")

@@ -1,7 +1,15 @@
-"""GPT-2 124M training on one GPU: ours against PyTorch eager + transformers, same run.
+"""GPT-2 124M training on one GPU: ours against PyTorch eager + transformers, same process.
 
-Untied head, batch 8 x 1024, AdamW; tf32 and bf16 for both. Skipped without a CUDA build.
-NNTILE_BENCH_GPU_BATCH / _SEQ / _LAYERS shrink it for a quick look.
+Untied head, batch 8 x 1024, AdamW. tf32 on both sides; bf16 (weights, gradients and Adam
+states in bf16) on both; bf16-mixed, ours against PyTorch AMP: fp32 weights and Adam states,
+the forward under torch.autocast(bfloat16), fused AdamW. Prints, per precision, tokens/s of
+both, their ratio, the CUDA worker's idle share and a per-op table of our step (StarPU's task
+profiling). Skipped without a CUDA build.
+
+    python3 -m pytest -q -s -p no:cacheprovider bench/test_gpt2_gpu.py --benchmark-only
+
+NNTILE_BENCH_GPU_BATCH / _SEQ / _LAYERS shrink it for a quick look; NNTILE_BENCH_GPU_DTYPES
+picks precisions (comma-separated).
 """
 import os
 
@@ -17,7 +25,7 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs nntile built with CUDA and a GPU")]
 
 import torch_reference
-from harness import model_flops_per_step, paused, seconds, train_step
+from harness import model_flops_per_step, op_table, paused, seconds, train_step
 from nntile.models import GPT2Config, GPT2LMHead
 from nntile.optim import AdamW
 
@@ -26,6 +34,7 @@ SEQ = int(os.environ.get("NNTILE_BENCH_GPU_SEQ", "1024"))
 CONFIG = dict(vocab_size=50257, n_positions=1024, n_embd=768,
               n_layer=int(os.environ.get("NNTILE_BENCH_GPU_LAYERS", "12")), n_head=12)
 TILING = dict(batch=int(os.environ.get("NNTILE_BENCH_GPU_TILE_BATCH", "8")))
+DTYPES = os.environ.get("NNTILE_BENCH_GPU_DTYPES", "tf32,bf16-mixed,bf16").split(",")
 STEPS = 5
 
 
@@ -37,10 +46,8 @@ def gpu_ctx(runtime):
                    verbose=True)
 
 
-@pytest.mark.parametrize("dtype", ["tf32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
-    """tf32: fp32 weights, TF32 matrix products on both sides. bf16: weights, gradients and
-    optimizer states stored in bf16 on both sides (PyTorch: the model cast to bfloat16)."""
     ctx = gpu_ctx
     hf = torch_reference.gpt2(**CONFIG)
     rng = np.random.default_rng(0)
@@ -53,9 +60,9 @@ def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
     for _ in range(3):
         train_step(ctx, model, opt, ids, targets)
     ctx.profiling(True)
-    ctx.worker_stats()
+    ctx.worker_stats(), ctx.op_stats()  # both count from here
     t_ours = [seconds(lambda: train_step(ctx, model, opt, ids, targets)) for _ in range(STEPS)]
-    stats = ctx.worker_stats()
+    stats, ops = ctx.worker_stats(), ctx.op_stats()
     ctx.profiling(False)
     cuda = [s for s in stats if "CUDA" in s["worker"]]
     busy = sum(s["executing_s"] for s in cuda) / max(sum(s["total_s"] for s in cuda), 1e-9)
@@ -64,6 +71,7 @@ def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
 
     with paused(ctx):
         theirs = torch_reference.Trainer(hf, "cuda", dtype)
+        attention = getattr(theirs.model.config, "_attn_implementation", "?")
         tids, ttargets = theirs.tensors(ids, targets)
         for _ in range(3):
             theirs.step(tids, ttargets)
@@ -78,11 +86,17 @@ def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
     nparams = GPT2Config(**CONFIG, tie_word_embeddings=False).num_parameters()
     flops_per_token = model_flops_per_step(nparams, CONFIG["n_layer"], CONFIG["n_embd"], SEQ,
                                            1)
+    table = op_table(ops, STEPS)
+    print(f"\nGPT-2 124M {dtype}, our step per op ({STEPS} steps; a CUDA worker's tasks "
+          f"overlap, so the times add up to more than the step):\n{table}", flush=True)
     benchmark.extra_info.update(ours_tokens_per_s=ours_tps, torch_tokens_per_s=theirs_tps,
                                 cuda_busy_share=busy, loss_ours=loss_ours,
-                                loss_torch=loss_theirs)
-    report(f"GPT-2 124M {dtype} tokens/s ours / PyTorch", ours_tps / theirs_tps,
+                                loss_torch=loss_theirs, torch_attention=attention,
+                                op_stats=ops)
+    reference = "PyTorch autocast(bf16) + fused AdamW" if dtype == "bf16-mixed" else "PyTorch"
+    report(f"GPT-2 124M {dtype} tokens/s ours / {reference}", ours_tps / theirs_tps,
            f"({ours_tps:,.0f} vs {theirs_tps:,.0f} tokens/s; ours "
-           f"{ours_tps * flops_per_token / 1e12:.0f} model TFLOP/s; CUDA worker executing "
-           f"{100 * busy:.0f}% of the time, idle {100 * (1 - busy):.0f}%; batch "
+           f"{ours_tps * flops_per_token / 1e12:.0f} model TFLOP/s; CUDA workers executing "
+           f"{100 * busy:.0f}% of the time, idle {100 * (1 - busy):.0f}%; losses "
+           f"{loss_ours:.4f} vs {loss_theirs:.4f}; PyTorch attention {attention}; batch "
            f"{BATCH}x{SEQ}, {CONFIG['n_layer']} layers)")

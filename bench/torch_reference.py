@@ -2,7 +2,9 @@
 import torch
 import transformers
 
-TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}
+# the dtype of the weights; bf16-mixed keeps them fp32 and computes under torch.autocast
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+                "bf16-mixed": torch.float32}
 
 
 def gpt2(vocab_size, n_positions, n_embd, n_layer, n_head, seed=0):
@@ -29,7 +31,9 @@ def is_oom(exc):
 
 class Trainer:
     """AdamW steps of a transformers model on ``device``. tf32: fp32 weights with TF32 matrix
-    products; bf16: the whole model cast, so weights, gradients and Adam states are bf16."""
+    products; bf16: the whole model cast, so weights, gradients and Adam states are bf16;
+    bf16-mixed: PyTorch AMP, fp32 weights, gradients and Adam states, the forward under
+    torch.autocast(bfloat16) (bf16 matrix products, fp32 where autocast keeps it)."""
 
     def __init__(self, model, device, dtype, lr=1e-4):
         self.device = torch.device(device)
@@ -37,6 +41,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
             torch.backends.cudnn.allow_tf32 = dtype == "tf32"
         self.model = model.to(self.device, TORCH_DTYPES[dtype])
+        self.autocast = dtype == "bf16-mixed"
         # fused: PyTorch's fastest AdamW on a GPU, and it needs no parameter-sized
         # temporaries (the default foreach one does, which ran out of memory at n_embd 8192)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr,
@@ -48,9 +53,10 @@ class Trainer:
     def step(self, ids, targets):
         """One step on torch tensors; returns the loss (reading it waits for the GPU)."""
         self.opt.zero_grad()
-        logits = self.model(ids).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 targets.reshape(-1))
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            logits = self.model(ids).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     targets.reshape(-1))
         loss.backward()
         self.opt.step()
         self.loss = float(loss.detach())

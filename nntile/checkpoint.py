@@ -22,6 +22,7 @@ import re
 import numpy as np
 
 from nntile.cli_common import CLIError
+from nntile.precision import PRECISIONS
 
 FORMAT = "nntile-checkpoint"
 FORMAT_VERSION = 1
@@ -263,7 +264,7 @@ class Checkpoint:
             self.meta[key] = value
         self.step = int(self.meta["step"])
         self.dtype = str(self.meta["dtype"])
-        if self.dtype not in NUMPY_DTYPES:
+        if self.dtype not in PRECISIONS:
             raise CheckpointError(f"checkpoint {path}: attribute 'dtype' is {self.dtype!r}")
         if not isinstance(self.meta["config"], dict) or not isinstance(self.meta["tiling"], dict):
             raise CheckpointError(f"checkpoint {path}: attributes 'config' and 'tiling' must "
@@ -333,6 +334,7 @@ class Checkpoint:
     def load_params(self, model):
         tensors = {name: param.value for name, param in model.named_parameters()}
         self._load("params", tensors, "model")
+        model.refresh_copies()  # bf16-mixed: the GEMMs' bf16 copies of the loaded masters
 
     def load_optimizer(self, optimizer):
         if not self.has_optimizer:

@@ -132,8 +132,10 @@ def tiling_from_args(args):
 
 
 def check_dtype(dtype):
-    if dtype not in ("fp32", "tf32", "bf16", "fp64"):
-        raise CLIError(f"--dtype {dtype!r}: use fp32, tf32, bf16 or fp64")
+    """A precision name (nntile.precision), or a one-line CLIError."""
+    from nntile.precision import PRECISIONS
+    if dtype not in PRECISIONS:
+        raise CLIError(f"--precision {dtype!r}: use {', '.join(PRECISIONS)}")
     return dtype
 
 

@@ -31,13 +31,17 @@ def build_parser():
     imp = sub.add_parser("import", help="transformers directory -> nntile checkpoint")
     imp.add_argument("hf_dir", metavar="HF_DIR")
     imp.add_argument("out", metavar="OUT.h5")
-    imp.add_argument("--dtype", default="fp32", help="fp32 (default), tf32 or fp64")
+    imp.add_argument("--dtype", default="fp32",
+                     help="precision to record: fp32 (default), tf32, fp64, bf16 or bf16-mixed")
     imp.add_argument("--tokenizer", help="tokenizer to record: byte, gpt2 or a directory "
                      "(default: HF_DIR's own tokenizer, else byte for 256 tokens, else gpt2)")
     add_tiling_args(imp)
     add_runtime_args(imp)
     exp = sub.add_parser("export", help="nntile checkpoint -> transformers directory")
     exp.add_argument("checkpoint", metavar="CKPT.h5")
+    exp.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
+                     help="dtype of the weights written: fp32 (default: the master weights "
+                     "as they are; fp64 for an fp64 checkpoint) or bf16 (rounded to nearest)")
     exp.add_argument("hf_dir", metavar="HF_DIR")
     add_runtime_args(exp)
     for sp in (imp, exp):
@@ -155,8 +159,19 @@ def import_main(args):
     return 0
 
 
-def hf_config_dict(config, dtype):
-    """A transformers GPT-2 config.json for a GPT2Config."""
+def _save_bf16(state, path):
+    """state (float arrays) as bf16 safetensors; numpy has no bfloat16, torch writes it."""
+    try:
+        import torch
+        from safetensors.torch import save_file
+    except ImportError:
+        raise CLIError("exporting bf16 needs torch (pip install torch)") from None
+    save_file({k: torch.from_numpy(np.ascontiguousarray(v, np.float32)).to(torch.bfloat16)
+               for k, v in state.items()}, path, metadata={"format": "pt"})
+
+
+def hf_config_dict(config, torch_dtype):
+    """A transformers GPT-2 config.json for a GPT2Config whose weights are torch_dtype."""
     c = config
     out = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
            "vocab_size": c.vocab_size, "n_positions": c.n_positions, "n_ctx": c.n_positions,
@@ -164,7 +179,7 @@ def hf_config_dict(config, dtype):
            "activation_function": c.activation_function,
            "layer_norm_epsilon": c.layer_norm_epsilon,
            "tie_word_embeddings": c.tie_word_embeddings,
-           "torch_dtype": "float64" if dtype == "fp64" else "float32"}
+           "torch_dtype": torch_dtype}
     if c.vocab_size > 50256:
         out["bos_token_id"] = out["eos_token_id"] = 50256
     else:
@@ -201,14 +216,19 @@ def export_main(args):
     finally:
         ctx.shutdown()
     state = {k: np.ascontiguousarray(v) for k, v in state.items()}
+    if args.dtype == "bf16":
+        torch_dtype = "bfloat16"
+        write_weights = lambda p: _save_bf16(state, p)  # noqa: E731
+    else:
+        torch_dtype = "float64" if ckpt.dtype == "fp64" else "float32"
+        write_weights = lambda p: save_file(state, p, metadata={"format": "pt"})  # noqa: E731
     try:
         os.makedirs(args.hf_dir, exist_ok=True)
-        _atomic_write(os.path.join(args.hf_dir, "model.safetensors"),
-                      lambda p: save_file(state, p, metadata={"format": "pt"}))
+        _atomic_write(os.path.join(args.hf_dir, "model.safetensors"), write_weights)
 
         def write_config(path):
             with open(path, "w") as f:
-                json.dump(hf_config_dict(config, ckpt.dtype), f, indent=2)
+                json.dump(hf_config_dict(config, torch_dtype), f, indent=2)
         _atomic_write(os.path.join(args.hf_dir, "config.json"), write_config)
     except OSError as exc:
         raise CLIError(f"cannot write {args.hf_dir}: {exc.strerror or exc}") from None

@@ -34,9 +34,11 @@ from collections import Counter
 
 import numpy as np
 
+from nntile.precision import precision_dtypes
+
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp64": 8, "bf16": 2, "int64": 8}
-CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "workspaces",
-              "logits")
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "compute_copies", "activations",
+              "workspaces", "logits")
 STARPU_MARGIN = 0.9                # FREE_MARGIN in driver_cuda.c, "global_mem *= 0.9" in topology.c
 GPU_RESERVE_MIN = 3 << 30          # CUDA context, cuBLAS; nvidia-smi shows ~0.5 GiB more than CUDA
 GPU_RESERVE_FRACTION = 0.03
@@ -171,10 +173,11 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     ``training``: forward, loss and backward have run once for [batch, seq] (forward only
     creates the forward buffers). ``optimizer``: "adamw" (two states per parameter), "sgd"
     (one buffer per parameter) or None; ``grad_clip``: the optimizer's one-element norm tensor
-    (and under StarPU-MPI, with ``nranks`` > 1, one partial norm per rank).
+    (and under StarPU-MPI, with ``nranks`` > 1, one partial norm per rank). ``dtype`` is a
+    precision: under bf16-mixed, tensors are fp32 or bf16 as the layers make them, and every
+    GEMM weight has a bf16 copy ("compute_copies").
     """
-    if dtype not in ("fp32", "tf32", "fp64", "bf16"):
-        raise ValueError(f"dtype {dtype!r}: use fp32, tf32, fp64 or bf16")
+    master, compute = precision_dtypes(dtype)
     if optimizer not in ("adamw", "adam", "sgd", None):
         raise ValueError(f"optimizer {optimizer!r}: use 'adamw', 'sgd' or None")
     if not 1 <= seq <= config.n_positions or batch < 1:
@@ -186,10 +189,11 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     e, h, i, v = t["embd"], t["head"], t["inner"], t["vocab"]
     specs = []
 
-    def add(name, shape, tiles, category, kind=dtype, owners=None):
+    def add(name, shape, tiles, category, kind=compute, owners=None):
         specs.append(TensorSpec(name, shape, tiles, kind, category, owners))
 
-    # parameters (value and gradient), as Module.add_param creates them
+    # parameters (value and gradient, and a copy for the GEMM weights where the compute dtype
+    # differs), as Module.add_param creates them
     params = [("transformer.wte.weight", (V, E), (v, e)),
               ("transformer.wpe.weight", (P, E), (min(t["seq"], P), e))]
     for layer in range(config.n_layer):
@@ -206,20 +210,26 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     params += [("transformer.ln_f.weight", (E,), (e,)), ("transformer.ln_f.bias", (E,), (e,))]
     if not config.tie_word_embeddings:
         params.append(("lm_head.weight", (V, E), (v, e)))
+    gemm_weights = [n for n, _, _ in params if n.endswith((".q.weight", ".k.weight", ".v.weight",
+                                                             "c_proj.weight", "c_fc.weight"))]
+    gemm_weights.append("transformer.wte.weight" if config.tie_word_embeddings
+                        else "lm_head.weight")
     for name, shape, tiles in params:
-        add(name, shape, tiles, "parameters")
-        add(name + "/grad", shape, tiles, "gradients")
-    add("loss_value", (1,), (1,), "workspaces")
+        add(name, shape, tiles, "parameters", master)
+        add(name + "/grad", shape, tiles, "gradients", master)
+        if compute != master and name in gemm_weights:
+            add(name + "/copy", shape, tiles, "compute_copies")
+    add("loss_value", (1,), (1,), "workspaces", master)
     if optimizer is not None:
         if grad_clip:
-            add("optimizer/normsq", (1,), (1,), "optimizer_states")
+            add("optimizer/normsq", (1,), (1,), "optimizer_states", master)
             if nranks > 1:
-                add("optimizer/normsq_parts", (nranks, 1), (1, 1), "optimizer_states",
+                add("optimizer/normsq_parts", (nranks, 1), (1, 1), "optimizer_states", master,
                     owners=list(range(nranks)))
         states = ("momentum_buffer",) if optimizer == "sgd" else ("exp_avg", "exp_avg_sq")
         for name, shape, tiles in params:
             for state in states:
-                add(f"{name}/{state}", shape, tiles, "optimizer_states")
+                add(f"{name}/{state}", shape, tiles, "optimizer_states", master)
 
     # the [batch, seq] workspace (gpt2.pyx _Workspace) and each layer's buffers: all have the
     # batch first, and under StarPU-MPI share their batch tiles out (owners="batch")
@@ -233,36 +243,43 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     mlp, mlpt = (B, T, I), (bt, tt, i)
     for name in ("ids", "labels", "positions"):
         add(name, (B, T), (bt, tt), "workspaces", "int64")
-    add("x0", x, xt, "activations")
-    add("dx", x, xt, "workspaces")
-    add("dx_other", x, xt, "workspaces")
+    # the residual stream, its gradient and the statistics are in the master dtype, the rest
+    # in the compute dtype
+    add("x0", x, xt, "activations", master)
+    add("dx", x, xt, "workspaces", master)
+    add("dx_other", x, xt, "workspaces", master)
     add("logits", (B, T, V), (bt, tt, v), "logits")
-    add("loss/stats", row, rowt, "workspaces")
-    add("loss/lse", (B, T), (bt, tt), "workspaces")
-    add("loss/picked", (B, T), (bt, tt), "workspaces")
-    forward = [("ln_1.stats", row, rowt), ("ln_1.y", x, xt),
-               ("attn.q.y", heads, headst), ("attn.k.y", heads, headst),
-               ("attn.v.y", heads, headst), ("attn.p", scores, scorest),
-               ("attn.stats", (B, H, T, 2), (bt, h, tt, 2)), ("attn.o", heads, headst),
-               ("attn.c_proj.y", x, xt), ("x1", x, xt),
-               ("ln_2.stats", row, rowt), ("ln_2.y", x, xt),
-               ("mlp.c_fc.y", mlp, mlpt), ("mlp.g", mlp, mlpt), ("mlp.c_proj.y", x, xt),
-               ("out", x, xt)]
+    add("loss/stats", row, rowt, "workspaces", master)
+    add("loss/lse", (B, T), (bt, tt), "workspaces", master)
+    add("loss/picked", (B, T), (bt, tt), "workspaces", master)
+    forward = [("ln_1.stats", row, rowt, master), ("ln_1.y", x, xt, compute),
+               ("attn.q.y", heads, headst, compute), ("attn.k.y", heads, headst, compute),
+               ("attn.v.y", heads, headst, compute), ("attn.p", scores, scorest, compute),
+               ("attn.stats", (B, H, T, 2), (bt, h, tt, 2), master),
+               ("attn.o", heads, headst, compute), ("attn.c_proj.y", x, xt, compute),
+               ("x1", x, xt, master), ("ln_2.stats", row, rowt, master),
+               ("ln_2.y", x, xt, compute), ("mlp.c_fc.y", mlp, mlpt, compute),
+               ("mlp.g", mlp, mlpt, compute), ("mlp.c_proj.y", x, xt, compute),
+               ("out", x, xt, master)]
     # backward's temporaries: one set for the whole model (layers.pyx Module.scratch), and
-    # every layer norm's row accumulator is the same tensor
-    backward = [("dx1", x, xt), ("dh", x, xt), ("mlp.dg", mlp, mlpt), ("mlp.da", mlp, mlpt),
-                ("attn.do", heads, headst), ("attn.dp", scores, scorest),
-                ("attn.dv", heads, headst), ("attn.sums", (B, H, T), (bt, h, tt)),
-                ("attn.dq", heads, headst), ("attn.dk", heads, headst)]
+    # every layer norm's row accumulator is the same tensor; with two dtypes, Linear casts
+    # the residual stream's gradient to the compute dtype in one more
+    backward = [("dx1", x, xt, master), ("dh", x, xt, master),
+                ("mlp.dg", mlp, mlpt, compute), ("mlp.da", mlp, mlpt, compute),
+                ("attn.do", heads, headst, compute), ("attn.dp", scores, scorest, compute),
+                ("attn.dv", heads, headst, compute), ("attn.sums", (B, H, T), (bt, h, tt), master),
+                ("attn.dq", heads, headst, compute), ("attn.dk", heads, headst, compute)]
+    if compute != master:
+        backward.append(("linear.dy", x, xt, compute))
     for layer in range(config.n_layer):
-        for name, shape, tiles in forward:
-            add(f"transformer.h.{layer}.{name}", shape, tiles, "activations")
+        for name, shape, tiles, kind in forward:
+            add(f"transformer.h.{layer}.{name}", shape, tiles, "activations", kind)
     if training:
         if config.n_layer:
-            for name, shape, tiles in backward:
-                add(f"scratch.{name}", shape, tiles, "workspaces")
-        add("scratch.rowacc", row, rowt, "workspaces")
-    add("transformer.ln_f.stats", row, rowt, "activations")
+            for name, shape, tiles, kind in backward:
+                add(f"scratch.{name}", shape, tiles, "workspaces", kind)
+        add("scratch.rowacc", row, rowt, "workspaces", master)
+    add("transformer.ln_f.stats", row, rowt, "activations", master)
     add("transformer.ln_f.y", x, xt, "activations")
     for spec in specs[first_batched:]:
         spec.owners = "batch"
@@ -337,7 +354,7 @@ class Estimate:
     def init_host_peak(self):
         """Host bytes while weights are written from numpy: every parameter tile is allocated
         in host memory by the write, plus the numpy array being written."""
-        return self["parameters"] + self.init_numpy_bytes
+        return self["parameters"] + self["compute_copies"] + self.init_numpy_bytes
 
     def summary(self):
         parts = ", ".join(f"{c.replace('_', ' ')} {fmt_bytes(self[c])}" for c in CATEGORIES)
@@ -353,7 +370,7 @@ class Estimate:
 # tiles it reads from their owners. Gradients and optimizer states are only ever read by
 # tasks of their own rank (the optimizer step, the partial gradient norm); tiles of these
 # categories may be read by other ranks' tasks, which then hold a received copy.
-READ_BY_OTHER_RANKS = ("parameters", "activations", "workspaces", "logits")
+READ_BY_OTHER_RANKS = ("parameters", "compute_copies", "activations", "workspaces", "logits")
 
 
 class RankEstimate(Estimate):

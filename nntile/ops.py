@@ -1,7 +1,7 @@
 """Tensor operations; each validates its inputs and submits one StarPU task per tile."""
 from contextlib import contextmanager
 
-from nntile._core.core import (add_bias, sum_bias, attn_qk, attn_pv, attn_ptv, add, copy, fill, gemm, scal, prod, gelu, gelutanh,
+from nntile._core.core import (add_bias, sum_bias, attn_qk, attn_pv, attn_ptv, add, cast, copy, fill, gemm, scal, prod, gelu, gelutanh,
                               gelu_backward, gelutanh_backward, add_fiber, prod_fiber,
                               sum_fiber, sumprod_fiber, sum_slice, sumprod_slice, add_slice,
                               prod_slice, maxsumexp, softmax_inplace, softmax_backward,
@@ -10,7 +10,7 @@ from nntile._core.core import (add_bias, sum_bias, attn_qk, attn_pv, attn_ptv, a
                               cross_entropy_backward, sumsq, adam_step, sgd_step,
                               set_task_priority, set_task_workers)
 
-__all__ = ["add_bias", "sum_bias", "attn_qk", "attn_pv", "attn_ptv", "add", "copy", "fill", "gemm", "scal", "prod", "gelu", "gelutanh", "gelu_backward",
+__all__ = ["add_bias", "sum_bias", "attn_qk", "attn_pv", "attn_ptv", "add", "cast", "copy", "fill", "gemm", "scal", "prod", "gelu", "gelutanh", "gelu_backward",
            "gelutanh_backward", "add_fiber", "prod_fiber", "sum_fiber", "sumprod_fiber",
            "sum_slice", "sumprod_slice", "add_slice", "prod_slice", "maxsumexp",
            "softmax_inplace", "softmax_backward", "mask_causal", "logsumexp", "embedding",

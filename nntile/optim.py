@@ -2,6 +2,10 @@
 
 Clipping by global gradient norm stays on the workers: the squared norm is accumulated into a
 one-element tensor that each update task reads, so no step waits for the host.
+
+Parameters, gradients and states are in the model's master dtype. A parameter with a compute
+copy (bf16-mixed) has it refreshed after each update: by the update task itself for Adam
+(adam_step_refresh), by one cast task per tile for SGD.
 """
 import math
 
@@ -101,7 +105,7 @@ class AdamW(Optimizer):
         m, v = self.moments[self._by_param[id(param)]]
         ops.adam_step(self.step_count, lr, self.betas[0], self.betas[1], self.eps,
                       self.weight_decay, self.decoupled, param.value, param.grad, m, v,
-                      self.normsq, self.max_grad_norm or 0.0)
+                      self.normsq, self.max_grad_norm or 0.0, copy=param.copy)
 
     def state_tensors(self):
         out = {}
@@ -137,6 +141,7 @@ class SGD(Optimizer):
         ops.sgd_step(self.step_count, lr, self.momentum, self.dampening, self.weight_decay,
                      self.nesterov, param.value, param.grad, self.buffers[self._by_param[id(param)]],
                      self.normsq, self.max_grad_norm or 0.0)
+        param.refresh()
 
     def state_tensors(self):
         return {f"{name}/momentum_buffer": buf for name, buf in self.buffers.items()}

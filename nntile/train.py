@@ -66,7 +66,9 @@ def build_parser():
     g.add_argument("--seq-len", type=positive_int, help="training sequence length "
                    "(also n_positions when the model comes from flags)")
     g.add_argument("--vocab-size", type=positive_int)
-    g.add_argument("--dtype", help="fp32 (default), tf32, bf16 (bf16 storage, fp32 arithmetic), fp64")
+    g.add_argument("--precision", "--dtype", dest="dtype",
+                   help="fp32 (default), tf32, bf16 (bf16 storage, fp32 arithmetic), fp64, "
+                   "bf16-mixed (fp32 master weights and Adam states, bf16 GEMMs)")
     add_tiling_args(p)
     g = p.add_argument_group("training")
     g.add_argument("--batch-size", type=positive_int, help="sequences per micro-batch (8)")
@@ -322,7 +324,7 @@ def init_weights(model, config, seed):
             array = rng.normal(0.0, proj_std, shape)
         else:
             array = rng.normal(0.0, 0.02, shape)
-        param.value.write(array)
+        param.write(array)
 
 
 class StopRequest:

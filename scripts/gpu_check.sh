@@ -19,6 +19,10 @@
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 #   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
 #              configurations EMBDxBATCH in $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
+#   mixed      bf16-mixed at scale: the wide model on one GPU against PyTorch autocast
+#              (compare_torch.py), on every GPU, ours and FSDP MixedPrecision (fsdp_ref.py),
+#              and out of core on one GPU ($NNTILE_OOC_ARGS, default --batch 8: 1.23x an H100),
+#              tf32 and bf16-mixed side by side (bytes moved per step in the RESULT lines)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export STARPU_TARBALL="${STARPU_TARBALL:-$PWD/vendor/starpu-1.4.10+dfsg.tar.gz}"
@@ -139,13 +143,28 @@ if want compare; then
             --ncuda 1 "${wide[@]}"
     done
 fi
+if want mixed; then
+    step mixed-compare-1gpu timeout "$run_limit" python3 bench/compare_torch.py \
+        --n-embd "$wide_embd" --ncuda 1 --precision bf16-mixed "${wide[@]}"
+    if [ "$ngpu" -gt 1 ]; then
+        step "mixed-ours-${ngpu}gpu" timeout "$run_limit" python3 bench/scale.py \
+            --n-embd "$wide_embd" --ncuda "$ngpu" --precision bf16-mixed "${wide[@]}"
+        step "mixed-fsdp-${ngpu}gpu" timeout "$run_limit" python3 -m torch.distributed.run \
+            --standalone --nproc-per-node "$ngpu" bench/fsdp_ref.py --n-embd "$wide_embd" \
+            --n-layer 4 --batch 4 --steps 3 --dtype bf16-mixed
+    fi
+    for precision in tf32 bf16-mixed; do
+        step "ooc-$precision" timeout "$run_limit" python3 bench/scale.py --n-embd "$wide_embd" \
+            --ncuda 1 --precision "$precision" "${wide[@]}" ${NNTILE_OOC_ARGS:---batch 8}
+    done
+fi
 if want node-table; then
     step node-table python3 bench/node_table.py --configs "${NNTILE_NODE_CONFIGS:-8192x4,8192x16,16384x4}" \
         --timeout "$run_limit" --out "$logs/node-table.json" --logs "$logs/node-table"
     sed -n '/^## Node table/,$p' "$logs/node-table.log"
 fi
 grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/lever-*.log \
-    "$logs"/compare-*.log 2>/dev/null
+    "$logs"/compare-*.log "$logs"/mixed-*.log "$logs"/ooc-*.log 2>/dev/null
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null
 echo "=== summary ($(cat "$logs/gpu.txt"))"
 printf '%s\n' "${summary[@]}"

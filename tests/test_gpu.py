@@ -73,6 +73,21 @@ def test_small_gpt2_gpu_matches_cpu():
     assert out["gpu_tf32"]["max_grad_rel"] < 3e-2
 
 
+def test_small_gpt2_bf16_mixed_gpu_matches_cpu():
+    """bf16-mixed: the CUDA kernels of mixed precision (cuBLAS bf16 GEMMs into fp32, mixed.cu,
+    Adam fused with the copy refresh) against the CPU ones, through 3 AdamW steps. Both round
+    every GEMM output to bf16, from sums taken in another order: losses agree to one bf16
+    rounding, gradients to a few (as tf32 above)."""
+    out = compare(dict(model=dict(vocab_size=1000, n_positions=64, n_embd=96, n_layer=2, n_head=3),
+                       batch=2, seq=37, steps=3,
+                       tiling=dict(batch=1, seq=10, embd=40, head=2, inner=100, vocab=300),
+                       runs=[("cpu", 0, "bf16-mixed"), ("gpu", 1, "bf16-mixed")]))
+    print(out)
+    for a, b in zip(out["cpu"]["losses"], out["gpu"]["losses"]):
+        assert abs(a - b) <= 2 ** -9 * abs(a)
+    assert out["gpu"]["max_grad_rel"] < 3e-2
+
+
 @pytest.mark.slow
 def test_gpt2_124m_gpu_matches_cpu():
     """GPT-2 124M (untied head): loss and gradients on the GPU against the CPU fp32 path."""

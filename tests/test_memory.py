@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nntile import memory
+from nntile.precision import precision_dtypes
 from nntile._core.core import live_tensor_count
 from nntile.cli_common import CLIError
 from nntile.models import GPT2Config, GPT2LMHead
@@ -32,6 +33,14 @@ CASES = {
     # batch tile larger than the batch (clipped), tf32
     "tf32-clipped": (dict(vocab_size=64, n_positions=8, n_embd=8, n_layer=1, n_head=1), 1, 8,
                      dict(batch=4, vocab=30), "tf32", "adamw"),
+    # fp32 and bf16 tensors side by side, bf16 copies of the GEMM weights (lm_head untied)
+    "mixed-partial": (dict(vocab_size=50, n_positions=16, n_embd=24, n_layer=2, n_head=3,
+                           tie_word_embeddings=False), 3, 10,
+                      dict(batch=2, seq=4, embd=10, head=2, inner=40, vocab=16), "bf16-mixed",
+                      "adamw"),
+    # tied: the token embedding has the copy; SGD refreshes it with a cast
+    "mixed-tied-sgd": (dict(vocab_size=37, n_positions=12, n_embd=16, n_layer=1, n_head=2), 2,
+                       12, {}, "bf16-mixed", "sgd"),
 }
 
 
@@ -78,13 +87,17 @@ def test_estimate_equals_the_tensors_a_training_step_registers(ctx, case):
         assert sum(t.ntiles for t in tensors) == est.ntiles
         assert sum(_tile_alloc(t) for t in tensors) == est.alloc_bytes
         # the categories hold what their names say
-        itemsize = memory.DTYPE_BYTES[dtype]
+        master, compute = precision_dtypes(dtype)
+        itemsize = memory.DTYPE_BYTES[master]
         nparams = sum(math.prod(p.value.shape) for _, p in model.named_parameters())
         assert nparams == config.num_parameters()
         assert est["parameters"] == est["gradients"] == nparams * itemsize
+        copies = [p.copy for _, p in model.named_parameters() if p.copy is not None]
+        assert est["compute_copies"] == sum(memory.tensor_bytes(t) for t in copies)
+        assert bool(copies) == (compute != master)
         states = sum(memory.tensor_bytes(t) for t in opt.state_tensors().values())
         assert est["optimizer_states"] == states + itemsize  # + the clipping norm
-        assert est["logits"] == B * T * config.vocab_size * itemsize
+        assert est["logits"] == B * T * config.vocab_size * memory.DTYPE_BYTES[compute]
         largest = max(math.prod(t.basetile) * t.numpy_dtype.itemsize for t in tensors)
         assert est.largest_tile == largest
     finally:
@@ -280,7 +293,7 @@ def test_ranks_own_every_tile_once_and_gradients_and_states_stay_home(case, grid
               for r in range(dist.nranks)]
     whole = shares[0].whole
     assert whole.total == memory.estimate(config, B, T, tiling, dtype, optimizer).total + (
-        dist.nranks * memory.DTYPE_BYTES[dtype])  # the per-rank partial gradient norms
+        dist.nranks * memory.DTYPE_BYTES[precision_dtypes(dtype)[0]])  # per-rank norms
     for category in memory.CATEGORIES:
         assert sum(s.owned[category] for s in shares) == whole[category]
     for s in shares:

@@ -339,3 +339,45 @@ def test_bf16_run_checkpoints_and_resumes(tmp_path, data_dir):
     resumed = cli("train", *TINY, "--data", data_dir, "--out", out, "--steps", "6",
                   "--dtype", "bf16", "--resume", "latest")
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_bf16_mixed_run_resumes_bit_for_bit_and_exports_fp32_or_bf16(tmp_path, data_dir):
+    steps = ["--steps", "6", "--save-every", "3", "--eval-every", "3", "--precision",
+             "bf16-mixed"]
+    ref = tmp_path / "ref"
+    result = train(ref, data_dir, *steps)
+    assert result.returncode == 0, result.stderr
+    import h5py
+    import shutil
+    with h5py.File(ref / "ckpt-3.h5", "r") as f:
+        assert f.attrs["dtype"] == "bf16-mixed"
+        master = f["params/transformer.h.0.mlp.c_fc.weight"][...]
+        assert master.dtype == np.float32  # the fp32 masters: not bf16 values
+        assert (master.view(np.uint32) & 0xFFFF).any()
+        assert not any("copy" in name for name in f["params"])  # copies are derived
+    # resume from step 3 (Adam states, bf16 copies refreshed from the masters): the same run
+    out = tmp_path / "resumed"
+    shutil.copytree(ref, out)
+    (out / "ckpt-6.h5").unlink()
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("".join(line + "\n" for line in lines[:3]))
+    result = train(out, data_dir, *steps, "--resume", "latest")
+    assert result.returncode == 0, result.stderr
+    got, expected = read_metrics(out / "metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
+    assert [r["loss"] for r in got] == [r["loss"] for r in expected]  # exact floats
+    assert [r.get("val_loss") for r in got] == [r.get("val_loss") for r in expected]
+    # export: the fp32 masters as they are, or bf16 on request
+    pytest.importorskip("safetensors")
+    for dtype, torch_dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
+        hf_dir = tmp_path / f"hf-{dtype}"
+        result = cli("convert", "export", ref / "ckpt-6.h5", hf_dir, "--dtype", dtype)
+        assert result.returncode == 0, result.stderr
+        assert json.loads((hf_dir / "config.json").read_text())["torch_dtype"] == torch_dtype
+        from safetensors import safe_open
+        with safe_open(hf_dir / "model.safetensors", "pt") as f:
+            weight = f.get_tensor("transformer.h.0.mlp.c_fc.weight")
+        with h5py.File(ref / "ckpt-6.h5", "r") as f:
+            master = f["params/transformer.h.0.mlp.c_fc.weight"][...]
+        import torch
+        want = torch.from_numpy(master).to(getattr(torch, torch_dtype))
+        assert weight.dtype == want.dtype and torch.equal(weight, want)

@@ -16,7 +16,8 @@ cdef int _trailing_match(str op, Tensor small, str sname, Tensor big, str bname)
     return 0
 
 
-cdef _bias_loop(int op, double alpha, Tensor bias, double beta, Tensor big, bint reduce):
+cdef _bias_loop(int op, int column, double alpha, Tensor bias, double beta, Tensor big,
+                bint reduce):
     cdef Py_ssize_t nd = bias.traits.ndim, lead = big.traits.ndim - nd
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, d, m, k, b_lin
@@ -51,27 +52,23 @@ cdef _bias_loop(int op, double alpha, Tensor bias, double beta, Tensor big, bint
             h[1] = big.handles[i]
             modes[0] = STARPU_R
             modes[1] = STARPU_W if args.beta == 0 else STARPU_RW
-        submit(op, big.dtype_id, 2, h, modes, &args, sizeof(args))
+        submit(op, column, 2, h, modes, &args, sizeof(args))
 
 
 def add_bias(alpha, Tensor bias, beta, Tensor dst):
-    """dst[..., j] = alpha*bias[j] + beta*dst[..., j], bias spanning dst's trailing dims."""
-    _usable(bias, "bias")
-    _usable(dst, "dst")
-    _same_dtype("add_bias", bias, "bias", dst, "dst")
-    _float_dtype("add_bias", dst, "dst")
+    """dst[..., j] = alpha*bias[j] + beta*dst[..., j], bias spanning dst's trailing dims (bias
+    may be fp32 where dst is bf16)."""
+    cdef int column = _column("add_bias", [(dst, "dst")], [(bias, "bias")])
     _trailing_match("add_bias", bias, "bias", dst, "dst")
-    _bias_loop(NNTILE_OP_add_fiber, alpha, bias, beta, dst, False)
+    _bias_loop(NNTILE_OP_add_fiber, column, alpha, bias, beta, dst, False)
 
 
 def sum_bias(alpha, Tensor src, beta, Tensor bias):
-    """bias[j] = alpha * sum over src's leading dims of src[..., j] + beta*bias[j]."""
-    _usable(src, "src")
-    _usable(bias, "bias")
-    _same_dtype("sum_bias", src, "src", bias, "bias")
-    _float_dtype("sum_bias", src, "src")
+    """bias[j] = alpha * sum over src's leading dims of src[..., j] + beta*bias[j] (bias may be
+    fp32 where src is bf16)."""
+    cdef int column = _column("sum_bias", [(src, "src")], [(bias, "bias")])
     _trailing_match("sum_bias", bias, "bias", src, "src")
-    _bias_loop(NNTILE_OP_sum_fiber, alpha, bias, beta, src, True)
+    _bias_loop(NNTILE_OP_sum_fiber, column, alpha, bias, beta, src, True)
 
 
 cdef int _check_heads(str op, Tensor X, str xname, Tensor S, str sname, int seq_axis_s) except -1:

@@ -37,6 +37,8 @@ cdef extern from "codelets.h" nogil:
         NNTILE_OP_sumsq
         NNTILE_OP_adam_step
         NNTILE_OP_sgd_step
+        NNTILE_OP_cast
+        NNTILE_OP_adam_step_refresh
         NNTILE_OP_COUNT
     starpu_codelet *nntile_codelet(int op, int dtype)
     const char *nntile_op_name(int op)

@@ -20,6 +20,17 @@
 #define BUFS_7 BUFS_6, BUF(6)
 #define BUFS_8 BUFS_7, BUF(7)
 
+/* The column NNTILE_BF16_FP32 of kind's functions (cpu or cuda), indexed by op (NULL for the
+ * ops that mixed precision runs in one dtype), and kind##_func_of(op, dtype), the function of
+ * any column. MIXED_ENTRY_<kind> names one entry. */
+#define MIXED_COLUMN(kind)                                                                     \
+    static const kind##_func kind##_mixed_funcs[NNTILE_OP_COUNT] = {                           \
+        NNTILE_MIXED_OPS(MIXED_ENTRY_##kind, MIXED_ENTRY_##kind, MIXED_ENTRY_##kind)};         \
+    static kind##_func kind##_func_of(int op, int dtype)                                       \
+    {                                                                                          \
+        return dtype == NNTILE_BF16_FP32 ? kind##_mixed_funcs[op] : kind##_funcs[op][dtype];   \
+    }
+
 /* A CPU wrapper unpacks the task's tile pointers and calls the kernel with the op's args. */
 #define CPU_WRAPPER(op, dtype, nbuf)                                                            \
     static void cpu_##op##_##dtype(void *buffers[], void *cl_arg)                              \
@@ -39,6 +50,9 @@
 #define WRAPPERS_OPT(op, nbuf) CPU_WRAPPER_OPT(op, fp32, nbuf) CPU_WRAPPER_OPT(op, fp64, nbuf) \
     CPU_WRAPPER_OPT(op, bf16, nbuf)
 NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
+#define MIXED_WRAPPER(op, nbuf) CPU_WRAPPER(op, bf16_fp32, nbuf)
+#define MIXED_WRAPPER_OPT(op, nbuf) CPU_WRAPPER_OPT(op, bf16_fp32, nbuf)
+NNTILE_MIXED_OPS(MIXED_WRAPPER, MIXED_WRAPPER_OPT, MIXED_WRAPPER)
 
 #if NNTILE_HAVE_CUDA
 /* CUDA twins run asynchronously on the worker's stream (STARPU_CUDA_ASYNC codelets). */
@@ -71,6 +85,10 @@ NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
     CUDA_WRAPPER_BLAS(op, fp64, fp64, nbuf) CUDA_WRAPPER_BLAS(op, tf32, tf32, nbuf) \
     CUDA_WRAPPER_BLAS(op, bf16, bf16, nbuf)
 NNTILE_OPS(CUDA_WRAPPERS, CUDA_WRAPPERS_OPT, CUDA_WRAPPERS_BLAS)
+#define CUDA_MIXED(op, nbuf) CUDA_WRAPPER(op, bf16_fp32, bf16_fp32, nbuf)
+#define CUDA_MIXED_OPT(op, nbuf) CUDA_WRAPPER_OPT(op, bf16_fp32, bf16_fp32, nbuf)
+#define CUDA_MIXED_BLAS(op, nbuf) CUDA_WRAPPER_BLAS(op, bf16_fp32, bf16_fp32, nbuf)
+NNTILE_MIXED_OPS(CUDA_MIXED, CUDA_MIXED_OPT, CUDA_MIXED_BLAS)
 
 static void cuda_copy_bytes(void *buffers[], void *cl_arg)
 {
@@ -88,6 +106,8 @@ static const cuda_func cuda_funcs[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT] = {
     NNTILE_OPS(CUDA_FUNCS, CUDA_FUNCS, CUDA_FUNCS)
 #undef CUDA_FUNCS
 };
+#define MIXED_ENTRY_cuda(op, nbuf) [NNTILE_OP_##op] = cuda_##op##_bf16_fp32,
+MIXED_COLUMN(cuda)
 #endif
 
 /* Tile copies move bytes, whatever the dtype. */
@@ -102,7 +122,7 @@ typedef void (*cpu_func)(void *[], void *);
 
 static const char *op_names[NNTILE_OP_COUNT] = {
 #define NAME(op, nbuf) #op,
-    NNTILE_OPS(NAME, NAME, NAME)
+    NNTILE_OPS(NAME, NAME, NAME) NNTILE_MIXED_ONLY_OPS(NAME, NAME)
 #undef NAME
 };
 
@@ -114,10 +134,12 @@ static const cpu_func cpu_funcs[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT] = {
     NNTILE_OPS(FUNCS, FUNCS, FUNCS)
 #undef FUNCS
 };
+#define MIXED_ENTRY_cpu(op, nbuf) [NNTILE_OP_##op] = cpu_##op##_bf16_fp32,
+MIXED_COLUMN(cpu)
 
 static const char *dtype_names[NNTILE_DTYPE_COUNT] = {
     [NNTILE_FP32] = "fp32", [NNTILE_FP64] = "fp64", [NNTILE_TF32] = "tf32",
-    [NNTILE_INT64] = "int64", [NNTILE_BF16] = "bf16"};
+    [NNTILE_INT64] = "int64", [NNTILE_BF16] = "bf16", [NNTILE_BF16_FP32] = "bf16_fp32"};
 
 static struct starpu_codelet codelets[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
 static struct starpu_perfmodel models[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
@@ -148,18 +170,18 @@ void nntile_codelets_init(void)
         return;
     for (int op = 0; op < NNTILE_OP_COUNT; ++op)
         for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
-            if (cpu_funcs[op][dtype])
-                define_codelet(op, dtype, cpu_funcs[op][dtype]);
+            if (cpu_func_of(op, dtype))
+                define_codelet(op, dtype, cpu_func_of(op, dtype));
     for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
         define_codelet(NNTILE_OP_copy, dtype, cpu_copy_bytes);
 #if NNTILE_HAVE_CUDA
     for (int op = 0; op < NNTILE_OP_COUNT; ++op)
         for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype) {
-            if (!cuda_funcs[op][dtype])
+            if (!cuda_func_of(op, dtype))
                 continue;
             struct starpu_codelet *cl = &codelets[op][dtype];
             cl->where |= STARPU_CUDA;
-            cl->cuda_funcs[0] = cuda_funcs[op][dtype];
+            cl->cuda_funcs[0] = cuda_func_of(op, dtype);
             cl->cuda_flags[0] = STARPU_CUDA_ASYNC;
         }
     for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype) {
@@ -178,6 +200,37 @@ struct starpu_codelet *nntile_codelet(int op, int dtype)
         return NULL;
     struct starpu_codelet *cl = &codelets[op][dtype];
     return cl->cpu_funcs[0] ? cl : NULL;
+}
+
+/* Nanoseconds and tasks per codelet: atomics, since workers finish tasks side by side. */
+static unsigned long long op_ns[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
+static unsigned long long op_tasks[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
+
+/* A codelet's callback: StarPU runs it once the task has finished, with the task current. */
+static void op_profile_callback(void *arg)
+{
+    (void)arg;
+    struct starpu_task *task = starpu_task_get_current();
+    if (task == NULL || task->profiling_info == NULL)
+        return;
+    const size_t index = (size_t)(task->cl - &codelets[0][0]);
+    const double us = starpu_timing_timespec_delay_us(&task->profiling_info->start_time,
+                                                      &task->profiling_info->end_time);
+    __atomic_fetch_add(&op_ns[0][0] + index, (unsigned long long)(us * 1e3), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&op_tasks[0][0] + index, 1ULL, __ATOMIC_RELAXED);
+}
+
+void nntile_op_profiling(int enable)
+{
+    for (int op = 0; op < NNTILE_OP_COUNT; ++op)
+        for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
+            codelets[op][dtype].callback_func = enable ? op_profile_callback : NULL;
+}
+
+unsigned long long nntile_op_time(int op, int dtype, double *seconds)
+{
+    *seconds = 1e-9 * (double)__atomic_exchange_n(&op_ns[op][dtype], 0ULL, __ATOMIC_RELAXED);
+    return __atomic_exchange_n(&op_tasks[op][dtype], 0ULL, __ATOMIC_RELAXED);
 }
 
 const char *nntile_op_name(int op)

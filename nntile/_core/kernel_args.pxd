@@ -7,6 +7,8 @@ cdef extern from "kernels/kernels.h" nogil:
         double value
     struct nntile_copy_args:
         int64_t n
+    struct nntile_cast_args:
+        int64_t n
     struct nntile_subcopy_args:
         int64_t ndim
         int64_t src_shape[8]

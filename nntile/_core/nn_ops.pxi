@@ -222,7 +222,7 @@ def gelutanh_backward(Tensor x, Tensor dy, beta, Tensor dx):
 
 def add_fiber(alpha, Tensor fiber, beta, Tensor dst, axis):
     """dst[..., j, ...] = alpha * fiber[j] + beta * dst[..., j, ...] (j along ``axis``)."""
-    _float_same("add_fiber", [(fiber, "fiber"), (dst, "dst")])
+    cdef int column = _column("add_fiber", [(dst, "dst")], [(fiber, "fiber")])
     cdef Py_ssize_t ax = _norm_axis("add_fiber", axis, dst.traits.ndim)
     _check_fiber("add_fiber", dst, "dst", fiber, "fiber", ax)
     _distinct("add_fiber", [(fiber, "fiber"), (dst, "dst")])
@@ -243,12 +243,12 @@ def add_fiber(alpha, Tensor fiber, beta, Tensor dst, axis):
         args.n = nn
         h[0] = fiber.handles[coords[ax]]
         h[1] = dst.handles[i]
-        submit(NNTILE_OP_add_fiber, dst.dtype_id, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_add_fiber, column, 2, h, m, &args, sizeof(args))
 
 
 def prod_fiber(alpha, Tensor fiber, Tensor dst, axis):
     """dst[..., j, ...] *= alpha * fiber[j] (j along ``axis``)."""
-    _float_same("prod_fiber", [(fiber, "fiber"), (dst, "dst")])
+    cdef int column = _column("prod_fiber", [(dst, "dst")], [(fiber, "fiber")])
     cdef Py_ssize_t ax = _norm_axis("prod_fiber", axis, dst.traits.ndim)
     _check_fiber("prod_fiber", dst, "dst", fiber, "fiber", ax)
     _distinct("prod_fiber", [(fiber, "fiber"), (dst, "dst")])
@@ -268,7 +268,7 @@ def prod_fiber(alpha, Tensor fiber, Tensor dst, axis):
         args.n = nn
         h[0] = fiber.handles[coords[ax]]
         h[1] = dst.handles[i]
-        submit(NNTILE_OP_prod_fiber, dst.dtype_id, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_prod_fiber, column, 2, h, m, &args, sizeof(args))
 
 
 cdef _fiber_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tensor fiber,
@@ -276,8 +276,8 @@ cdef _fiber_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
     ts = [(src1, "src1" if src2 is not None else "src")]
     if src2 is not None:
         ts.append((src2, "src2"))
+    cdef int column = _column(name, ts, [(fiber, "fiber")])
     ts.append((fiber, "fiber"))
-    _float_same(name, ts)
     cdef Py_ssize_t ax = _norm_axis(name, axis, src1.traits.ndim)
     if src2 is not None:
         _same_traits(name, src1, "src1", src2, "src2")
@@ -308,7 +308,7 @@ cdef _fiber_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
             h[1] = src2.handles[i]
         h[nbuf - 1] = fiber.handles[coords[ax]]
         m[nbuf - 1] = STARPU_W if args.beta == 0 else STARPU_RW
-        submit(op, fiber.dtype_id, nbuf, h, m, &args, sizeof(args))
+        submit(op, column, nbuf, h, m, &args, sizeof(args))
 
 
 def sum_fiber(alpha, Tensor src, beta, Tensor fiber, axis):
@@ -330,8 +330,8 @@ cdef _slice_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
     ts = [(src1, "src1" if src2 is not None else "src")]
     if src2 is not None:
         ts.append((src2, "src2"))
+    cdef int column = _column(name, ts, [(dst, "dst")])
     ts.append((dst, "dst"))
-    _float_same(name, ts)
     cdef Py_ssize_t ax = _norm_axis(name, axis, src1.traits.ndim)
     if src2 is not None:
         _same_traits(name, src1, "src1", src2, "src2")
@@ -361,7 +361,7 @@ cdef _slice_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
         h[nbuf - 1] = dst.handles[_drop_axis_tile(dst.traits, coords, src1.traits.ndim, ax,
                                                   False)]
         m[nbuf - 1] = STARPU_W if args.beta == 0 else STARPU_RW
-        submit(op, dst.dtype_id, nbuf, h, m, &args, sizeof(args))
+        submit(op, column, nbuf, h, m, &args, sizeof(args))
 
 
 def sum_slice(alpha, Tensor src, beta, Tensor dst, axis):
@@ -379,7 +379,7 @@ def sumprod_slice(alpha, Tensor src1, Tensor src2, beta, Tensor dst, axis):
 
 cdef _slice_broadcast(str name, int op, alpha, Tensor src, beta, Tensor dst, axis,
                       bint has_beta):
-    _float_same(name, [(src, "src"), (dst, "dst")])
+    cdef int column = _column(name, [(dst, "dst")], [(src, "src")])
     cdef Py_ssize_t ax = _norm_axis(name, axis, dst.traits.ndim)
     _check_slice(name, dst, "dst", src, "src", ax)
     _distinct(name, [(src, "src"), (dst, "dst")])
@@ -406,12 +406,12 @@ cdef _slice_broadcast(str name, int op, alpha, Tensor src, beta, Tensor dst, axi
             args.m = mm
             args.k = kk
             args.n = nn
-            submit(op, dst.dtype_id, 2, h, m, &args, sizeof(args))
+            submit(op, column, 2, h, m, &args, sizeof(args))
         else:
             pargs.m = mm
             pargs.k = kk
             pargs.n = nn
-            submit(op, dst.dtype_id, 2, h, m, &pargs, sizeof(pargs))
+            submit(op, column, 2, h, m, &pargs, sizeof(pargs))
 
 
 def add_slice(alpha, Tensor src, beta, Tensor dst, axis):
@@ -430,15 +430,16 @@ def maxsumexp(Tensor src, Tensor stats, axis):
     """stats[..., 0] = max of src along ``axis``, stats[..., 1] = sum of exp(src - max).
 
     stats has src's shape without ``axis`` plus a last dimension of 2 (in one tile); the
-    running (max, sumexp) pair is merged over the tiles along the axis.
+    running (max, sumexp) pair is merged over the tiles along the axis. stats may be fp32
+    where src is bf16.
     """
-    _float_same("maxsumexp", [(src, "src"), (stats, "stats")])
+    cdef int column = _column("maxsumexp", [(src, "src")], [(stats, "stats")])
     cdef Py_ssize_t ax = _norm_axis("maxsumexp", axis, src.traits.ndim)
     _check_stats("maxsumexp", src, "src", stats, "stats", ax)
-    _maxsumexp(src, stats, ax)
+    _maxsumexp(column, src, stats, ax)
 
 
-cdef _maxsumexp(Tensor src, Tensor stats, Py_ssize_t ax):
+cdef _maxsumexp(int column, Tensor src, Tensor stats, Py_ssize_t ax):
     cdef nntile_maxsumexp_args args
     cdef starpu_data_handle_t h[2]
     cdef starpu_data_access_mode m[2]
@@ -455,12 +456,12 @@ cdef _maxsumexp(Tensor src, Tensor stats, Py_ssize_t ax):
         m[1] = STARPU_W if args.init else STARPU_RW
         h[0] = src.handles[i]
         h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, src.traits.ndim, ax, True)]
-        submit(NNTILE_OP_maxsumexp, src.dtype_id, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_maxsumexp, column, 2, h, m, &args, sizeof(args))
 
 
 def softmax_inplace(Tensor stats, Tensor dst, axis):
     """dst = exp(dst - max) / sumexp along ``axis``, with stats from maxsumexp."""
-    _float_same("softmax_inplace", [(stats, "stats"), (dst, "dst")])
+    cdef int column = _column("softmax_inplace", [(dst, "dst")], [(stats, "stats")])
     cdef Py_ssize_t ax = _norm_axis("softmax_inplace", axis, dst.traits.ndim)
     _check_stats("softmax_inplace", dst, "dst", stats, "stats", ax)
     cdef nntile_softmax_inplace_args args
@@ -478,12 +479,12 @@ def softmax_inplace(Tensor stats, Tensor dst, axis):
         args.n = nn
         h[0] = stats.handles[_drop_axis_tile(stats.traits, coords, dst.traits.ndim, ax, True)]
         h[1] = dst.handles[i]
-        submit(NNTILE_OP_softmax_inplace, dst.dtype_id, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_softmax_inplace, column, 2, h, m, &args, sizeof(args))
 
 
 def softmax_backward(alpha, Tensor p, Tensor sums, Tensor dp, axis):
     """dp = alpha * p * (dp - sums), sums = (p*dp).sum(axis) (from sumprod_slice)."""
-    _float_same("softmax_backward", [(p, "p"), (sums, "sums"), (dp, "dp")])
+    cdef int column = _column("softmax_backward", [(p, "p"), (dp, "dp")], [(sums, "sums")])
     cdef Py_ssize_t ax = _norm_axis("softmax_backward", axis, dp.traits.ndim)
     _same_traits("softmax_backward", p, "p", dp, "dp")
     _check_slice("softmax_backward", dp, "dp", sums, "sums", ax)
@@ -506,7 +507,7 @@ def softmax_backward(alpha, Tensor p, Tensor sums, Tensor dp, axis):
         h[0] = p.handles[i]
         h[1] = sums.handles[_drop_axis_tile(sums.traits, coords, dp.traits.ndim, ax, False)]
         h[2] = dp.handles[i]
-        submit(NNTILE_OP_softmax_backward, dp.dtype_id, 3, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_softmax_backward, column, 3, h, m, &args, sizeof(args))
 
 
 def mask_causal(Tensor dst):
@@ -659,10 +660,11 @@ def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Te
     """y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis of x.
 
     stats (shape x.shape[:-1] + (2,), last dimension in one tile) receives (mean, M2) per
-    row, M2 being the sum of squared deviations; it is reused by layernorm_backward.
+    row, M2 being the sum of squared deviations; it is reused by layernorm_backward. y may be
+    bf16 where the others are fp32 (the cast to the next GEMM's input fused into the norm).
     """
     ts = [(x, "x"), (gamma, "gamma"), (beta, "beta"), (stats, "stats"), (y, "y")]
-    _float_same("layernorm_forward", ts)
+    cdef int column = _column("layernorm_forward", [(y, "y")], ts[:4])
     _check_layernorm("layernorm_forward", x, stats, [(gamma, "gamma"), (beta, "beta")])
     _same_traits("layernorm_forward", x, "x", y, "y")
     _distinct("layernorm_forward", ts)
@@ -683,7 +685,7 @@ def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Te
         h[0] = x.handles[i]
         h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)]
         m[1] = STARPU_W if coords[last] == 0 else STARPU_RW
-        submit(NNTILE_OP_layernorm_stats, x.dtype_id, 2, h, m, &sargs, sizeof(sargs))
+        submit(NNTILE_OP_layernorm_stats, stats.dtype_id, 2, h, m, &sargs, sizeof(sargs))
     fargs.e_total = x.traits.shape[last]
     fargs.eps = eps
     for d in range(4):
@@ -698,7 +700,7 @@ def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Te
         h[2] = gamma.handles[coords[last]]
         h[3] = beta.handles[coords[last]]
         h[4] = y.handles[i]
-        submit(NNTILE_OP_layernorm_forward, x.dtype_id, 5, h, m, &fargs, sizeof(fargs))
+        submit(NNTILE_OP_layernorm_forward, column, 5, h, m, &fargs, sizeof(fargs))
 
 
 def layernorm_backward(Tensor x, Tensor dy, Tensor stats, Tensor gamma, eps, Tensor rowacc,
@@ -792,7 +794,8 @@ def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor
     """
     ts = [(logits, "logits"), (stats, "stats"), (lse, "lse"), (picked, "picked"),
           (loss, "loss")]
-    _float_same("cross_entropy", ts)
+    # stats, lse, picked and loss are accumulators: fp32 where the logits are bf16
+    cdef int column = _column("cross_entropy", ts[:1], ts[1:])
     cdef Py_ssize_t last = _check_xent("cross_entropy", logits, labels, stats)
     _expect_traits("cross_entropy", lse, "lse", labels.traits.shape, labels.traits.basetile,
                    "the shape and tiling of labels")
@@ -807,7 +810,7 @@ def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, r_lin
     # Row statistics (max, sumexp) over the vocabulary tiles, then lse = max + log(sumexp).
-    _maxsumexp(logits, stats, last)
+    _maxsumexp(column, logits, stats, last)
     _logsumexp(stats, lse)
     # picked[row] = logits[row, label]: each vocabulary tile writes the rows whose label
     # it holds. The first vocabulary tile opens the picked tile write-only (StarPU refuses
@@ -825,7 +828,7 @@ def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor
         h[0] = logits.handles[i]
         h[1] = labels.handles[r_lin]
         h[2] = picked.handles[r_lin]
-        submit(NNTILE_OP_xent_picked, logits.dtype_id, 3, h, m, &pargs, sizeof(pargs))
+        submit(NNTILE_OP_xent_picked, column, 3, h, m, &pargs, sizeof(pargs))
     # loss = scale * sum (lse - picked), accumulated over the row tiles.
     largs.alpha = scale
     for i in range(lse.traits.ntiles):
@@ -835,13 +838,14 @@ def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor
         h[0] = lse.handles[i]
         h[1] = picked.handles[i]
         h[2] = loss.handles[0]
-        submit(NNTILE_OP_xent_loss, logits.dtype_id, 3, h, m, &largs, sizeof(largs))
+        submit(NNTILE_OP_xent_loss, loss.dtype_id, 3, h, m, &largs, sizeof(largs))
 
 
 def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0):
     """logits = scale * (softmax(logits) - onehot(labels)) in place, using the stats that
     cross_entropy computed from these logits."""
-    _float_same("cross_entropy_backward", [(logits, "logits"), (stats, "stats")])
+    cdef int column = _column("cross_entropy_backward", [(logits, "logits")],
+                              [(stats, "stats")])
     cdef Py_ssize_t last = _check_xent("cross_entropy_backward", logits, labels, stats)
     cdef nntile_xent_grad_inplace_args args
     cdef starpu_data_handle_t h[3]
@@ -862,7 +866,7 @@ def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0
                                              True)]
         h[1] = labels.handles[r_lin]
         h[2] = logits.handles[i]
-        submit(NNTILE_OP_xent_grad_inplace, logits.dtype_id, 3, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_xent_grad_inplace, column, 3, h, m, &args, sizeof(args))
 
 
 # ---- norms and optimizer steps -------------------------------------------------------------
@@ -934,18 +938,25 @@ cdef int _check_optim(str op, list state, Tensor normsq, max_norm, step) except 
 
 
 def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Tensor g,
-              Tensor m, Tensor v, Tensor normsq=None, max_norm=0.0):
+              Tensor m, Tensor v, Tensor normsq=None, max_norm=0.0, Tensor copy=None):
     """One Adam (decoupled=False) or AdamW (decoupled=True) step, as torch.optim.
 
     m and v are the moment buffers (zero before step 1). With normsq (one element holding
     the squared global gradient norm) and max_norm > 0, gradients are first clipped as
-    torch.nn.utils.clip_grad_norm_ does.
+    torch.nn.utils.clip_grad_norm_ does. ``copy`` (bf16, of an fp32 p) receives the updated
+    parameter in the same task: mixed precision's compute copy, refreshed without reading
+    the master again.
     """
     _check_optim("adam_step", [(p, "p"), (g, "g"), (m, "m"), (v, "v")], normsq, max_norm,
                  step)
+    cdef int op = NNTILE_OP_adam_step, column = p.dtype_id
+    if copy is not None:
+        op = NNTILE_OP_adam_step_refresh
+        column = _column("adam_step", [(copy, "copy")], [(p, "p")])
+        _same_traits("adam_step", p, "p", copy, "copy")
     cdef nntile_adam_step_args args
-    cdef starpu_data_handle_t h[5]
-    cdef starpu_data_access_mode md[5]
+    cdef starpu_data_handle_t h[6]
+    cdef starpu_data_access_mode md[6]
     args.step = step
     args.lr = lr
     args.beta1 = beta1
@@ -958,8 +969,11 @@ def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Te
     md[1] = STARPU_R
     md[2] = STARPU_RW
     md[3] = STARPU_RW
-    md[4] = STARPU_R
-    cdef int nbuf = 5 if normsq is not None else 4
+    # then the copy (written), if any, and normsq (read), if any
+    cdef int ncopy = 1 if copy is not None else 0
+    md[4] = STARPU_W if ncopy else STARPU_R
+    md[5] = STARPU_R
+    cdef int nbuf = 4 + ncopy + (1 if normsq is not None else 0)
     cdef Py_ssize_t i
     for i in range(p.traits.ntiles):
         args.n = _tile_nelems(p, i)
@@ -967,9 +981,11 @@ def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Te
         h[1] = g.handles[i]
         h[2] = m.handles[i]
         h[3] = v.handles[i]
+        if ncopy:
+            h[4] = copy.handles[i]
         if normsq is not None:
-            h[4] = normsq.handles[0]
-        submit(NNTILE_OP_adam_step, p.dtype_id, nbuf, h, md, &args, sizeof(args))
+            h[4 + ncopy] = normsq.handles[0]
+        submit(op, column, nbuf, h, md, &args, sizeof(args))
 
 
 def sgd_step(step, lr, momentum, dampening, weight_decay, nesterov, Tensor p, Tensor g,

@@ -78,6 +78,7 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles,
 
 _DTYPE_NAMES = {v[0]: k for k, v in DTYPES.items() if k != "tf32"}
 _DTYPE_NAMES[NNTILE_TF32] = "tf32"
+_DTYPE_NAMES[NNTILE_BF16_FP32] = "bf16 with fp32 accumulators"
 
 
 # ---- validation shared by every op ---------------------------------------------------------
@@ -99,6 +100,29 @@ cdef int _float_dtype(str op, Tensor t, str role) except -1:
     if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: {role} must be a floating-point tensor, got {t.dtype}")
     return 0
+
+
+cdef int _column(str op, list data, list acc) except -1:
+    """The op table column that runs an op on these tensors. Kernels have data buffers and
+    accumulator buffers (statistics, reductions, GEMM outputs that accumulate; see
+    kernels/kernels.h); ``data`` and ``acc`` are the (tensor, role) pairs of each kind. One
+    dtype for all selects that dtype's column; bf16 data with fp32 accumulators select the
+    mixed-precision column."""
+    for t, role in data + acc:
+        _usable(t, role)
+        _float_dtype(op, t, role)
+    for group in (data, acc):
+        for t, role in group[1:]:
+            _same_dtype(op, group[0][0], group[0][1], t, role)
+    cdef Tensor d = (data or acc)[0][0]
+    cdef Tensor a = (acc or data)[0][0]
+    if d.dtype == a.dtype:
+        return d.dtype_id
+    if d.dtype == "bf16" and a.dtype == "fp32":
+        return NNTILE_BF16_FP32
+    raise TypeError(f"{op}: {(data or acc)[0][1]} is {d.dtype} but {(acc or data)[0][1]} is "
+                    f"{a.dtype}; use one dtype, or bf16 with fp32 accumulators (mixed "
+                    "precision)")
 
 
 cdef int _same_traits(str op, Tensor a, str role_a, Tensor b, str role_b) except -1:
@@ -211,11 +235,8 @@ def _product(ranges):
 
 
 def add(alpha, Tensor src, beta, Tensor dst):
-    """dst = alpha*src + beta*dst."""
-    _usable(src, "src")
-    _usable(dst, "dst")
-    _same_dtype("add", src, "src", dst, "dst")
-    _float_dtype("add", dst, "dst")
+    """dst = alpha*src + beta*dst (dst may be fp32 where src is bf16)."""
+    cdef int column = _column("add", [(src, "src")], [(dst, "dst")])
     _same_traits("add", src, "src", dst, "dst")
     cdef nntile_add_args args
     cdef starpu_data_handle_t h[2]
@@ -229,7 +250,27 @@ def add(alpha, Tensor src, beta, Tensor dst):
         args.n = _tile_nelems(dst, i)
         h[0] = src.handles[i]
         h[1] = dst.handles[i]
-        submit(NNTILE_OP_add, dst.dtype_id, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_add, column, 2, h, m, &args, sizeof(args))
+
+
+def cast(Tensor src, Tensor dst):
+    """dst = src rounded to dst's dtype: fp32 to bf16 (one task per tile), or a copy where
+    the dtypes are the same."""
+    if src is not None and dst is not None and src.dtype == dst.dtype:
+        return copy(src, dst)
+    cdef int column = _column("cast", [(dst, "dst")], [(src, "src")])
+    _same_traits("cast", src, "src", dst, "dst")
+    cdef nntile_cast_args args
+    cdef starpu_data_handle_t h[2]
+    cdef starpu_data_access_mode m[2]
+    m[0] = STARPU_R
+    m[1] = STARPU_W
+    cdef Py_ssize_t i
+    for i in range(dst.traits.ntiles):
+        args.n = _tile_nelems(dst, i)
+        h[0] = src.handles[i]
+        h[1] = dst.handles[i]
+        submit(NNTILE_OP_cast, column, 2, h, m, &args, sizeof(args))
 
 
 def scal(alpha, Tensor dst):
@@ -270,14 +311,10 @@ def gemm(alpha, Tensor A, transA, Tensor B, transB, beta, Tensor C, int ndim=1,
     dimensions are contracted: op(A) has shape batch + M + K and op(B) batch + K + N, where
     K is ``ndim`` dimensions and M, N any number; C has shape batch + M + N. Transposing A
     stores it as batch + K + M (B as batch + N + K). The partial products over the tiles of
-    K are accumulated into each C tile in an order StarPU enforces.
+    K are accumulated into each C tile in an order StarPU enforces. C may be fp32 where A and
+    B are bf16 (fp32 accumulation either way).
     """
-    _usable(A, "A")
-    _usable(B, "B")
-    _usable(C, "C")
-    _same_dtype("gemm", A, "A", B, "B")
-    _same_dtype("gemm", A, "A", C, "C")
-    _float_dtype("gemm", C, "C")
+    cdef int column = _column("gemm", [(A, "A"), (B, "B")], [(C, "C")])
     cdef bint ta = _trans_flag(transA, "transA")
     cdef bint tb = _trans_flag(transB, "transB")
     if ndim < 1 or batch_ndim < 0:
@@ -373,7 +410,7 @@ def gemm(alpha, Tensor A, transA, Tensor B, transB, beta, Tensor C, int ndim=1,
             h[0] = A.handles[A.traits.tile_linear(a_coords)]
             h[1] = B.handles[B.traits.tile_linear(b_coords)]
             h[2] = C.handles[c_lin]
-            submit(NNTILE_OP_gemm, C.dtype_id, 3, h, m, &args, sizeof(args))
+            submit(NNTILE_OP_gemm, column, 3, h, m, &args, sizeof(args))
 
 
 def _bench_bare_task_insert(Tensor dst, Py_ssize_t ntasks):

@@ -33,6 +33,8 @@ cdef extern from "codelets.h" nogil:
     void nntile_cuda_start()
     void nntile_cuda_stop()
     void nntile_task_discard(starpu_task *task)
+    void nntile_op_profiling(int enable)
+    unsigned long long nntile_op_time(int op, int dtype, double *seconds)
     int NNTILE_HAVE_CUDA
 
 cdef extern from "Python.h":
@@ -475,12 +477,32 @@ class Context:
         check(ret, "starpu_task_wait_for_all")
 
     def profiling(self, bint enable=True):
-        """Turn StarPU's per-worker time accounting on or off (see worker_stats)."""
+        """Turn StarPU's per-worker and per-task time accounting on or off (see worker_stats
+        and op_stats); call it with no task in flight."""
         self._check_running()
         cdef int ret = starpu_profiling_status_set(STARPU_PROFILING_ENABLE if enable
                                                    else STARPU_PROFILING_DISABLE)
         if ret < 0:  # on success it returns the previous status, 0 or 1
             check(ret, "starpu_profiling_status_set")
+        nntile_op_profiling(enable)
+
+    def op_stats(self):
+        """Tasks and seconds of execution (StarPU's start and end of each task, summed over
+        workers) per op and kernel dtype since the last call, largest first; needs
+        profiling(True). A list of dicts: op, dtype, tasks, seconds."""
+        self._check_running()
+        cdef double seconds
+        cdef unsigned long long tasks
+        cdef int op, dtype
+        stats = []
+        for op in range(NNTILE_OP_COUNT):
+            for dtype in range(NNTILE_DTYPE_COUNT):
+                tasks = nntile_op_time(op, dtype, &seconds)
+                if tasks:
+                    stats.append(dict(op=nntile_op_name(op).decode(),
+                                      dtype=_DTYPE_NAMES[dtype], tasks=tasks,
+                                      seconds=seconds))
+        return sorted(stats, key=lambda s: -s["seconds"])
 
     def worker_stats(self):
         """Seconds each worker spent in total, executing tasks and sleeping since the last

@@ -11,6 +11,8 @@ cdef extern from "codelets.h":
         NNTILE_TF32
         NNTILE_INT64
         NNTILE_BF16
+        NNTILE_BF16_FP32
+        NNTILE_DTYPE_COUNT
 
 # dtype name -> (codelet table column, numpy storage dtype). bf16 tiles hold bfloat16 bits in
 # uint16; the host side reads and writes them as float32 (see float_to_bf16_bits).

@@ -305,6 +305,19 @@ inline unsigned row_grid(int64_t rows, int tpr)
     return grid_for(rows, kBlock / tpr);
 }
 
+/* Row loop for kernels that launch themselves (mixed.cu's; the others use
+ * launch_rows): a group of TPR threads per row, groups stride over rows.  The
+ * bounds are uniform per block, so group_allreduce may be used inside when
+ * inactive groups (r >= rows) still take part. */
+#define NNTILE_ROW_LOOP(TPR, rows, r, tid, active)                          \
+    constexpr int RPB_ = kBlock / (TPR);                                     \
+    const int grp_ = threadIdx.x / (TPR);                                    \
+    const int tid = threadIdx.x % (TPR);                                     \
+    for (int64_t r0_ = (int64_t)blockIdx.x * RPB_; r0_ < (rows);             \
+         r0_ += (int64_t)gridDim.x * RPB_)                                   \
+        for (int64_t r = r0_ + grp_, once_ = 0; once_ < 1; ++once_)          \
+            for (bool active = r < (rows), o2_ = true; o2_; o2_ = false)
+
 /* ---- row-wise over rows of len elements: a group of TPR threads per row
  * (TPR from len), groups stride over rows; every thread calls
  *   op.template row<TPR>(r, tid, active, bufs...)

@@ -126,6 +126,44 @@ NNTILE_CUDA_OPS(NNTILE_CUDA_DECLARE)
         cublasHandle_t handle, const T *A, const T *B, T *C);
 NNTILE_CUDA_FOR_EACH_GEMM_DTYPE(NNTILE_CUDA_PROTO_gemm)
 
+/* Mixed precision (column NNTILE_BF16_FP32): bf16 data (uint16_t bits), float
+ * accumulators, the buffers of kernels.h's NNTILE_PROTO_<op>(uint16_t, float,
+ * bf16_fp32).  mixed.cu, gemm.cu (gemm) and optim.cu (adam_step_refresh). */
+void nntile_cuda_add_bf16_fp32(const struct nntile_add_args *args,
+    cudaStream_t stream, const uint16_t *src, float *dst);
+void nntile_cuda_cast_bf16_fp32(const struct nntile_cast_args *args,
+    cudaStream_t stream, const float *src, uint16_t *dst);
+void nntile_cuda_add_fiber_bf16_fp32(const struct nntile_add_fiber_args *args,
+    cudaStream_t stream, const float *fiber, uint16_t *dst);
+void nntile_cuda_sum_fiber_bf16_fp32(const struct nntile_sum_fiber_args *args,
+    cudaStream_t stream, const uint16_t *src, float *fiber);
+void nntile_cuda_sumprod_slice_bf16_fp32(
+    const struct nntile_sumprod_slice_args *args, cudaStream_t stream,
+    const uint16_t *src1, const uint16_t *src2, float *dst);
+void nntile_cuda_maxsumexp_bf16_fp32(const struct nntile_maxsumexp_args *args,
+    cudaStream_t stream, const uint16_t *src, float *stats);
+void nntile_cuda_softmax_inplace_bf16_fp32(
+    const struct nntile_softmax_inplace_args *args, cudaStream_t stream,
+    const float *stats, uint16_t *dst);
+void nntile_cuda_softmax_backward_bf16_fp32(
+    const struct nntile_softmax_backward_args *args, cudaStream_t stream,
+    const uint16_t *p, const float *sums, uint16_t *dp);
+void nntile_cuda_xent_picked_bf16_fp32(
+    const struct nntile_xent_picked_args *args, cudaStream_t stream,
+    const uint16_t *logits, const int64_t *labels, float *picked);
+void nntile_cuda_xent_grad_inplace_bf16_fp32(
+    const struct nntile_xent_grad_inplace_args *args, cudaStream_t stream,
+    const float *stats, const int64_t *labels, uint16_t *logits);
+void nntile_cuda_layernorm_forward_bf16_fp32(
+    const struct nntile_layernorm_forward_args *args, cudaStream_t stream,
+    const float *x, const float *stats, const float *gamma, const float *beta_,
+    uint16_t *y);
+void nntile_cuda_gemm_bf16_fp32(const struct nntile_gemm_args *args,
+    cublasHandle_t handle, const uint16_t *A, const uint16_t *B, float *C);
+void nntile_cuda_adam_step_refresh_bf16_fp32(
+    const struct nntile_adam_step_args *args, cudaStream_t stream, float *p,
+    const float *g, float *m, float *v, uint16_t *copy, const float *normsq);
+
 #ifdef __cplusplus
 }
 #endif

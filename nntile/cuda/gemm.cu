@@ -33,11 +33,14 @@ __global__ void gemm_scale_k(int64_t total, int64_t M, int64_t N,
     }
 }
 
-template <typename T>
+/* T: the storage type of A and B (dt), TC: that of C (dt_c), an accumulator
+ * that may be wider (bf16 operands, float C: mixed precision). */
+template <typename T, typename TC>
 void gemm(const nntile_gemm_args *a, cublasHandle_t h, const T *A,
-          const T *B, T *Cm, cudaDataType_t dt, cublasComputeType_t ct)
+          const T *B, TC *Cm, cudaDataType_t dt, cudaDataType_t dt_c,
+          cublasComputeType_t ct)
 {
-    typedef C_t<T> C;
+    typedef C_t<TC> C;
     const int64_t M = a->M, N = a->N, K = a->K;
     const int64_t b1n = a->batch1, b2n = a->batch2;
     if (M <= 0 || N <= 0 || b1n <= 0 || b2n <= 0)
@@ -78,10 +81,10 @@ void gemm(const nntile_gemm_args *a, cublasHandle_t h, const T *A,
     for (int64_t b1 = 0; b1 < outer; ++b1) {
         const T *pa = A + b1 * a->strideA1;
         const T *pb = B + b1 * a->strideB1;
-        T *pc = Cm + b1 * a->strideC1;
+        TC *pc = Cm + b1 * a->strideC1;
         const cublasStatus_t st_ = cublasGemmStridedBatchedEx(
             h, opB, opA, (int)N, (int)M, (int)K, &alpha, pb, dt, (int)a->ldb,
-            (long long)sB, pa, dt, (int)a->lda, (long long)sA, &beta, pc, dt,
+            (long long)sB, pa, dt, (int)a->lda, (long long)sA, &beta, pc, dt_c,
             (int)a->ldc, (long long)sC, (int)inner, ct, CUBLAS_GEMM_DEFAULT);
         if (st_ != CUBLAS_STATUS_SUCCESS) {
             fprintf(stderr, "nntile cuda gemm: cuBLAS status %d\n", (int)st_);
@@ -100,22 +103,22 @@ extern "C" void nntile_cuda_gemm_fp32(const struct nntile_gemm_args *args,
                                       cublasHandle_t handle, const float *A,
                                       const float *B, float *C)
 {
-    gemm<float>(args, handle, A, B, C, CUDA_R_32F, CUBLAS_COMPUTE_32F);
+    gemm(args, handle, A, B, C, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
 extern "C" void nntile_cuda_gemm_tf32(const struct nntile_gemm_args *args,
                                       cublasHandle_t handle, const float *A,
                                       const float *B, float *C)
 {
-    gemm<float>(args, handle, A, B, C, CUDA_R_32F,
-                CUBLAS_COMPUTE_32F_FAST_TF32);
+    gemm(args, handle, A, B, C, CUDA_R_32F, CUDA_R_32F,
+         CUBLAS_COMPUTE_32F_FAST_TF32);
 }
 
 extern "C" void nntile_cuda_gemm_fp64(const struct nntile_gemm_args *args,
                                       cublasHandle_t handle, const double *A,
                                       const double *B, double *C)
 {
-    gemm<double>(args, handle, A, B, C, CUDA_R_64F, CUBLAS_COMPUTE_64F);
+    gemm(args, handle, A, B, C, CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F);
 }
 
 extern "C" void nntile_cuda_gemm_bf16(const struct nntile_gemm_args *args,
@@ -123,6 +126,17 @@ extern "C" void nntile_cuda_gemm_bf16(const struct nntile_gemm_args *args,
                                       const uint16_t *A, const uint16_t *B,
                                       uint16_t *C)
 {
-    gemm<bf16>(args, handle, (const bf16 *)A, (const bf16 *)B, (bf16 *)C,
-               CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+    gemm(args, handle, (const bf16 *)A, (const bf16 *)B, (bf16 *)C,
+         CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+}
+
+/* Mixed precision: bf16 operands on the tensor cores, fp32 accumulation into an
+ * fp32 C (weight gradients, the gradient of the fp32 residual stream). */
+extern "C" void nntile_cuda_gemm_bf16_fp32(const struct nntile_gemm_args *args,
+                                           cublasHandle_t handle,
+                                           const uint16_t *A, const uint16_t *B,
+                                           float *C)
+{
+    gemm(args, handle, (const bf16 *)A, (const bf16 *)B, C, CUDA_R_16BF,
+         CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }

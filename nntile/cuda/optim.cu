@@ -26,11 +26,13 @@ template <typename C> struct AdamScalars {
     double max_norm;
 };
 
-template <typename T>
+/* copy (may be null): receives the new p rounded to its type TC, the
+ * refresh of mixed precision's bf16 copy fused into the update */
+template <typename T, typename TC>
 __global__ void adam_step_k(int64_t n, AdamScalars<C_t<T>> k,
                             T *__restrict__ p, const T *__restrict__ g,
                             T *__restrict__ m, T *__restrict__ v,
-                            const T *__restrict__ normsq)
+                            const T *__restrict__ normsq, TC *__restrict__ copy)
 {
     typedef C_t<T> C;
     const C coef = clip_coef(k.clip, k.max_norm, normsq);
@@ -42,15 +44,18 @@ __global__ void adam_step_k(int64_t n, AdamScalars<C_t<T>> k,
                                 : gi - (gi - mi0) * k.w1c;
         const C vi = ld(v[i]) * k.b2 + k.w2 * gi * gi;
         const C denom = m_sqrt(vi) / k.bc2_sqrt + k.eps;
+        const C pn = pi + k.neg_step_size * mi / denom;
         m[i] = st<T>(mi);
         v[i] = st<T>(vi);
-        p[i] = st<T>(pi + k.neg_step_size * mi / denom);
+        p[i] = st<T>(pn);
+        if (copy != nullptr)
+            copy[i] = st<TC>(pn);
     }
 }
 
-template <typename T>
+template <typename T, typename TC = T>
 void adam_step(const nntile_adam_step_args *a, cudaStream_t s, T *p,
-               const T *g, T *m, T *v, const T *normsq)
+               const T *g, T *m, T *v, const T *normsq, TC *copy = nullptr)
 {
     typedef C_t<T> C;
     if (a->n <= 0)
@@ -74,7 +79,7 @@ void adam_step(const nntile_adam_step_args *a, cudaStream_t s, T *p,
     k.eps = (C)a->eps;
     k.lerp_low = fabs(1.0 - beta1) < 0.5;
     adam_step_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, k, p, g, m, v,
-                                                  normsq);
+                                                  normsq, copy);
 }
 
 template <typename T>
@@ -117,3 +122,14 @@ NNTILE_CUDA_END
 
 NNTILE_CUDA_EXPORT(adam_step)
 NNTILE_CUDA_EXPORT(sgd_step)
+
+using namespace nntile_cuda;
+
+/* Mixed precision: the fp32 master update and the refresh of its bf16 copy
+ * in one pass (see mixed.cu for what else is fused). */
+extern "C" void nntile_cuda_adam_step_refresh_bf16_fp32(
+    const struct nntile_adam_step_args *args, cudaStream_t stream, float *p,
+    const float *g, float *m, float *v, uint16_t *copy, const float *normsq)
+{
+    adam_step(args, stream, p, g, m, v, normsq, (bf16 *)copy);
+}

@@ -8,27 +8,31 @@ from nntile._core.core cimport Tensor
 from nntile import ops
 from nntile.models.config import GPT2Config, TILING_KEYS
 from nntile.nn.layers cimport Block, Embedding, LayerNorm, Module, Parameter
+from nntile.precision import PRECISIONS
 
 
 cdef class _Workspace:
     """Tensors that depend on the [batch, seq] shape of the data."""
     cdef Tensor ids, labels, positions, x0, dx, dx_other, logits, stats, lse, picked
 
-    def __init__(self, int B, int T, int bt, int tt, dict tiles, config, str dtype):
+    def __init__(self, int B, int T, int bt, int tt, dict tiles, config, str master,
+                 str compute):
         cdef int E = config.n_embd, V = config.vocab_size
         # every tensor here has the batch first: data parallelism shares its tiles out
         self.ids = Tensor((B, T), (bt, tt), "int64", owners="batch")
         self.labels = Tensor((B, T), (bt, tt), "int64", owners="batch")
         self.positions = Tensor.from_array(np.broadcast_to(np.arange(T), (B, T)), (bt, tt),
                                            owners="batch")
-        act = ((B, T, E), (bt, tt, tiles["embd"]), dtype)
+        # the residual stream and its gradient, and the loss statistics, in the master
+        # dtype; the logits (a GEMM's output) in the compute dtype
+        act = ((B, T, E), (bt, tt, tiles["embd"]), master)
         self.x0 = Tensor(*act, owners="batch")
         self.dx = Tensor(*act, owners="batch")
         self.dx_other = Tensor(*act, owners="batch")
-        self.logits = Tensor((B, T, V), (bt, tt, tiles["vocab"]), dtype, owners="batch")
-        self.stats = Tensor((B, T, 2), (bt, tt, 2), dtype, owners="batch")
-        self.lse = Tensor((B, T), (bt, tt), dtype, owners="batch")
-        self.picked = Tensor((B, T), (bt, tt), dtype, owners="batch")
+        self.logits = Tensor((B, T, V), (bt, tt, tiles["vocab"]), compute, owners="batch")
+        self.stats = Tensor((B, T, 2), (bt, tt, 2), master, owners="batch")
+        self.lse = Tensor((B, T), (bt, tt), master, owners="batch")
+        self.picked = Tensor((B, T), (bt, tt), master, owners="batch")
 
     def unregister(self):
         for t in (self.ids, self.labels, self.positions, self.x0, self.dx, self.dx_other,
@@ -42,6 +46,7 @@ cdef class GPT2LMHead(Module):
     ``tiling`` gives tile sizes for keys batch, seq, embd, head (heads per tile), inner (MLP)
     and vocab; a missing key means one tile for that dimension. Batch and seq tiles are
     clipped to the data's shape, so any [batch, seq] with seq <= n_positions can be used.
+    ``dtype`` is a precision (nntile.precision): fp32, tf32, fp64, bf16 or bf16-mixed.
     """
     cdef readonly object config
     cdef readonly dict tiles
@@ -57,8 +62,8 @@ cdef class GPT2LMHead(Module):
     cdef public bint layer_priorities
 
     def __init__(self, config, tiling=None, str dtype="fp32"):
-        if dtype not in ("fp32", "fp64", "tf32", "bf16"):
-            raise ValueError(f"GPT2LMHead: dtype {dtype!r}; use fp32, tf32, fp64 or bf16")
+        if dtype not in PRECISIONS:
+            raise ValueError(f"GPT2LMHead: dtype {dtype!r}; use {', '.join(PRECISIONS)}")
         if not isinstance(config, GPT2Config):
             raise TypeError(f"GPT2LMHead needs a GPT2Config, got {type(config).__name__}")
         super().__init__(dtype)
@@ -66,7 +71,8 @@ cdef class GPT2LMHead(Module):
         self.tiles = self.check_tiling(tiling or {}, config)
         t = self.tiles
         E, V = config.n_embd, config.vocab_size
-        self.wte = self.add_child("transformer.wte", Embedding(V, t["vocab"], E, t["embd"], dtype))
+        self.wte = self.add_child("transformer.wte", Embedding(
+            V, t["vocab"], E, t["embd"], dtype, gemm=config.tie_word_embeddings))
         self.wpe = self.add_child("transformer.wpe", Embedding(
             config.n_positions, min(t["seq"], config.n_positions), E, t["embd"], dtype))
         self.blocks = [self.add_child(f"transformer.h.{i}", Block(config, t, dtype))
@@ -76,8 +82,9 @@ cdef class GPT2LMHead(Module):
         if config.tie_word_embeddings:
             self.lm_head = self.wte.weight
         else:
-            self.lm_head = self.add_param("lm_head.weight", (V, E), (t["vocab"], t["embd"]))
-        self.loss_value = Tensor((1,), (1,), dtype)
+            self.lm_head = self.add_param("lm_head.weight", (V, E), (t["vocab"], t["embd"]),
+                                          gemm=True)
+        self.loss_value = Tensor((1,), (1,), self.master)
         self._workspaces = {}
         self._ready_for_backward = False
         # on by default: 2.80 vs 3.33 s per step at 1.23x an H100's memory, no loss in memory
@@ -134,7 +141,8 @@ cdef class GPT2LMHead(Module):
                 for j, layer in enumerate(qkv)]
 
     def load_state_dict(self, state):
-        """Load numpy arrays keyed by transformers' GPT-2 parameter names."""
+        """Load numpy arrays keyed by transformers' GPT-2 parameter names (into the master
+        weights, and their compute copies)."""
         for hf_name, hf_shape, pieces in self._hf_views():
             if hf_name not in state:
                 raise KeyError(f"state dict has no {hf_name!r}")
@@ -142,7 +150,7 @@ cdef class GPT2LMHead(Module):
             if array.shape != hf_shape:
                 raise ValueError(f"{hf_name}: shape {array.shape}, the model expects {hf_shape}")
             for param, cut in pieces:
-                param.value.write(cut(array))
+                param.write(cut(array))
 
     def _collect(self, which):
         out = {}
@@ -156,7 +164,7 @@ cdef class GPT2LMHead(Module):
         return out
 
     def state_dict(self):
-        """Parameters as numpy arrays keyed by transformers' names."""
+        """Parameters (the master weights) as numpy arrays keyed by transformers' names."""
         return self._collect("value")
 
     def gradients(self):
@@ -212,7 +220,7 @@ cdef class GPT2LMHead(Module):
         if ws is None:
             bt = min(self.tiles["batch"] or B, B)
             tt = min(self.tiles["seq"], T)
-            ws = _Workspace(B, T, bt, tt, self.tiles, self.config, self.dtype)
+            ws = _Workspace(B, T, bt, tt, self.tiles, self.config, self.master, self.compute)
             self._workspaces[key] = ws
         return ws
 
@@ -240,7 +248,7 @@ cdef class GPT2LMHead(Module):
             x = (<Block> self.blocks[i]).forward(x)
         self._prioritize(L + 2)
         self._h = self.ln_f.forward(x)
-        ops.gemm(1.0, self._h, "N", self.lm_head.value, "T", 0.0, ws.logits)
+        ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws.logits)
         return ws.logits
 
     def forward(self, input_ids):
@@ -284,7 +292,7 @@ cdef class GPT2LMHead(Module):
         ops.gemm(1.0, dlogits, "T", self._h, "N", 1.0, self.lm_head.grad, ndim=2)
         cdef Tensor dx = ws.dx, other = ws.dx_other
         # StarPU orders the reuse of dx_other after ln_f has read it (data dependencies).
-        ops.gemm(1.0, dlogits, "N", self.lm_head.value, "N", 0.0, other)
+        ops.gemm(1.0, dlogits, "N", self.lm_head.compute, "N", 0.0, other)
         self.ln_f.backward(other, dx, 0.0)
         for i in reversed(range(len(self.blocks))):
             self._prioritize(i + 1)

@@ -5,6 +5,8 @@ from nntile._core.core cimport Tensor
 cdef class Parameter:
     cdef readonly Tensor value
     cdef readonly Tensor grad
+    cdef readonly Tensor copy
+    cdef readonly Tensor compute
 
 
 cdef class Module:
@@ -13,11 +15,14 @@ cdef class Module:
     cdef dict _buffers
     cdef dict _scratch
     cdef readonly str dtype
-    cpdef Parameter add_param(self, str name, tuple shape, tuple basetile)
+    cdef readonly str master
+    cdef readonly str compute
+    cpdef Parameter add_param(self, str name, tuple shape, tuple basetile, bint gemm=*)
     cpdef Module add_child(self, str name, Module module)
-    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile)
-    cpdef Tensor scratch(self, str key, tuple shape, tuple basetile)
-    cdef Tensor _pooled(self, dict pool, tuple full_key, tuple shape, tuple basetile)
+    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile, str dtype=*)
+    cpdef Tensor scratch(self, str key, tuple shape, tuple basetile, str dtype=*)
+    cdef Tensor _pooled(self, dict pool, tuple full_key, tuple shape, tuple basetile,
+                        str dtype)
     cdef _use_scratch(self, dict pool)
 
 
@@ -30,6 +35,7 @@ cdef class Linear(Module):
     cdef Tensor x
     cpdef Tensor forward(self, Tensor x)
     cpdef backward(self, Tensor dy, Tensor dx=*, double beta=*)
+    cdef Tensor _in_compute(self, Tensor dy)
 
 
 cdef class LayerNorm(Module):

@@ -4,39 +4,71 @@
 Every layer keeps what its backward pass needs from the forward pass, and allocates its
 activation tensors once per input shape, so repeated steps register no new StarPU data.
 Parameter gradients accumulate (``+=``) until ``zero_grad``; activations are [batch, seq, ...].
+
+A module's ``dtype`` is a precision (nntile.precision): its ``master`` dtype holds parameters,
+gradients, the residual stream and statistics, its ``compute`` dtype the GEMM operands and the
+activations between GEMMs. Under bf16-mixed the ops that join the two (a bf16 branch added
+to the fp32 stream, a layer norm writing bf16, GEMMs accumulating into fp32 gradients) run
+kernels with bf16 data and fp32 accumulators.
 """
 import math
 
 from nntile._core.core cimport Tensor
 from nntile import ops
+from nntile.precision import precision_dtypes
 
 
 cdef class Parameter:
-    """A trainable tensor and its gradient (same shape and tiling), both starting at zero."""
+    """A trainable tensor and its gradient (same shape and tiling), both starting at zero.
 
-    def __init__(self, tuple shape, tuple basetile, str dtype):
-        self.value = Tensor(shape, basetile, dtype)
-        self.grad = Tensor(shape, basetile, dtype, owners=self.value.owners)
+    ``value`` and ``grad`` are in the master dtype. A GEMM operand whose compute dtype differs
+    (bf16-mixed) also has ``copy``, the value in the compute dtype, which the GEMMs read;
+    ``compute`` is the tensor GEMMs read: ``copy``, or ``value`` itself.
+    """
+
+    def __init__(self, tuple shape, tuple basetile, str master, str compute, bint gemm=False):
+        self.value = Tensor(shape, basetile, master)
+        self.grad = Tensor(shape, basetile, master, owners=self.value.owners)
+        self.copy = (Tensor(shape, basetile, compute, owners=self.value.owners)
+                     if gemm and compute != master else None)
+        self.compute = self.value if self.copy is None else self.copy
+
+    def refresh(self):
+        """Bring the compute copy up to date with the value (one task per tile); to be
+        called after writing the value directly (optimizers refresh it themselves)."""
+        if self.copy is not None:
+            ops.cast(self.value, self.copy)
+
+    def write(self, array):
+        """Write the value from a numpy array, and refresh the compute copy."""
+        self.value.write(array)
+        self.refresh()
 
     def unregister(self):
         self.value.unregister()
         self.grad.unregister()
+        if self.copy is not None:
+            self.copy.unregister()
 
 
 cdef class Module:
     """Named parameters and sub-modules; names follow transformers' GPT-2 where they can."""
 
     def __init__(self, str dtype):
-        if dtype not in ("fp32", "fp64", "tf32", "bf16"):
-            raise ValueError(f"dtype {dtype!r}: layers support fp32, tf32, fp64 and bf16")
+        try:
+            self.master, self.compute = precision_dtypes(dtype)
+        except ValueError as exc:
+            raise ValueError(f"layers: {exc}") from None
         self.dtype = dtype
         self._params = {}
         self._children = {}
         self._buffers = {}
         self._scratch = {}
 
-    cpdef Parameter add_param(self, str name, tuple shape, tuple basetile):
-        cdef Parameter param = Parameter(shape, basetile, self.dtype)
+    cpdef Parameter add_param(self, str name, tuple shape, tuple basetile, bint gemm=False):
+        """A new parameter; ``gemm``: GEMMs read it (it gets a copy in the compute dtype
+        where that differs from the master dtype)."""
+        cdef Parameter param = Parameter(shape, basetile, self.master, self.compute, gemm)
         self._params[name] = param
         return param
 
@@ -62,24 +94,34 @@ cdef class Module:
         for _, param in self.named_parameters():
             (<Parameter> param).grad.clear()
 
-    cdef Tensor _pooled(self, dict pool, tuple full_key, tuple shape, tuple basetile):
+    def refresh_copies(self):
+        """Refresh every parameter's compute copy (after writing values directly)."""
+        for _, param in self.named_parameters():
+            (<Parameter> param).refresh()
+
+    cdef Tensor _pooled(self, dict pool, tuple full_key, tuple shape, tuple basetile,
+                        str dtype):
         """The activation tensor of ``pool`` under ``full_key``, created on first use."""
         cdef Tensor tensor = pool.get(full_key)
         if tensor is None:
-            tensor = Tensor(shape, basetile, self.dtype, owners="batch")
+            tensor = Tensor(shape, basetile, dtype, owners="batch")
             pool[full_key] = tensor
         return tensor
 
-    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile):
-        """An activation tensor, one per (key, shape, tiling), reused across calls."""
-        return self._pooled(self._buffers, (key, shape, basetile), shape, basetile)
+    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile, str dtype=None):
+        """An activation tensor (in the compute dtype unless told), one per (key, shape,
+        tiling), reused across calls."""
+        dtype = dtype or self.compute
+        return self._pooled(self._buffers, (key, shape, basetile), shape, basetile, dtype)
 
-    cpdef Tensor scratch(self, str key, tuple shape, tuple basetile):
-        """A temporary of backward, shared by every module of the model under the same key,
-        shape and tiling: layers run backward one after another, so layer i-1 may reuse
-        layer i's buffers (StarPU orders the reuse after the last read). Saves one set of
-        backward buffers per layer but one."""
-        return self._pooled(self._scratch, (key, shape, basetile, self.dtype), shape, basetile)
+    cpdef Tensor scratch(self, str key, tuple shape, tuple basetile, str dtype=None):
+        """A temporary of backward (in the compute dtype unless told), shared by every module
+        of the model under the same key, shape, tiling and dtype: layers run backward one
+        after another, so layer i-1 may reuse layer i's buffers (StarPU orders the reuse
+        after the last read). Saves one set of backward buffers per layer but one."""
+        dtype = dtype or self.compute
+        return self._pooled(self._scratch, (key, shape, basetile, dtype), shape, basetile,
+                            dtype)
 
     def unregister(self):
         for tensor in self._buffers.values():
@@ -104,27 +146,39 @@ cdef class Linear(Module):
         self.in_ndim = len(in_shape)
         self.out_shape = out_shape
         self.out_tiles = out_tiles
-        self.weight = self.add_param("weight", in_shape + out_shape, in_tiles + out_tiles)
+        self.weight = self.add_param("weight", in_shape + out_shape, in_tiles + out_tiles,
+                                     gemm=True)
         self.bias = self.add_param("bias", out_shape, out_tiles) if bias else None
 
     cpdef Tensor forward(self, Tensor x):
+        """y (compute dtype) = x @ weight + bias; x is in the compute dtype."""
         cdef tuple lead = x.shape[:x.ndim - self.in_ndim]
         cdef tuple lead_tiles = x.basetile[:x.ndim - self.in_ndim]
         cdef Tensor y = self.buffer("y", lead + self.out_shape, lead_tiles + self.out_tiles)
-        ops.gemm(1.0, x, "N", self.weight.value, "N", 0.0, y, ndim=self.in_ndim)
+        ops.gemm(1.0, x, "N", self.weight.compute, "N", 0.0, y, ndim=self.in_ndim)
         if self.bias is not None:
             ops.add_bias(1.0, self.bias.value, 1.0, y)
         self.x = x
         return y
 
+    cdef Tensor _in_compute(self, Tensor dy):
+        """dy itself, or a copy in the compute dtype (the GEMMs need both operands in it)."""
+        if dy.dtype == self.compute:
+            return dy
+        cdef Tensor cast = self.scratch("dy", dy.shape, dy.basetile)
+        ops.cast(dy, cast)
+        return cast
+
     cpdef backward(self, Tensor dy, Tensor dx=None, double beta=0.0):
-        """Accumulate parameter gradients; dx = dy @ weight^T + beta*dx (when dx is given)."""
+        """Accumulate parameter gradients; dx = dy @ weight^T + beta*dx (when dx is given).
+        dy and dx may be in either dtype of the precision."""
+        dy = self._in_compute(dy)
         cdef int lead_ndim = dy.ndim - len(self.out_shape)
         ops.gemm(1.0, self.x, "T", dy, "N", 1.0, self.weight.grad, ndim=lead_ndim)
         if self.bias is not None:
             ops.sum_bias(1.0, dy, 1.0, self.bias.grad)
         if dx is not None:
-            ops.gemm(1.0, dy, "N", self.weight.value, "T", beta, dx, ndim=len(self.out_shape))
+            ops.gemm(1.0, dy, "N", self.weight.compute, "T", beta, dx, ndim=len(self.out_shape))
         return dx
 
 
@@ -136,15 +190,19 @@ cdef class LayerNorm(Module):
         self.bias = self.add_param("bias", (n_embd,), (embd_tile,))
 
     cpdef Tensor forward(self, Tensor x):
-        self.stats = self.buffer("stats", x.shape[:-1] + (2,), x.basetile[:-1] + (2,))
+        """y (compute dtype) = layer norm of x (master dtype), statistics in the master dtype."""
+        self.stats = self.buffer("stats", x.shape[:-1] + (2,), x.basetile[:-1] + (2,),
+                                 self.master)
         cdef Tensor y = self.buffer("y", x.shape, x.basetile)
         ops.layernorm_forward(x, self.weight.value, self.bias.value, self.eps, self.stats, y)
         self.x = x
         return y
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
-        """dx = layer-norm backward of dy + beta*dx; accumulates weight and bias gradients."""
-        cdef Tensor rowacc = self.scratch("rowacc", self.stats.shape, self.stats.basetile)
+        """dx = layer-norm backward of dy + beta*dx; accumulates weight and bias gradients (all
+        in the master dtype)."""
+        cdef Tensor rowacc = self.scratch("rowacc", self.stats.shape, self.stats.basetile,
+                                          self.master)
         ops.layernorm_backward(self.x, dy, self.stats, self.weight.value, self.eps, rowacc,
                                self.weight.grad, self.bias.grad, beta, dx)
         return dx
@@ -152,11 +210,13 @@ cdef class LayerNorm(Module):
 
 cdef class Embedding(Module):
     """Rows of a [num, n_embd] table picked by integer ids, accumulated into the destination
-    (token and position embeddings sum into one tensor)."""
+    (token and position embeddings sum into one tensor, in the master dtype). ``gemm``: the
+    table is also a GEMM operand (tied to the language-model head)."""
 
-    def __init__(self, int num, int num_tile, int n_embd, int embd_tile, str dtype):
+    def __init__(self, int num, int num_tile, int n_embd, int embd_tile, str dtype,
+                 bint gemm=False):
         super().__init__(dtype)
-        self.weight = self.add_param("weight", (num, n_embd), (num_tile, embd_tile))
+        self.weight = self.add_param("weight", (num, n_embd), (num_tile, embd_tile), gemm)
 
     cpdef forward(self, Tensor ids, Tensor dst):
         ops.embedding(ids, self.weight.value, dst)
@@ -194,7 +254,8 @@ cdef class Attention(Module):
         cdef tuple scores_shape = (B, self.n_head, T, T)
         cdef tuple scores_tiles = (bt, q.basetile[2], tt, tt)
         cdef Tensor p = self.buffer("p", scores_shape, scores_tiles)
-        cdef Tensor stats = self.buffer("stats", scores_shape[:3] + (2,), scores_tiles[:3] + (2,))
+        cdef Tensor stats = self.buffer("stats", scores_shape[:3] + (2,), scores_tiles[:3] + (2,),
+                                        self.master)
         ops.attn_qk(1.0 / math.sqrt(self.head_dim), q, k, p)
         ops.mask_causal(p)
         ops.maxsumexp(p, stats, 3)
@@ -205,6 +266,7 @@ cdef class Attention(Module):
         return self.c_proj.forward(o)
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
+        """dx (master dtype) = gradient of the input + beta*dx, from dy (master dtype)."""
         cdef Tensor q = self.q_out, k = self.k_out, v = self.v_out, p = self.p, o = self.o
         cdef Tensor do = self.scratch("do", o.shape, o.basetile)
         self.c_proj.backward(dy, do)
@@ -213,7 +275,7 @@ cdef class Attention(Module):
         # tiles above the diagonal hold zero probabilities: their gradient is never needed
         ops.attn_qk(1.0, do, v, dp, masked_value=0.0)
         ops.attn_ptv(1.0, p, do, dv)
-        cdef Tensor sums = self.scratch("sums", p.shape[:3], p.basetile[:3])
+        cdef Tensor sums = self.scratch("sums", p.shape[:3], p.basetile[:3], self.master)
         ops.sumprod_slice(1.0, p, dp, 0.0, sums, 3)
         ops.softmax_backward(1.0 / math.sqrt(self.head_dim), p, sums, dp, 3)
         cdef Tensor dq = self.scratch("dq", q.shape, q.basetile)
@@ -250,7 +312,9 @@ cdef class MLP(Module):
 
 
 cdef class Block(Module):
-    """x + attn(ln_1(x)), then + mlp(ln_2(.)): transformers' GPT2Block without dropout."""
+    """x + attn(ln_1(x)), then + mlp(ln_2(.)): transformers' GPT2Block without dropout. The
+    residual stream (x, its gradient) is in the master dtype, the branches in the compute
+    dtype."""
 
     def __init__(self, config, dict tiles, str dtype):
         super().__init__(dtype)
@@ -263,19 +327,19 @@ cdef class Block(Module):
 
     cpdef Tensor forward(self, Tensor x):
         cdef Tensor h = self.attn.forward(self.ln_1.forward(x))
-        cdef Tensor x1 = self.buffer("x1", x.shape, x.basetile)
+        cdef Tensor x1 = self.buffer("x1", x.shape, x.basetile, self.master)
         ops.copy(x, x1)
         ops.add(1.0, h, 1.0, x1)
         cdef Tensor m = self.mlp.forward(self.ln_2.forward(x1))
-        cdef Tensor out = self.buffer("out", x.shape, x.basetile)
+        cdef Tensor out = self.buffer("out", x.shape, x.basetile, self.master)
         ops.copy(x1, out)
         ops.add(1.0, m, 1.0, out)
         return out
 
     cpdef backward(self, Tensor dy, Tensor dx):
         """dx = gradient with respect to the block's input (dy is left as it is)."""
-        cdef Tensor dx1 = self.scratch("dx1", dy.shape, dy.basetile)
-        cdef Tensor dh = self.scratch("dh", dy.shape, dy.basetile)
+        cdef Tensor dx1 = self.scratch("dx1", dy.shape, dy.basetile, self.master)
+        cdef Tensor dh = self.scratch("dh", dy.shape, dy.basetile, self.master)
         ops.copy(dy, dx1)
         self.mlp.backward(dy, dh, 0.0)
         self.ln_2.backward(dh, dx1, 1.0)

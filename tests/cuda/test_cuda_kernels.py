@@ -45,6 +45,13 @@ if _SKIP:
     pytest.skip(_SKIP, allow_module_level=True)
 
 DT = ["fp32", "fp64", "bf16"]
+# Mixed precision (bf16 data, fp32 accumulators): each op's buffers, T data, A accumulator,
+# I int64 (as in kernels.h's NNTILE_PROTO_<op>(T, ACC, S)); cast exists only there.
+MIXED = {"add": "TA", "cast": "AT", "add_fiber": "AT", "sum_fiber": "TA",
+         "sumprod_slice": "TTA", "maxsumexp": "TA", "softmax_inplace": "AT",
+         "softmax_backward": "TAT", "xent_picked": "TIA", "xent_grad_inplace": "AIT",
+         "layernorm_forward": "AAAAT", "gemm": "TTA", "adam_step_refresh": "AAAATA"}
+MIXED_ONLY = ("cast",)
 RTOL = {"fp32": 1e-6, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 GEMM_RTOL = {"fp32": 1e-5, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 
@@ -392,7 +399,7 @@ def nans(*shape):
 
 def test_build_clean_and_symbols(env):
     assert "warning" not in env.nvcc_log.lower(), env.nvcc_log
-    ops = [op for op in STRUCTS if op != "gemm"]
+    ops = [op for op in STRUCTS if op not in ("gemm", *MIXED_ONLY)]
     for op in ops:
         for dt in DT:
             getattr(env.cuda, f"nntile_cuda_{op}_{dt}")
@@ -403,9 +410,11 @@ def test_build_clean_and_symbols(env):
 def test_header_declares_every_op():
     text = open(os.path.join(CUDA_DIR, "cuda_kernels.h")).read()
     assert "NNTILE_CUDA_PROTO_gemm(T, S)" in text
-    for op in set(STRUCTS) - {"gemm"}:  # its buffers, and in NNTILE_CUDA_OPS
+    for op in set(STRUCTS) - {"gemm"} - set(MIXED_ONLY):  # its buffers, and in NNTILE_CUDA_OPS
         assert f"NNTILE_CUDA_BUFFERS_{op}(P, A)" in text, op
         assert f"X({op})" in text, op
+    for op in MIXED:
+        assert f" nntile_cuda_{op}_bf16_fp32(" in text, op
 
 
 def test_bf16_helpers():
@@ -856,3 +865,127 @@ def run_ref_gemm(A, B, C, a):
             cm[:, :N] = a["alpha"] * (am @ bm) + (a["beta"] * cm[:, :N]
                                                    if a["beta"] else 0)
     return ref
+
+
+# ---------------------------------------------------------------- bf16_fp32
+
+def run_mixed(env, op, args, bufs):
+    """The bf16_fp32 kernel of op on the CPU and the GPU from the same inputs: T buffers as
+    bf16 bits, A buffers as float32, I as int64. Returns (cpu, gpu) float64 outputs."""
+    roles = MIXED[op]
+    st_ = make_args("adam_step" if op == "adam_step_refresh" else op, args)
+    host, dev = [], []
+    with env.stream:
+        for role, b in zip(roles, bufs):
+            if b is None:
+                host.append(None)
+                dev.append(None)
+                continue
+            h = np.ascontiguousarray(b, dtype={"T": np.float32, "A": np.float32,
+                                                "I": np.int64}[role])
+            if role == "T":
+                h = bf16_bits(h).reshape(h.shape)
+            host.append(h.copy())
+            dev.append(cp.asarray(h))
+        cpu_fn = getattr(env.cpu, f"nntile_kernel_{op}_bf16_fp32")
+        cpu_fn.restype = None
+        cpu_fn(ctypes.byref(st_), *[_ptr(h) for h in host])
+        gpu_fn = getattr(env.cuda, f"nntile_cuda_{op}_bf16_fp32")
+        gpu_fn.restype = None
+        first = env.handle if op == "gemm" else ctypes.c_void_p(
+            cp.cuda.get_current_stream().ptr)
+        gpu_fn(ctypes.byref(st_), first, *[_dptr(d) for d in dev])
+        out = [None if d is None else cp.asnumpy(d, stream=env.stream) for d in dev]
+        env.stream.synchronize()
+
+    def floats(role, a):
+        if a is None or role == "I":
+            return a
+        return (bf16_to_f32(a).reshape(a.shape) if role == "T" else a).astype(np.float64)
+    return ([floats(r, h) for r, h in zip(roles, host)],
+            [floats(r, a) for r, a in zip(roles, out)])
+
+
+def check_mixed(env, op, args, bufs, outs, rtol=1e-6, scale=None):
+    """Accumulator outputs within rtol (fp32 arithmetic on both, double sums); data outputs
+    within one bf16 rounding (the two sides round float values that may differ in the last
+    float bits)."""
+    c, g = run_mixed(env, op, args, bufs)
+    for i in outs:
+        close(g[i], c[i], "bf16", rtol=2 ** -8 if MIXED[op][i] == "T" else rtol,
+              scale=scale)
+    return c, g
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 1), (2, 7, 3), (300, 64, 1),
+                                   (7, 300, 37), (4, 33000, 1), (3000, 3, 1)])
+def test_mixed_elementwise_and_reductions(env, m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    x, y = R(rng, m, k, n), R(rng, m, k, n)
+    mkn = dict(m=m, k=k, n=n)
+    for beta in (0.0, 1.0, -0.5):
+        check_mixed(env, "add", dict(n=x.size, alpha=0.3, beta=beta),
+                    [x, nans(m, k, n) if beta == 0 else y], [1])
+        check_mixed(env, "add_fiber", dict(mkn, alpha=1.5, beta=beta),
+                    [R(rng, k), nans(m, k, n) if beta == 0 else y], [1])
+        check_mixed(env, "sum_fiber", dict(mkn, alpha=1.5, beta=beta),
+                    [x, nans(k) if beta == 0 else R(rng, k)], [1],
+                    scale=_red_scale(np.abs(x).sum(axis=(0, 2))))
+        check_mixed(env, "sumprod_slice", dict(mkn, alpha=0.7, beta=beta),
+                    [x, y, nans(m, n) if beta == 0 else R(rng, m, n)], [2],
+                    scale=_red_scale(np.abs(x * y).sum(axis=1)))
+    check_mixed(env, "cast", dict(n=x.size), [x, nans(m, k, n)], [1], rtol=0)
+    check_mixed(env, "softmax_backward", dict(mkn, alpha=0.5), [x, R(rng, m, n), y], [2])
+    s = 4 * x
+    s[rng.random(s.shape) < 0.3] = -np.inf
+    s[0, :, 0] = -np.inf  # a fully masked row
+    for init in (1, 0):
+        stats = nans(m, n, 2) if init else np.stack([R(rng, m, n), np.abs(R(rng, m, n))], -1)
+        c, _ = check_mixed(env, "maxsumexp", dict(mkn, init=init), [s, stats], [1])
+    check_mixed(env, "softmax_inplace", mkn, [c[1], s], [1])
+
+
+@pytest.mark.parametrize("rows,v,voff", [(1, 1, 0), (5, 300, 0), (37, 1000, 500),
+                                         (8, 50257, 0)])
+def test_mixed_xent_and_layernorm(env, rows, v, voff):
+    rng = np.random.default_rng(rows + v)
+    logits = R(rng, rows, v, scale=3.0)
+    labels = rng.integers(0, 2 * v + voff, rows)
+    stats = np.stack([logits.max(1), np.exp(logits - logits.max(1, keepdims=True)).sum(1)], -1)
+    args = dict(rows=rows, v=v, v_offset=voff)
+    check_mixed(env, "xent_picked", args, [logits, labels, R(rng, rows)], [2])
+    check_mixed(env, "xent_grad_inplace", dict(args, alpha=0.25), [stats, labels, logits], [2])
+    x = R(rng, rows, v)
+    ln = np.stack([x.mean(1), ((x - x.mean(1, keepdims=True)) ** 2).sum(1)], -1)
+    check_mixed(env, "layernorm_forward", dict(rows=rows, e=v, e_total=v, eps=1e-5),
+                [x, ln, R(rng, v), R(rng, v), nans(rows, v)], [4])
+
+
+@pytest.mark.parametrize("case", GEMM_CASES)
+def test_mixed_gemm_accumulates_into_fp32(env, case):
+    """bf16 operands, fp32 C: both sides multiply the same bf16 values in fp32."""
+    M, N, K, tA, tB, b1, b2, pad, beta, _ = case
+    rng = np.random.default_rng(M * N + K + 1)
+    ar, ac = (K, M) if tA else (M, K)
+    br, bc = (N, K) if tB else (K, N)
+    lda, ldb, ldc = max(ac, 1) + pad, max(bc, 1) + pad, N + pad
+    sA2, sB2, sC2 = ar * lda + pad, br * ldb + pad, M * ldc + pad
+    args = dict(transA=tA, transB=tB, M=M, N=N, K=K, alpha=0.8, beta=beta, batch1=b1,
+                batch2=b2, lda=lda, ldb=ldb, ldc=ldc, strideA1=b2 * sA2, strideA2=sA2,
+                strideB1=b2 * sB2, strideB2=sB2, strideC1=b2 * sC2, strideC2=sC2)
+    C = R(rng, b1 * b2 * sC2 + 1)
+    check_mixed(env, "gemm", args, [R(rng, b1 * b2 * sA2 + 1), R(rng, b1 * b2 * sB2 + 1), C],
+                [2], rtol=GEMM_RTOL["fp32"], scale=max(1.0, K))
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5])
+def test_mixed_adam_step_refresh(env, max_norm):
+    rng = np.random.default_rng(4)
+    n = 3001
+    g = R(rng, n)
+    args = dict(n=n, step=3, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                decoupled=1, max_norm=max_norm)
+    c, g_out = check_mixed(env, "adam_step_refresh", args,
+                           [R(rng, n), g, R(rng, n) * 0.1, np.abs(R(rng, n)) * 0.01,
+                            nans(n), np.array([np.sum(g ** 2)])], [0, 2, 3, 4], rtol=4e-6)
+    np.testing.assert_array_equal(g_out[4], bf16_round(g_out[0]))  # the copy: p rounded

@@ -29,6 +29,7 @@ A8 = "int64[8]"
 FIELDS = {
     "fill": ([("n", I), ("value", D)], 1),
     "copy": ([("n", I)], 2),
+    "cast": ([("n", I)], 2),
     "subcopy": ([("ndim", I), ("src_shape", A8), ("dst_shape", A8),
                  ("copy_shape", A8), ("src_offset", A8),
                  ("dst_offset", A8)], 2),
@@ -1218,3 +1219,98 @@ def test_bf16_sgd(K, momentum, nesterov, wd, max_norm):
                                  weight_decay=wd, nesterov=nesterov, max_norm=max_norm),
              p, g, buf, normsq if max_norm > 0 else None)
         close16(p, rtol=2e-2)
+
+
+# ---------------------------------------------------------------- bf16_fp32
+# Mixed precision: bf16 data buffers (T) and float accumulator buffers (A).
+# Each kernel computes what the fp32 kernel computes on the same values, then
+# stores its data outputs rounded to bf16 once: accumulators must equal the
+# fp32 kernel's, data outputs its results rounded to nearest even.
+
+def mixed(K, op, args, roles, *arrays):
+    """Run op's bf16_fp32 kernel and the fp32 one on the same values; roles
+    gives each buffer's kind (T data, A accumulator, I int64). Returns the
+    outputs as (mixed, fp32) pairs of float32 arrays, in buffer order."""
+    ref = [np.ascontiguousarray(bf(a) if r == "T" else a,
+                                np.int64 if r == "I" else np.float32)
+           for r, a in zip(roles, arrays)]
+    mix = [bf16_ref_bits(a) if r == "T" else a.copy() for r, a in zip(roles, ref)]
+    K(op, "fp32", args, *ref)
+    K(op, "bf16_fp32", args, *mix)
+    return [(from_bf16(m) if r == "T" else m, f) for r, m, f in zip(roles, mix, ref)
+            if r != "I"]
+
+
+def assert_mixed(pairs, roles):
+    """Accumulators as the fp32 kernel's; data outputs its values rounded."""
+    for (got, ref), r in zip(pairs, roles.replace("I", "")):
+        np.testing.assert_array_equal(got, bf(ref) if r == "T" else ref)
+
+
+@pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 1, 1)])
+def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
+    rng = np.random.default_rng(m * k + n)
+    x, y = rng.standard_normal((m, k, n)), rng.standard_normal((m, k, n))
+    fib, sl = rng.standard_normal(k), rng.standard_normal((m, n))
+    mkn = dict(m=m, k=k, n=n)
+    cases = [("add", dict(n=x.size, alpha=0.3, beta=1.0), "TA", x, y),
+             ("cast", dict(n=x.size), "AT", x, y),
+             ("add_fiber", dict(mkn, alpha=1.5, beta=-0.5), "AT", fib, x),
+             ("sum_fiber", dict(mkn, alpha=1.5, beta=0.0), "TA", x, fib),
+             ("sumprod_slice", dict(mkn, alpha=0.7, beta=1.0), "TTA", x, y, sl),
+             ("softmax_backward", dict(mkn, alpha=0.5), "TAT", x, sl, y)]
+    stats = np.empty((m, n, 2))
+    cases.append(("maxsumexp", dict(mkn, init=1), "TA", x, stats))
+    for op, args, roles, *arrays in cases:
+        assert_mixed(mixed(K, op, args, roles, *arrays), roles)
+    stats = mixed(K, "maxsumexp", dict(mkn, init=1), "TA", x, stats)[1][1]
+    assert_mixed(mixed(K, "softmax_inplace", mkn, "AT", stats, x), "AT")
+    # rows x vocabulary: cross entropy, layer norm
+    rows, v = m * n, k
+    logits, labels = x.reshape(rows, v), rng.integers(0, v, rows)
+    xstats = mixed(K, "maxsumexp", dict(m=rows, k=v, n=1, init=1), "TA", logits,
+                   np.empty((rows, 2)))[1][1]
+    assert_mixed(mixed(K, "xent_picked", dict(rows=rows, v=v, v_offset=0), "TIA", logits,
+                       labels, np.zeros(rows)), "TIA")
+    assert_mixed(mixed(K, "xent_grad_inplace", dict(rows=rows, v=v, v_offset=0, alpha=0.5),
+                       "AIT", xstats, labels, logits), "AIT")
+    lnx = y.reshape(rows, v)
+    lnstats = np.empty((rows, 2), np.float32)
+    K("layernorm_stats", "fp32", dict(rows=rows, e=v, e_offset=0),
+      np.ascontiguousarray(lnx, np.float32), lnstats)
+    assert_mixed(mixed(K, "layernorm_forward", dict(rows=rows, e=v, e_total=v, eps=1e-5),
+                       "AAAAT", lnx, lnstats, fib, fib[::-1], x), "AAAAT")
+
+
+@pytest.mark.parametrize("tA,tB,beta", [(0, 0, 0.0), (1, 0, 1.0), (0, 1, -0.5)])
+def test_bf16_fp32_gemm_accumulates_into_float(K, tA, tB, beta):
+    rng = np.random.default_rng(3)
+    M, N, K_ = 5, 4, 33
+    A = rng.standard_normal((K_, M) if tA else (M, K_))
+    B = rng.standard_normal((N, K_) if tB else (K_, N))
+    C = rng.standard_normal((M, N))
+    args = dict(transA=tA, transB=tB, M=M, N=N, K=K_, alpha=0.8, beta=beta, batch1=1,
+                batch2=1, lda=A.shape[1], ldb=B.shape[1], ldc=N)
+    assert_mixed(mixed(K, "gemm", args, "TTA", A, B, C), "TTA")
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5])
+def test_adam_step_refresh_is_adam_step_and_a_rounded_copy(K, max_norm):
+    rng = np.random.default_rng(9)
+    n = 257
+    p, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    normsq = np.array([float(g.astype(np.float64) @ g)], np.float32)
+    ref = [a.copy() for a in (p, m, v)]
+    copy = np.zeros(n, np.uint16)
+    args = STRUCTS["adam_step"](n=n, step=3, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8,
+                                weight_decay=0.1, decoupled=1, max_norm=max_norm)
+    K("adam_step", "fp32", {f: getattr(args, f) for f, _ in STRUCTS["adam_step"]._fields_},
+      ref[0], g, ref[1], ref[2], normsq)
+    fn = K.lib.nntile_kernel_adam_step_refresh_bf16_fp32
+    fn.restype = None
+    ptr = lambda a: ctypes.c_void_p(a.ctypes.data)  # noqa: E731
+    fn(ctypes.byref(args), ptr(p), ptr(g), ptr(m), ptr(v), ptr(copy), ptr(normsq))
+    for got, want in zip((p, m, v), ref):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(copy, bf16_ref_bits(p))

@@ -4,10 +4,13 @@
 #include "reduce.inc"
 #include NNTILE_KERNEL_BODY
 #undef T
+#undef ACC
 #undef C
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef LOAD_ACC
+#undef STORE_ACC
 #undef STORE_DOUBLE
 #undef EXP
 #undef VEXP

@@ -1,0 +1,335 @@
+/* Kernels of mixed precision: bf16 data buffers, float accumulator buffers
+ * (column NNTILE_BF16_FP32 of the op table).  Twins of the bf16_fp32
+ * instantiation of the CPU kernels (../_core/kernels/kernels.h names the
+ * accumulator buffers of each op); gemm_bf16_fp32 is in gemm.cu and
+ * adam_step_refresh_bf16_fp32 in optim.cu.
+ *
+ * What is fused, and why.  Every kernel here reads and writes its two dtypes
+ * directly, so no op of mixed precision needs a separate conversion pass over
+ * an activation:
+ *   - layernorm_forward reads the fp32 residual stream and writes the bf16
+ *     input of the next GEMM (the cast is the norm's store);
+ *   - add adds a bf16 branch into the fp32 stream (no fp32 copy of the branch);
+ *   - maxsumexp and softmax_inplace keep the row statistics in fp32 while the
+ *     scores stay bf16, the largest activation of all;
+ *   - the bias add reads the fp32 master bias, the bias gradient sums bf16
+ *     rows into fp32 (no bf16 copy of a bias);
+ *   - adam_step_refresh writes the bf16 copy from the register that holds the
+ *     new fp32 weight (no second pass over the masters).
+ * The one standalone conversion, cast, turns the fp32 gradient of the residual
+ * stream into the bf16 operand of a GEMM, once per Linear in backward. */
+#include "common.cuh"
+
+NNTILE_CUDA_BEGIN
+
+/* dst = alpha*src + beta*dst; mode 0: beta == 0 (dst not read), 1: beta == 1 */
+__global__ void add_k(int64_t n, float alpha, float beta, int mode,
+                      const bf16 *__restrict__ src, float *__restrict__ dst)
+{
+    NNTILE_GRID_STRIDE(int64_t, i, n) {
+        const float x = alpha * ld(src[i]);
+        dst[i] = mode == 0 ? x : (mode == 1 ? x + dst[i] : x + beta * dst[i]);
+    }
+}
+
+__global__ void cast_k(int64_t n, const float *__restrict__ src,
+                       bf16 *__restrict__ dst)
+{
+    NNTILE_GRID_STRIDE(int64_t, i, n)
+        dst[i] = st<bf16>(src[i]);
+}
+
+/* ---- element-wise over [m, k, n] with a float fiber or slice (mkn) */
+
+struct AddFiber {
+    const float *fiber;
+    bf16 *dst;
+    float alpha, beta;
+    int accumulate;
+    __device__ void operator()(int64_t idx, int64_t j, int64_t) const
+    {
+        const float v = alpha * fiber[j];
+        dst[idx] = st<bf16>(accumulate ? v + beta * ld(dst[idx]) : v);
+    }
+};
+
+struct SoftmaxInplace {
+    const float *stats;
+    bf16 *dst;
+    __device__ void operator()(int64_t idx, int64_t, int64_t sl) const
+    {
+        const float sh = exp_shift(stats[2 * sl]);
+        const float s = stats[2 * sl + 1];
+        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        dst[idx] = st<bf16>(vexp(ld(dst[idx]) - sh) * inv);
+    }
+};
+
+struct SoftmaxBackward {
+    const bf16 *p;
+    const float *sums;
+    bf16 *dp;
+    float alpha;
+    __device__ void operator()(int64_t idx, int64_t, int64_t sl) const
+    {
+        dp[idx] = st<bf16>(alpha * ld(p[idx]) * (ld(dp[idx]) - sums[sl]));
+    }
+};
+
+/* ---- reductions of bf16 data into float accumulators */
+
+/* fiber[j] = alpha * sum over i, l of src[i, j, l] + beta*fiber[j] for n > 1:
+ * one block per j (n == 1 is a column sum) */
+__global__ void sum_fiber_k(int64_t m, int64_t k, int64_t n, double alpha,
+                            double beta, const bf16 *__restrict__ src,
+                            float *__restrict__ fiber)
+{
+    for (int64_t j = blockIdx.x; j < k; j += gridDim.x) {
+        double acc[1] = {0.0};
+        for (int64_t t = threadIdx.x; t < m * n; t += blockDim.x) {
+            const int64_t i = t / n, l = t - i * n;
+            acc[0] += (double)ld(src[(i * k + j) * n + l]);
+        }
+        block_sum<1>(acc);
+        if (threadIdx.x == 0)
+            AxpbyEpi<float>{fiber, alpha, beta, 0}.store(j, acc[0]);
+    }
+}
+
+/* Merge a tile's (m1, s1) into the running stats st_[0..1], as the CPU. */
+__device__ void merge_stats(float *st_, float m1, double s1, int init)
+{
+    if (init) {
+        st_[0] = m1;
+        st_[1] = (float)s1;
+        return;
+    }
+    const float m0 = st_[0];
+    const double s0 = st_[1];
+    if (m1 > m0) {
+        st_[0] = m1;
+        st_[1] = (float)(s0 * exp((double)m0 - (double)m1) + s1);
+    } else if (m1 != ninf<float>()) {
+        st_[1] = (float)(s0 + s1 * exp((double)m1 - (double)m0));
+    }
+}
+
+/* n == 1 (scores, logits): a group of TPR threads per contiguous row, two
+ * passes (max, then sum of exp(x - max)) */
+template <int TPR>
+__global__ void maxsumexp_rows_k(int64_t m, int64_t k, int init,
+                                 const bf16 *__restrict__ src,
+                                 float *__restrict__ stats)
+{
+    __shared__ float shc[kBlock / 32];
+    __shared__ double shd[kBlock / 32];
+    NNTILE_ROW_LOOP(TPR, m, r, tid, active) {
+        const bf16 *row = src + r * k;
+        float mt = ninf<float>();
+        if (active)
+            for (int64_t j = tid; j < k; j += TPR)
+                mt = fmaxf(mt, ld(row[j]));
+        const float mx = group_allreduce<TPR>(mt, MaxOp(), shc);
+        const float sh = exp_shift(mx);
+        double s = 0.0;
+        if (active)
+            for (int64_t j = tid; j < k; j += TPR)
+                s += (double)vexp(ld(row[j]) - sh);
+        s = group_allreduce<TPR>(s, SumOp(), shd);
+        if (active && tid == 0)
+            merge_stats(stats + 2 * r, mx, s, init);
+    }
+}
+
+/* n > 1: a thread per (i, l), coalesced along l */
+__global__ void maxsumexp_cols_k(int64_t m, int64_t k, int64_t n, int init,
+                                 const bf16 *__restrict__ src,
+                                 float *__restrict__ stats)
+{
+    NNTILE_GRID_STRIDE(int64_t, c, m * n) {
+        const int64_t i = c / n, l = c - i * n;
+        const bf16 *base = src + i * k * n + l;
+        float mx = ninf<float>();
+        for (int64_t j = 0; j < k; ++j)
+            mx = fmaxf(mx, ld(base[j * n]));
+        const float sh = exp_shift(mx);
+        double s = 0.0;
+        for (int64_t j = 0; j < k; ++j)
+            s += (double)vexp(ld(base[j * n]) - sh);
+        merge_stats(stats + 2 * c, s == 0.0 ? ninf<float>() : sh, s, init);
+    }
+}
+
+/* ---- cross entropy and layer norm */
+
+__global__ void xent_picked_k(int64_t rows, int64_t v, int64_t v_offset,
+                              const bf16 *__restrict__ logits,
+                              const int64_t *__restrict__ labels,
+                              float *__restrict__ picked)
+{
+    NNTILE_GRID_STRIDE(int64_t, r, rows) {
+        const int64_t c = labels[r] - v_offset;
+        if (c >= 0 && c < v)
+            picked[r] = ld(logits[r * v + c]);
+    }
+}
+
+__global__ void xent_grad_k(int64_t rows, int64_t v, int64_t v_offset,
+                            float alpha, const float *__restrict__ stats,
+                            const int64_t *__restrict__ labels,
+                            bf16 *__restrict__ logits)
+{
+    NNTILE_GRID_STRIDE(int64_t, idx, rows * v) {
+        const int64_t r = idx / v, j = idx - r * v;
+        const float sh = exp_shift(stats[2 * r]);
+        const float s = stats[2 * r + 1];
+        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        const float e = vexp(ld(logits[idx]) - sh);
+        logits[idx] = st<bf16>(labels[r] - v_offset == j ? alpha * (e * inv - 1.0f)
+                                                         : e * (alpha * inv));
+    }
+}
+
+__global__ void layernorm_forward_k(int64_t rows, int64_t e, int64_t e_total,
+                                    double eps, const float *__restrict__ x,
+                                    const float *__restrict__ stats,
+                                    const float *__restrict__ gamma,
+                                    const float *__restrict__ beta_,
+                                    bf16 *__restrict__ y)
+{
+    NNTILE_GRID_STRIDE(int64_t, idx, rows * e) {
+        const int64_t r = idx / e, j = idx - r * e;
+        const float mean = stats[2 * r];
+        const float rstd =
+            (float)(1.0 / sqrt((double)stats[2 * r + 1] / (double)e_total + eps));
+        y[idx] = st<bf16>((x[idx] - mean) * rstd * gamma[j] + beta_[j]);
+    }
+}
+
+NNTILE_CUDA_END
+
+using namespace nntile_cuda;
+
+extern "C" void nntile_cuda_add_bf16_fp32(const struct nntile_add_args *a,
+                                          cudaStream_t s, const uint16_t *src,
+                                          float *dst)
+{
+    if (a->n <= 0)
+        return;
+    const int mode = a->beta == 0.0 ? 0 : (a->beta == 1.0 ? 1 : 2);
+    add_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, (float)a->alpha,
+                                            (float)a->beta, mode,
+                                            (const bf16 *)src, dst);
+}
+
+extern "C" void nntile_cuda_cast_bf16_fp32(const struct nntile_cast_args *a,
+                                           cudaStream_t s, const float *src,
+                                           uint16_t *dst)
+{
+    if (a->n > 0)
+        cast_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, src, (bf16 *)dst);
+}
+
+extern "C" void nntile_cuda_add_fiber_bf16_fp32(
+    const struct nntile_add_fiber_args *a, cudaStream_t s, const float *fiber,
+    uint16_t *dst)
+{
+    mkn(a->m, a->k, a->n,
+        AddFiber{fiber, (bf16 *)dst, (float)a->alpha, (float)a->beta,
+                 a->beta != 0.0},
+        s);
+}
+
+extern "C" void nntile_cuda_sum_fiber_bf16_fp32(
+    const struct nntile_sum_fiber_args *a, cudaStream_t s, const uint16_t *src,
+    float *fiber)
+{
+    const int64_t m = a->m > 0 ? a->m : 0, k = a->k, n = a->n > 0 ? a->n : 0;
+    if (k <= 0)
+        return;
+    const bf16 *x = (const bf16 *)src;
+    if (n == 1)  /* [m, k]: columns j, coalesced */
+        colsum<1>(1, m, k, SumTerm<bf16, false>{x, nullptr, m, k},
+                  AxpbyEpi<float>{fiber, a->alpha, a->beta, 0}, s);
+    else
+        sum_fiber_k<<<grid_for(k, 1), kBlock, 0, s>>>(m, k, n, a->alpha,
+                                                      a->beta, x, fiber);
+}
+
+extern "C" void nntile_cuda_sumprod_slice_bf16_fp32(
+    const struct nntile_sumprod_slice_args *a, cudaStream_t s,
+    const uint16_t *src1, const uint16_t *src2, float *dst)
+{
+    const int64_t m = a->m, k = a->k > 0 ? a->k : 0, n = a->n;
+    const SumTerm<bf16, true> term{(const bf16 *)src1, (const bf16 *)src2, k, n};
+    const AxpbyEpi<float> epi{dst, a->alpha, a->beta, n};
+    if (n == 1)
+        rowsum<1>(m, k, term, epi, s);
+    else
+        colsum<1>(m, k, n, term, epi, s);
+}
+
+extern "C" void nntile_cuda_maxsumexp_bf16_fp32(
+    const struct nntile_maxsumexp_args *a, cudaStream_t s, const uint16_t *src,
+    float *stats)
+{
+    const int64_t m = a->m, k = a->k < 0 ? 0 : a->k, n = a->n;
+    if (m <= 0 || n <= 0)
+        return;
+    const bf16 *x = (const bf16 *)src;
+    if (n == 1)
+        dispatch_tpr(k, [&](auto tpr) {
+            constexpr int TPR = decltype(tpr)::value;
+            maxsumexp_rows_k<TPR><<<row_grid(m, TPR), kBlock, 0, s>>>(
+                m, k, a->init != 0, x, stats);
+        });
+    else
+        maxsumexp_cols_k<<<grid_for(m * n), kBlock, 0, s>>>(m, k, n,
+                                                             a->init != 0, x,
+                                                             stats);
+}
+
+extern "C" void nntile_cuda_softmax_inplace_bf16_fp32(
+    const struct nntile_softmax_inplace_args *a, cudaStream_t s,
+    const float *stats, uint16_t *dst)
+{
+    mkn(a->m, a->k, a->n, SoftmaxInplace{stats, (bf16 *)dst}, s);
+}
+
+extern "C" void nntile_cuda_softmax_backward_bf16_fp32(
+    const struct nntile_softmax_backward_args *a, cudaStream_t s,
+    const uint16_t *p, const float *sums, uint16_t *dp)
+{
+    mkn(a->m, a->k, a->n,
+        SoftmaxBackward{(const bf16 *)p, sums, (bf16 *)dp, (float)a->alpha}, s);
+}
+
+extern "C" void nntile_cuda_xent_picked_bf16_fp32(
+    const struct nntile_xent_picked_args *a, cudaStream_t s,
+    const uint16_t *logits, const int64_t *labels, float *picked)
+{
+    if (a->rows > 0)
+        xent_picked_k<<<grid_for(a->rows), kBlock, 0, s>>>(
+            a->rows, a->v, a->v_offset, (const bf16 *)logits, labels, picked);
+}
+
+extern "C" void nntile_cuda_xent_grad_inplace_bf16_fp32(
+    const struct nntile_xent_grad_inplace_args *a, cudaStream_t s,
+    const float *stats, const int64_t *labels, uint16_t *logits)
+{
+    if (a->rows > 0 && a->v > 0)
+        xent_grad_k<<<grid_for(a->rows * a->v), kBlock, 0, s>>>(
+            a->rows, a->v, a->v_offset, (float)a->alpha, stats, labels,
+            (bf16 *)logits);
+}
+
+extern "C" void nntile_cuda_layernorm_forward_bf16_fp32(
+    const struct nntile_layernorm_forward_args *a, cudaStream_t s,
+    const float *x, const float *stats, const float *gamma, const float *beta_,
+    uint16_t *y)
+{
+    if (a->rows > 0 && a->e > 0)
+        layernorm_forward_k<<<grid_for(a->rows * a->e), kBlock, 0, s>>>(
+            a->rows, a->e, a->e_total, a->eps, x, stats, gamma, beta_,
+            (bf16 *)y);
+}
