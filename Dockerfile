@@ -1,25 +1,35 @@
-# nntile with CUDA and MPI. Build from the repository root:
+# nntile with StarPU-MPI, and CUDA where the base image has the toolkit; set up by `make install`,
+# so the image holds what `make test` and `make train` need. On a GPU machine, from the repository
+# root (a StarPU release tarball in vendor/ saves the download):
 #   docker build -t nntile --build-arg STARPU_TARBALL=vendor/starpu-1.4.10.tar.gz .
-# (put the StarPU release tarball in vendor/ first; without it the script downloads it).
-# Kept in step with scripts/install_starpu.sh and the Makefile; it cannot be built in CI,
-# which has no Docker engine.
-FROM nvidia/cuda:13.0.0-devel-ubuntu24.04
+# A CPU image from a locally made Debian base, built and tested with podman where no registry can
+# be reached: scripts/docker_check.sh.
+# Fully qualified: podman, unlike docker, has no default registry for short names.
+ARG BASE_IMAGE=docker.io/nvidia/cuda:13.0.0-devel-ubuntu24.04
+FROM ${BASE_IMAGE}
 
+# 1: CUDA is required (GPU image); 0: CPU only.
+ARG NNTILE_CUDA=1
 ARG STARPU_TARBALL=""
+# Left unset unless given: pip's wheel folder (a CPU build of torch, say) and CA bundle (for a TLS
+# proxy), both mounted at build time by scripts/docker_check.sh.
+ARG PIP_FIND_LINKS
+ARG PIP_CERT
 ENV DEBIAN_FRONTEND=noninteractive \
     NNTILE_STARPU_PREFIX=/opt/starpu \
-    PIP_BREAK_SYSTEM_PACKAGES=1
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PIP_NO_CACHE_DIR=1
 
+# What the Makefile itself runs on; `make deps` installs the libraries it lists.
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        python3 python3-dev python3-pip git make gcc g++ curl perl \
-        libhwloc-dev pkg-config libopenmpi-dev openmpi-bin libopenblas-dev \
+        python3 python3-dev python3-pip make gcc g++ perl curl ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/nntile
 COPY . .
-RUN STARPU_TARBALL="${STARPU_TARBALL:+/opt/nntile/$STARPU_TARBALL}" NNTILE_CUDA=1 \
-        scripts/install_starpu.sh
-RUN python3 -m pip install setuptools wheel Cython numpy mpi4py \
-    && NNTILE_CUDA=1 python3 -m pip install --no-build-isolation -e ".[test]"
+# StarPU in a layer of its own, kept when a later step fails; `make install` then reuses it.
+RUN STARPU_TARBALL="${STARPU_TARBALL:+/opt/nntile/$STARPU_TARBALL}" make starpu \
+    && rm -rf /var/lib/apt/lists/*
+RUN make install
 
-CMD ["nntile-train", "--ncuda", "1"]
+CMD ["nntile-train"]
