@@ -33,23 +33,23 @@ TRAIN = ["--steps", "4", "--eval-every", "0", "--eval-batches", "1", "--n-layer"
          "--ncpu", "1", "--no-progress", "--save-every", "2", "--keep", "0"]
 
 
-def _env(**extra):
-    """The environment of the runs: threads left unpinned on the CI's 2 cores, unless
-    ``extra`` sets STARPU_WORKERS_NOBIND=None (then nntile places them by its defaults)."""
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               STARPU_WORKERS_NOBIND="1", STARPU_SILENT="1",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    env.update(extra)
-    return {name: value for name, value in env.items() if value is not None}
-
-
-# nntile's own placement of StarPU's threads on the cores mpirun gives each rank
-PLACED = {"STARPU_WORKERS_NOBIND": None}
+def _env(placed=False, **extra):
+    """The environment of the runs: StarPU's threads left unpinned on the CI's 2 cores; or,
+    ``placed``, with nntile's defaults alone (none of the STARPU_* settings that Contexts of
+    this test process left behind), which place them on the cores mpirun gives each rank."""
+    env = {name: value for name, value in os.environ.items()
+           if not (placed and name.startswith("STARPU_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               STARPU_SILENT="1",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **extra)
+    if not placed:
+        env["STARPU_WORKERS_NOBIND"] = "1"
+    return env
 
 
 def mpirun_cmd(nranks, *program, options=()):
     """mpirun's command line for ``program`` on the CI's 2 cores, however many ranks; these
-    runs leave placement out of the question (the tests with PLACED are about it)."""
+    runs leave placement out of the question (the tests with _env(placed=True) are about it)."""
     return [MPIRUN, "--oversubscribe", "--bind-to", "none", *options, "-np", str(nranks),
             *program]
 
@@ -226,7 +226,7 @@ def test_every_rank_gets_workers_whatever_cores_it_is_given(launch):
     rank's one core (Open MPI yielding it when idle) where it has one."""
     result = subprocess.run([MPIRUN, *launch, sys.executable,
                              os.path.join(HERE, "mpi", "placement.py")],
-                            capture_output=True, text=True, timeout=300, env=_env(**PLACED))
+                            capture_output=True, text=True, timeout=300, env=_env(placed=True))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     reports = _rank_reports(result.stdout)
     nranks = int(launch[-1])
@@ -387,7 +387,7 @@ def test_readme_mpi_lines_run_as_written(tmp_path, binding):
         cwd = tmp_path / str(i)
         cwd.mkdir()
         result = subprocess.run(_with(words, binding), cwd=cwd, capture_output=True,
-                                text=True, timeout=300, env=_env(**PLACED))
+                                text=True, timeout=300, env=_env(placed=True))
         assert result.returncode == 0 and "Traceback" not in result.stderr, \
             shlex.join(words) + "\n" + result.stderr[-3000:]
         out = cwd / line[line.index("--out") + 1]
