@@ -275,6 +275,9 @@ def gemm(alpha, Tensor A, transA, Tensor B, transB, beta, Tensor C, int ndim=1,
     _usable(A, "A")
     _usable(B, "B")
     _usable(C, "C")
+    # C's tiles are written while other tasks still read A's and B's
+    _distinct("gemm", [(A, "A"), (C, "C")])
+    _distinct("gemm", [(B, "B"), (C, "C")])
     _same_dtype("gemm", A, "A", B, "B")
     _same_dtype("gemm", A, "A", C, "C")
     _float_dtype("gemm", C, "C")
