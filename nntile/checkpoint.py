@@ -125,8 +125,11 @@ def _tensors(model, optimizer):
 def _create_dataset(f, group, name, tensor):
     npdtype = NUMPY_DTYPES.get(tensor.dtype, None) or tensor.numpy_dtype
     # Fletcher-32 checksums per chunk: damaged data fails to read instead of loading quietly.
+    # A tile HDF5 cannot find (a damaged chunk index) reads as the fill value: NaN, which no
+    # checkpoint holds, so loading refuses it.
     return f.require_group(group).create_dataset(name, shape=tensor.shape, dtype=npdtype,
-                                                 chunks=tuple(tensor.basetile), fletcher32=True)
+                                                 chunks=tuple(tensor.basetile), fletcher32=True,
+                                                 fillvalue=np.nan)
 
 
 def _write_local_tiles(dataset, tensor):
@@ -482,10 +485,15 @@ class Checkpoint:
         if tuple(ds.shape) != tuple(tensor.shape):
             raise CheckpointError(f"checkpoint {self.path}: {key} has shape "
                                   f"{tuple(ds.shape)}, the {what} expects {tuple(tensor.shape)}")
+        def read(slices):
+            values = ds[slices]
+            if not np.isfinite(values).all():
+                raise ValueError("NaN or inf, which no checkpoint holds")
+            return values
         try:
             # each destination tile reads its own box of the dataset, whatever the tiling it
             # was saved with; under MPI a rank reads only its own tiles
-            tensor.write_tiles(lambda slices: ds[slices])
+            tensor.write_tiles(read)
         except H5_ERRORS as exc:
             raise CheckpointError(f"checkpoint {self.path}: cannot read {key} (truncated or "
                                   f"corrupt?): {_first_line(exc)}") from None
