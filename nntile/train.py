@@ -145,8 +145,9 @@ def resolve(args):
         if given:
             raise CLIError(f"--config and {', '.join(given)} conflict: the model comes from "
                            "the config file")
-        if not os.path.isfile(args.config):
-            raise CLIError(f"--config {args.config}: no such file")
+        if not os.path.isfile(args.config):  # a FIFO would block the read
+            raise CLIError(f"--config {args.config}: " + ("not a regular file" if
+                           os.path.exists(args.config) else "no such file"))
         try:
             config = GPT2Config.from_json(args.config)
         except (OSError, ValueError, TypeError) as exc:
