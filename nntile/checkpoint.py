@@ -228,10 +228,9 @@ def _stored_bytes(tensor):
 
 
 def _create(h5py, tmp, meta, tensors):
-    """Write a checkpoint's layout (attributes, empty datasets) and reserve the space its
-    tiles will take. HDF5 does not survive a failed write (a full disk crashed the
-    process), so it writes nothing to disk here: the layout is built in memory and written
-    by Python, and the tiles go later into space already allocated."""
+    """Write a checkpoint's layout: attributes and empty datasets. HDF5 does not survive a
+    failed write (a full disk crashed the process), so it writes nothing to disk here: the
+    layout is built in memory and written by Python."""
     image = io.BytesIO()
     with h5py.File(image, "w") as f:
         _write_attrs(f, meta)
@@ -241,21 +240,23 @@ def _create(h5py, tmp, meta, tensors):
         for group, name, tensor in tensors:
             _create_dataset(f, group, name, tensor)
         _set_text(f, "checksum", "0" * 64)  # its place: _finish writes it
-    layout = image.getvalue()
-    size = len(layout) + sum(_stored_bytes(t) for _, _, t in tensors) + (64 << 10)
     with open(tmp, "wb") as out:
-        _reserve(out.fileno(), size, os.path.dirname(os.path.abspath(tmp)))
-        out.write(layout)
+        out.write(image.getvalue())
 
 
-def _reserve(fd, size, directory):
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSPC):
-            raise
-        unsupported = exc.errno != errno.ENOSPC
+def _reserve(path, size):
+    """Allocate the file up to ``size`` bytes, so that HDF5 then writes into space that
+    exists (a full disk is found here, as a clear OSError). HDF5 gives back what it did
+    not use when it closes the file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    with open(path, "r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, size)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSPC):
+                raise
+            unsupported = exc.errno != errno.ENOSPC
     free = shutil.disk_usage(directory).free
     if unsupported and free >= size:
         return  # a file system without fallocate: its free space has to do
@@ -264,7 +265,10 @@ def _reserve(fd, size, directory):
 
 
 def _write_part(h5py, tmp, tensors):
-    """Write the tiles this process owns into the reserved file."""
+    """Write the tiles this process owns, into space reserved first (under MPI each rank
+    reserves again: the one before gave back the rest when it closed the file)."""
+    _reserve(tmp, os.path.getsize(tmp) + sum(_stored_bytes(t) for _, _, t in tensors)
+             + (64 << 10))
     with h5py.File(tmp, "r+") as f:
         for group, name, tensor in tensors:
             _write_local_tiles(f[f"{group}/{name}"], tensor)
