@@ -5,19 +5,27 @@ Layout::
     params/<parameter name>               one dataset per parameter, chunks = its tile shape
     optim/<parameter name>/<state name>   the optimizer's state tensors (Adam moments, ...)
     attrs: format, format_version, config, tiling, dtype, step, schedule, optimizer,
-           rng, data, train, tokenizer (JSON strings, except format/dtype/step)
+           rng, data, train, tokenizer (JSON), checksum; strings of fixed length
 
 Tensors are written tile by tile (one HDF5 chunk per tile, with a Fletcher-32 checksum), so
 no whole tensor, let alone the whole model, is gathered in memory. Loading reads, for each
 destination tile, its box of the dataset, so a checkpoint loads into any tiling. Under
 StarPU-MPI each rank writes and reads only the tiles it owns, so a checkpoint written by N
-ranks loads on M. Saving is atomic: the file is
-written as ``*.tmp``, flushed, fsynced and renamed over its final name; a failed save removes
-its temporary file and leaves every older checkpoint as it was.
+ranks loads on M. Damage is found, never loaded: the chunk checksums cover the tiles, the
+attribute 'checksum' covers the attributes and the layout, and opening checks the chunk
+index. Saving is atomic: the file is written as ``*.tmp`` into space reserved beforehand
+(a full disk is a clear error before anything is written), flushed, fsynced and renamed
+over its final name; a failed save removes its temporary file and leaves every older
+checkpoint as it was. Only finite values are saved.
 """
+import errno
+import hashlib
+import io
+import itertools
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 
@@ -25,8 +33,10 @@ from nntile.cli_common import CLIError
 from nntile.precision import PRECISIONS
 
 FORMAT = "nntile-checkpoint"
-FORMAT_VERSION = 1
+# 2: adds the attribute 'checksum' (see _checksum); version 1 files still load
+FORMAT_VERSION = 2
 NAME_RE = re.compile(r"^ckpt-(\d+)\.h5$")
+PARTIAL_RE = re.compile(r"^ckpt-\d+\.h5\.tmp$")  # a save in progress, or one a kill cut short
 REQUIRED = ("config", "tiling", "dtype", "step")
 JSON_ATTRS = ("config", "tiling", "schedule", "optimizer", "rng", "data", "train", "tokenizer",
               "source")
@@ -34,8 +44,17 @@ JSON_ATTRS = ("config", "tiling", "schedule", "optimizer", "rng", "data", "train
 NUMPY_DTYPES = {"fp32": np.float32, "tf32": np.float32, "bf16": np.float32, "fp64": np.float64}
 
 
+# What h5py raises for a damaged file: HDF5's errors arrive as any of these.
+H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError)
+
+
 class CheckpointError(CLIError):
     """A checkpoint cannot be read, does not fit the model, or cannot be written."""
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _h5py():
@@ -83,6 +102,14 @@ def prune(directory, keep):
     return removed
 
 
+def remove_partial(directory):
+    """Delete the temporary files of saves that never finished (a killed run's): they are
+    never loaded, but each holds the space of a whole checkpoint."""
+    for name in os.listdir(directory):
+        if PARTIAL_RE.match(name):
+            os.unlink(os.path.join(directory, name))
+
+
 def _write_tile(dataset, slices, array):
     """One tile into its chunk (a separate function so tests can make it fail)."""
     dataset[slices] = array
@@ -99,15 +126,22 @@ def _tensors(model, optimizer):
 def _create_dataset(f, group, name, tensor):
     npdtype = NUMPY_DTYPES.get(tensor.dtype, None) or tensor.numpy_dtype
     # Fletcher-32 checksums per chunk: damaged data fails to read instead of loading quietly.
+    # A tile HDF5 cannot find (a damaged chunk index) reads as the fill value: NaN, which no
+    # checkpoint holds, so loading refuses it.
     return f.require_group(group).create_dataset(name, shape=tensor.shape, dtype=npdtype,
-                                                 chunks=tuple(tensor.basetile), fletcher32=True)
+                                                 chunks=tuple(tensor.basetile), fletcher32=True,
+                                                 fillvalue=np.nan)
 
 
 def _write_local_tiles(dataset, tensor):
     """The tiles this process owns (all of them without MPI) into their chunks."""
     traits = tensor.traits
     for i in tensor.local_tiles():
-        _write_tile(dataset, traits.tile_slices(i), tensor.tile_to_array(i))
+        tile = tensor.tile_to_array(i)
+        if not np.isfinite(tile).all():
+            raise ValueError(f"{dataset.name.lstrip('/')} holds NaN or inf (training "
+                             "diverged?); a checkpoint keeps only finite values")
+        _write_tile(dataset, traits.tile_slices(i), tile)
 
 
 def _fsync_path(path, directory=False):
@@ -122,23 +156,155 @@ def _fsync_path(path, directory=False):
 
 
 def _write_attrs(f, meta):
-    f.attrs["format"] = FORMAT
+    _set_text(f, "format", FORMAT)
     f.attrs["format_version"] = FORMAT_VERSION
-    f.attrs["dtype"] = str(meta["dtype"])
+    _set_text(f, "dtype", str(meta["dtype"]))
     f.attrs["step"] = int(meta["step"])
     for key in JSON_ATTRS:
         if key in meta:
-            f.attrs[key] = json.dumps(meta[key])
+            _set_text(f, key, json.dumps(meta[key]))
+
+
+def _set_text(f, key, text):
+    """A string attribute of fixed length: stored in the object header itself. (h5py's
+    default, a variable-length string, lives in HDF5's global heap, and one damaged bit
+    there made reading the attributes hang.)"""
+    data = text.encode("utf-8")
+    f.attrs.create(key, np.array(data), dtype=_h5py().string_dtype("utf-8", len(data)))
+
+
+def _plain(value):
+    """An attribute's value as JSON can write it, whichever numpy and h5py read it."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def _chunks(ds):
+    """The stored chunks of a dataset: chunk_offset, filter_mask, byte_offset, size."""
+    if not hasattr(ds.id, "chunk_iter"):  # HDF5 before 1.14
+        return [ds.id.get_chunk_info(i) for i in range(ds.id.get_num_chunks())]
+    chunks = []
+    ds.id.chunk_iter(chunks.append)
+    return chunks
+
+
+def _datasets(f):
+    """{path: dataset} of every dataset in a file."""
+    found = {}
+    f.visititems(lambda name, obj: found.__setitem__(name, obj)
+                 if isinstance(obj, _h5py().Dataset) else None)
+    return found
+
+
+def _checksum(f, datasets):
+    """SHA-256 of what gives a checkpoint's bytes their meaning: its attributes, and each
+    dataset's name, shape, tile shape, type, filters and chunk index (where each tile is
+    stored). The tiles carry their own Fletcher-32 checksums, so together nothing damaged
+    loads quietly. (Fletcher-32 alone passes zeros: a damaged chunk address pointing at
+    free space loaded a tile of zeros.)"""
+    described = [[name, list(ds.shape), list(ds.chunks or ()), ds.dtype.str,
+                  bool(ds.fletcher32),
+                  sorted([list(c.chunk_offset), c.byte_offset, c.size, c.filter_mask]
+                         for c in _chunks(ds))]
+                 for name, ds in sorted(datasets.items())]
+    attrs = sorted([key, _plain(f.attrs[key])] for key in f.attrs if key != "checksum")
+    text = json.dumps([attrs, described], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stored_bytes(tensor):
+    """An upper bound of the file space a tensor's chunks take: the tiles with their
+    checksums, and the nodes of HDF5's chunk index (a B-tree of up to 64 chunks a node,
+    nodes at least half full)."""
+    traits = tensor.traits
+    itemsize = np.dtype(NUMPY_DTYPES.get(tensor.dtype, None) or tensor.numpy_dtype).itemsize
+    chunk = itemsize * int(np.prod(traits.basetile)) + 4
+    node = 64 * (16 + 8 * traits.ndim) + 512
+    return traits.ntiles * chunk + 2 * (traits.ntiles // 32 + 1) * node
+
+
+def _create(h5py, tmp, meta, tensors):
+    """Write a checkpoint's layout: attributes and empty datasets. HDF5 does not survive a
+    failed write (a full disk crashed the process), so it writes nothing to disk here: the
+    layout is built in memory and written by Python."""
+    image = io.BytesIO()
+    with h5py.File(image, "w") as f:
+        _write_attrs(f, meta)
+        f.create_group("params")
+        if any(group == "optim" for group, _, _ in tensors):
+            f.create_group("optim")
+        for group, name, tensor in tensors:
+            _create_dataset(f, group, name, tensor)
+        _set_text(f, "checksum", "0" * 64)  # its place: _finish writes it
+    with open(tmp, "wb") as out:
+        out.write(image.getvalue())
+
+
+def _reserve(path, size):
+    """Allocate the file up to ``size`` bytes, so that HDF5 then writes into space that
+    exists (a full disk is found here, as a clear OSError). HDF5 gives back what it did
+    not use when it closes the file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    with open(path, "r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, size)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSPC):
+                raise
+            unsupported = exc.errno != errno.ENOSPC
+    free = shutil.disk_usage(directory).free
+    if unsupported and free >= size:
+        return  # a file system without fallocate: its free space has to do
+    raise OSError(errno.ENOSPC, f"not enough free space in {directory}: the checkpoint "
+                  f"needs up to {size / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free")
+
+
+def _write_part(h5py, tmp, tensors):
+    """Write the tiles this process owns, into space reserved first (under MPI each rank
+    reserves again: the one before gave back the rest when it closed the file)."""
+    _reserve(tmp, os.path.getsize(tmp) + sum(_stored_bytes(t) for _, _, t in tensors)
+             + (64 << 10))
+    with h5py.File(tmp, "r+") as f:
+        for group, name, tensor in tensors:
+            _write_local_tiles(f[f"{group}/{name}"], tensor)
+        f.flush()
 
 
 def _error_text(exc):
     return getattr(exc, "strerror", None) or str(exc)
 
 
-def _publish(tmp, path):
+def _attempt(step, *args):
+    """None, or the one-line reason why ``step(*args)`` failed."""
+    try:
+        step(*args)
+    except H5_ERRORS as exc:
+        return _first_line(_error_text(exc))
+    return None
+
+
+def _finish(h5py, tmp, path):
+    """Once every tile is written (the chunk index is final): write the checksum, in place
+    (the attribute exists at its length, in space reserved), and publish the file."""
+    with h5py.File(tmp, "r+") as f:
+        place = f.attrs.get_id("checksum")
+        place.write(np.array(_checksum(f, _datasets(f)).encode()), mtype=place.get_type())
     _fsync_path(tmp)
     os.replace(tmp, path)
     _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def save(path, model, optimizer=None, meta=None):
@@ -146,8 +312,8 @@ def save(path, model, optimizer=None, meta=None):
 
     ``meta`` holds the JSON-able attributes (config, tiling, dtype, step, schedule, optimizer,
     rng, data, train, tokenizer); the tensors come from ``model.named_parameters()`` and
-    ``optimizer.state_tensors()``. Under StarPU-MPI every rank calls this and each writes
-    the tiles it owns into the one file (see _save_collective).
+    ``optimizer.state_tensors()``, and must be finite. Under StarPU-MPI every rank calls this
+    and each writes the tiles it owns into the one file (see _save_collective).
     """
     h5py = _h5py()
     meta = dict(meta or {})
@@ -156,71 +322,62 @@ def save(path, model, optimizer=None, meta=None):
             raise ValueError(f"checkpoint metadata needs {key!r}")
     from nntile import current_context
     ctx = current_context()
-    if ctx is not None and ctx.world_size > 1:
-        return _save_collective(h5py, ctx, path, model, optimizer, meta)
-    tmp = path + ".tmp"
-    try:
-        with h5py.File(tmp, "w") as f:
-            _write_attrs(f, meta)
-            f.create_group("params")
-            if optimizer is not None:
-                f.create_group("optim")
-            for group, name, tensor in _tensors(model, optimizer):
-                _write_local_tiles(_create_dataset(f, group, name, tensor), tensor)
-            f.flush()
-        _publish(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, (OSError, RuntimeError, ValueError, TypeError)):
-            raise CheckpointError(f"cannot save checkpoint {path}: {_error_text(exc)}") from None
-        raise
-    return path
-
-
-def _save_collective(h5py, ctx, path, model, optimizer, meta):
-    """Rank 0 creates the file with every dataset and writes its tiles; then each rank in
-    turn opens it and writes its own tiles (HDF5 without MPI-IO allows one writer at a
-    time), so no tensor is ever gathered. The file is the same as a one-process save's.
-    The outcome travels along the ranks and back, so every rank raises the same error."""
-    comm, rank, size = ctx.comm, ctx.rank, ctx.world_size
-    tmp = path + ".tmp"
     tensors = _tensors(model, optimizer)
-    error = None if rank == 0 else comm.recv(source=rank - 1, tag=7401)
-    if error is None:
+    tmp = path + ".tmp"
+    if ctx is not None and ctx.world_size > 1:
+        error = _save_collective(h5py, ctx, tmp, path, tensors, meta)
+    else:
         try:
-            with h5py.File(tmp, "w" if rank == 0 else "r+") as f:
-                if rank == 0:
-                    _write_attrs(f, meta)
-                    f.create_group("params")
-                    if optimizer is not None:
-                        f.create_group("optim")
-                for group, name, tensor in tensors:
-                    ds = (_create_dataset(f, group, name, tensor) if rank == 0
-                          else f[f"{group}/{name}"])
-                    _write_local_tiles(ds, tensor)
-                f.flush()
-        except (OSError, RuntimeError, ValueError, TypeError, KeyError) as exc:
-            error = f"rank {rank}: {_error_text(exc)}"
-    comm.send(error, dest=(rank + 1) % size, tag=7401)
-    if rank == 0:
-        error = comm.recv(source=size - 1, tag=7401)
-        try:
-            if error is None:
-                _publish(tmp, path)
-        except OSError as exc:
-            error = _error_text(exc)
-        if error is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-    error = comm.bcast(error, root=0)
+            error = (_attempt(_create, h5py, tmp, meta, tensors)
+                     or _attempt(_write_part, h5py, tmp, tensors)
+                     or _attempt(_finish, h5py, tmp, path))
+        finally:
+            if os.path.exists(tmp):  # failed, or interrupted (Ctrl-C): no partial file left
+                _remove(tmp)
     if error is not None:
         raise CheckpointError(f"cannot save checkpoint {path}: {error}")
     return path
+
+
+def _save_collective(h5py, ctx, tmp, path, tensors, meta):
+    """Rank 0 creates the file; then each rank in turn opens it and writes its own tiles
+    (HDF5 without MPI-IO allows one writer at a time), so no tensor is ever gathered. The
+    file is the same as a one-process save's. The outcome travels along the ranks and
+    back, so every rank gets the same error (or None)."""
+    comm, rank, size = ctx.comm, ctx.rank, ctx.world_size
+    error = None if rank == 0 else comm.recv(source=rank - 1, tag=7401)
+    if error is None and rank == 0:
+        error = _attempt(_create, h5py, tmp, meta, tensors)
+    if error is None:
+        error = _attempt(_write_part, h5py, tmp, tensors)
+        if error is not None:
+            error = f"rank {rank}: {error}"
+    comm.send(error, dest=(rank + 1) % size, tag=7401)
+    if rank == 0:
+        error = comm.recv(source=size - 1, tag=7401) or _attempt(_finish, h5py, tmp, path)
+        if error is not None:
+            _remove(tmp)
+    return comm.bcast(error, root=0)
+
+
+def _dataset_problem(ds):
+    """Why a dataset cannot be loaded as it is stored, or None: it must hold IEEE floats
+    (the checksum sees only numpy's name of the type), and its chunk index must list each
+    tile once, with every filter applied (a missing tile would load as zeros; this also
+    guards files of format version 1, which have no checksum)."""
+    h5t = _h5py().h5t
+    stored = ds.id.get_type()
+    if not (stored.equal(h5t.IEEE_F32LE) or stored.equal(h5t.IEEE_F64LE)):
+        return f"is stored as {ds.dtype}, not as IEEE float32 or float64"
+    if ds.chunks is None:
+        return "is not stored in tiles"
+    chunks = _chunks(ds)
+    tiles = set(itertools.product(*(range(0, n, c) for n, c in zip(ds.shape, ds.chunks))))
+    if len(chunks) != len(tiles) or {tuple(c.chunk_offset) for c in chunks} != tiles:
+        return f"has {len(chunks)} stored tiles where it should have {len(tiles)}"
+    if any(c.filter_mask for c in chunks):
+        return "has tiles stored without their checksum"
+    return None
 
 
 class Checkpoint:
@@ -232,25 +389,27 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {path} does not exist")
         if os.path.isdir(path):
             raise CheckpointError(f"checkpoint {path} is a directory, not an .h5 file")
+        if not os.path.isfile(path):  # opening a FIFO would block
+            raise CheckpointError(f"checkpoint {path} is not a regular file (a pipe or a "
+                                  "device?)")
         h5py = _h5py()
         try:
             with h5py.File(path, "r") as f:
-                attrs = {k: f.attrs[k] for k in f.attrs}
-                self.param_names = self._names(f, "params")
-                self.optim_names = self._names(f, "optim")
-        except OSError as exc:
-            raise CheckpointError(f"checkpoint {path} is not a readable HDF5 file (truncated "
-                                  f"or corrupt?): {str(exc).splitlines()[0]}") from None
-        if attrs.get("format") != FORMAT:
-            raise CheckpointError(f"checkpoint {path} is not an nntile checkpoint (attribute "
-                                  f"'format' is {attrs.get('format')!r})")
-        version = int(attrs.get("format_version", 0))
-        if version > FORMAT_VERSION or version < 1:
-            raise CheckpointError(f"checkpoint {path} has format version {version}; this "
-                                  f"nntile reads version {FORMAT_VERSION}")
-        for key in REQUIRED:
-            if key not in attrs:
-                raise CheckpointError(f"checkpoint {path} lacks the attribute {key!r}")
+                attrs = {key: _plain(f.attrs[key]) for key in f.attrs}
+                version = self._check_format(attrs)
+                datasets = _datasets(f)
+                if version >= 2 and attrs.get("checksum") != _checksum(f, datasets):
+                    raise CheckpointError(f"checkpoint {path} is corrupt: its attributes or "
+                                          "layout do not match their checksum")
+                for name, ds in datasets.items():
+                    problem = _dataset_problem(ds)
+                    if problem:
+                        raise CheckpointError(f"checkpoint {path}: {name} {problem} "
+                                              "(corrupt?)")
+        except H5_ERRORS as exc:
+            raise self._unreadable(exc) from None
+        self.param_names = [n.partition("/")[2] for n in datasets if n.startswith("params/")]
+        self.optim_names = [n.partition("/")[2] for n in datasets if n.startswith("optim/")]
         self.meta = {}
         for key, value in attrs.items():
             if key in JSON_ATTRS:
@@ -259,10 +418,12 @@ class Checkpoint:
                 except (TypeError, ValueError):
                     raise CheckpointError(f"checkpoint {path}: attribute {key!r} is not valid "
                                           "JSON") from None
-            elif isinstance(value, np.generic):
-                value = value.item()
             self.meta[key] = value
-        self.step = int(self.meta["step"])
+        try:
+            self.step = int(self.meta["step"])
+        except (TypeError, ValueError):
+            raise CheckpointError(f"checkpoint {path}: attribute 'step' is "
+                                  f"{self.meta['step']!r}") from None
         self.dtype = str(self.meta["dtype"])
         if self.dtype not in PRECISIONS:
             raise CheckpointError(f"checkpoint {path}: attribute 'dtype' is {self.dtype!r}")
@@ -270,14 +431,24 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {path}: attributes 'config' and 'tiling' must "
                                   "be JSON objects")
 
-    @staticmethod
-    def _names(f, group):
-        if group not in f:
-            return []
-        names = []
-        f[group].visititems(lambda name, obj: names.append(name)
-                            if hasattr(obj, "shape") else None)
-        return names
+    def _check_format(self, attrs):
+        """The format version, once the attributes say this is a checkpoint we can read."""
+        path = self.path
+        if attrs.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path} is not an nntile checkpoint (attribute "
+                                  f"'format' is {attrs.get('format')!r})")
+        version = attrs.get("format_version")
+        if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+            raise CheckpointError(f"checkpoint {path} has format version {version!r}; this "
+                                  f"nntile reads versions 1 to {FORMAT_VERSION}")
+        for key in REQUIRED:
+            if key not in attrs:
+                raise CheckpointError(f"checkpoint {path} lacks the attribute {key!r}")
+        return version
+
+    def _unreadable(self, exc):
+        return CheckpointError(f"checkpoint {self.path} is not a readable HDF5 file "
+                               f"(truncated or corrupt?): {_first_line(exc)}")
 
     @property
     def config(self):
@@ -304,32 +475,33 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path} holds {group}/{extra[0]}, which "
                                   f"the {what} does not have (a different model?)")
         try:
-            f = h5py.File(self.path, "r")
-        except OSError as exc:
-            raise CheckpointError(f"checkpoint {self.path} is not a readable HDF5 file: "
-                                  f"{str(exc).splitlines()[0]}") from None
-        with f:
-            for name, tensor in tensors.items():
-                key = f"{group}/{name}"
-                if key not in f:
-                    raise CheckpointError(f"checkpoint {self.path} has no dataset {key}")
-                ds = f[key]
-                if not hasattr(ds, "shape"):
-                    raise CheckpointError(f"checkpoint {self.path}: {key} is not a dataset")
-                if tuple(ds.shape) != tuple(tensor.shape):
-                    raise CheckpointError(f"checkpoint {self.path}: {key} has shape "
-                                          f"{tuple(ds.shape)}, the {what} expects "
-                                          f"{tuple(tensor.shape)}")
-                if ds.dtype.kind != "f":
-                    raise CheckpointError(f"checkpoint {self.path}: {key} has dtype {ds.dtype}")
-                try:
-                    # each destination tile reads its own box of the dataset, whatever the
-                    # tiling it was saved with; under MPI a rank reads only its own tiles
-                    tensor.write_tiles(lambda slices: ds[slices])
-                except (OSError, ValueError, RuntimeError) as exc:
-                    raise CheckpointError(f"checkpoint {self.path}: cannot read {key} "
-                                          f"(truncated or corrupt?): "
-                                          f"{str(exc).splitlines()[0]}") from None
+            with h5py.File(self.path, "r") as f:
+                for name, tensor in tensors.items():
+                    self._load_one(f, f"{group}/{name}", tensor, what)
+        except H5_ERRORS as exc:
+            raise self._unreadable(exc) from None
+
+    def _load_one(self, f, key, tensor, what):
+        if key not in f:
+            raise CheckpointError(f"checkpoint {self.path} has no dataset {key}")
+        ds = f[key]
+        if not hasattr(ds, "shape"):
+            raise CheckpointError(f"checkpoint {self.path}: {key} is not a dataset")
+        if tuple(ds.shape) != tuple(tensor.shape):
+            raise CheckpointError(f"checkpoint {self.path}: {key} has shape "
+                                  f"{tuple(ds.shape)}, the {what} expects {tuple(tensor.shape)}")
+        def read(slices):
+            values = ds[slices]
+            if not np.isfinite(values).all():
+                raise ValueError("NaN or inf, which no checkpoint holds")
+            return values
+        try:
+            # each destination tile reads its own box of the dataset, whatever the tiling it
+            # was saved with; under MPI a rank reads only its own tiles
+            tensor.write_tiles(read)
+        except H5_ERRORS as exc:
+            raise CheckpointError(f"checkpoint {self.path}: cannot read {key} (truncated or "
+                                  f"corrupt?): {_first_line(exc)}") from None
 
     def load_params(self, model):
         tensors = {name: param.value for name, param in model.named_parameters()}

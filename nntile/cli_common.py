@@ -35,6 +35,10 @@ def run_cli(func, argv=None, prog="nntile"):
         print(f"{prog}{_rank_label()}: error: {message}", file=sys.stderr, flush=True)
         _let_other_ranks_report()
         return 2
+    except MemoryError as exc:  # numpy's host arrays; StarPU's are checked beforehand
+        print(f"{prog}{_rank_label()}: error: out of memory: {exc}", file=sys.stderr,
+              flush=True)
+        return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
@@ -182,11 +186,9 @@ def start_context(args, verbose=True, distribution=None):
     return ctx
 
 
-def model_from_checkpoint(ckpt, args=None, batch=None, seq=None, dtype=None):
-    """A GPT2LMHead holding a checkpoint's weights: the checkpoint's tiling, except where
-    tile flags say otherwise (batch and seq tiles clipped to the data's shape)."""
-    from nntile.models import GPT2LMHead
-    config = ckpt.config
+def checkpoint_tiles(ckpt, args=None, batch=None, seq=None):
+    """The tiles to run a checkpoint in: its own, except where tile flags say otherwise
+    (batch and seq tiles clipped to the data's shape)."""
     tiling = {k: v for k, v in (ckpt.get("tiling") or {}).items() if v is not None}
     limits = {"batch": batch, "seq": seq}
     for key, limit in limits.items():
@@ -194,9 +196,24 @@ def model_from_checkpoint(ckpt, args=None, batch=None, seq=None, dtype=None):
             tiling[key] = min(tiling[key], limit)
     given = tiling_from_args(args) if args is not None else {}
     tiling.update(given)
-    tiles = resolve_tiling(tiling, config, batch, seq)
+    return resolve_tiling(tiling, ckpt.config, batch, seq)
+
+
+def check_inference_memory(ckpt, args, batch, seq, dtype, prog):
+    """Before StarPU starts: refuse, with the numbers, a forward pass (and loss) of a
+    checkpoint on [batch, seq] that cannot fit (as nntile-train does for training)."""
+    from nntile.memory import preflight
+    preflight(ckpt.config, batch, seq, checkpoint_tiles(ckpt, args, batch, seq),
+              check_dtype(dtype) if dtype else ckpt.dtype, ncuda=args.ncuda, optimizer=None,
+              grad_clip=False, training=False, prog=prog)
+
+
+def model_from_checkpoint(ckpt, args=None, batch=None, seq=None, dtype=None):
+    """A GPT2LMHead holding a checkpoint's weights, in checkpoint_tiles."""
+    from nntile.models import GPT2LMHead
+    tiles = checkpoint_tiles(ckpt, args, batch, seq)
     dtype = check_dtype(dtype) if dtype else ckpt.dtype
-    model = GPT2LMHead(config, tiling=model_tiling(tiles), dtype=dtype)
+    model = GPT2LMHead(ckpt.config, tiling=model_tiling(tiles), dtype=dtype)
     ckpt.load_params(model)
     return model
 

@@ -96,12 +96,16 @@ def _input_files(inputs):
             found = []
             for root, dirs, names in os.walk(item):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found += [os.path.join(root, n) for n in names if not n.startswith(".")]
+                # regular files only: reading a FIFO or a device would block or never end
+                found += [os.path.join(root, n) for n in names if not n.startswith(".")
+                          and os.path.isfile(os.path.join(root, n))]
             if not found:
                 raise CLIError(f"input directory {item} holds no files")
             files += sorted(found)
-        elif os.path.exists(item):
+        elif os.path.isfile(item):
             files.append(item)
+        elif os.path.exists(item):
+            raise CLIError(f"input {item} is not a regular file")
         else:
             raise CLIError(f"input {item} does not exist")
     return files
@@ -250,18 +254,31 @@ class TokenData:
         if not os.path.isdir(path):
             raise CLIError(f"data path {path} is not a directory (it should hold train.bin "
                            "and val.bin)")
-        self.meta = {}
-        meta_path = os.path.join(path, "meta.json")
-        if os.path.exists(meta_path):
-            try:
-                with open(meta_path) as f:
-                    self.meta = json.load(f)
-                if not isinstance(self.meta, dict):
-                    raise ValueError("not a JSON object")
-            except (OSError, ValueError) as exc:
-                raise CLIError(f"cannot read {meta_path}: {exc}") from None
+        self.meta = self._read_meta(os.path.join(path, "meta.json"))
         self.splits = {split: self._open(split) for split in SPLITS}
         self._max = {}
+
+    @staticmethod
+    def _read_meta(meta_path):
+        """meta.json's settings ({} without one), checked."""
+        if not os.path.exists(meta_path):
+            return {}
+        try:
+            if not os.path.isfile(meta_path):  # a FIFO would block the read
+                raise ValueError("not a regular file")
+            with open(meta_path) as f:
+                meta = json.load(f)
+            if not isinstance(meta, dict):
+                raise ValueError("not a JSON object")
+            vocab = meta.get("vocab_size", 1)
+            if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+                raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
+            if meta.get("dtype", TOKEN_DTYPE.name) != TOKEN_DTYPE.name:
+                raise ValueError(f"dtype {meta['dtype']!r}: nntile reads {TOKEN_DTYPE.name} "
+                                 "token files only")
+        except (OSError, ValueError) as exc:
+            raise CLIError(f"cannot read {meta_path}: {exc}") from None
+        return meta
 
     def _open(self, split):
         file = os.path.join(self.path, f"{split}.bin")

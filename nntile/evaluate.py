@@ -12,8 +12,8 @@ import sys
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               checkpoint_seq_len, model_from_checkpoint, positive_int, run_cli,
-                               start_context)
+                               check_inference_memory, checkpoint_seq_len,
+                               model_from_checkpoint, positive_int, run_cli, start_context)
 
 
 def build_parser():
@@ -49,6 +49,7 @@ def eval_main(argv=None):
     batch = args.batch_size or int(train.get("batch_size", 8))
     data.check(config.vocab_size, seq)
     tokens = data.splits[args.split]
+    check_inference_memory(ckpt, args, batch, seq, args.dtype, "nntile-eval")
     batches = eval_batches(tokens, batch, seq, args.batches)
     ctx = start_context(args, verbose=args.verbose)
     try:

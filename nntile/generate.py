@@ -12,8 +12,9 @@ import sys
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               checkpoint_seq_len, model_from_checkpoint, nonneg_int,
-                               positive_int, run_cli, start_context)
+                               check_inference_memory, checkpoint_seq_len,
+                               model_from_checkpoint, nonneg_int, positive_int, run_cli,
+                               start_context)
 
 
 def build_parser():
@@ -25,7 +26,7 @@ def build_parser():
     p.add_argument("--top-k", type=nonneg_int, default=0, help="sample among the k likeliest "
                    "tokens (0: all)")
     p.add_argument("--greedy", action="store_true", help="always take the likeliest token")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--seq-len", type=positive_int, help="window length (the checkpoint's "
                    "training length, else n_positions)")
     p.add_argument("--tokenizer", help="byte, gpt2 or a local tokenizer directory (default: "
@@ -103,6 +104,7 @@ def generate_main(argv=None):
     if not ids:  # nothing to condition on: start from a newline (or end-of-text)
         ids = [tok.eot] if tok.eot is not None else [int(tok.encode("\n")[0])]
     rng = np.random.default_rng(args.seed)
+    check_inference_memory(ckpt, args, 1, seq, args.dtype, "nntile-generate")
     ctx = start_context(args, verbose=args.verbose)
     printer = Printer(tok)
     sys.stdout.write(args.prompt)

@@ -760,7 +760,7 @@ def _agree(refusal):
 
 def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimizer="adamw",
               grad_clip=True, init="full", prog="nntile", quiet_below=GiB, strict=True,
-              distribution=None):
+              distribution=None, training=True):
     """The check a program runs before StarPU starts: estimate, read the machine (and the
     STARPU_LIMIT_*_MEM / STARPU_DISK_SWAP* variables), print the estimate on stderr when it is
     at least ``quiet_below`` bytes, and raise a CLIError (one line, exit code 2) when the run
@@ -772,7 +772,7 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     import sys
     from nntile.cli_common import CLIError, launcher_rank
     rank, _ = launcher_rank()
-    est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, init=init,
+    est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training, init,
                    distribution=distribution, rank=rank)
     gpus = _gpus_of_this_process(ncuda)
     try:

@@ -9,6 +9,7 @@ Ctrl-C or SIGTERM ends the current step, saves a checkpoint and exits with 130 o
 signal abandons the step (the checkpoint then holds the step before).
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -146,8 +147,9 @@ def resolve(args):
         if given:
             raise CLIError(f"--config and {', '.join(given)} conflict: the model comes from "
                            "the config file")
-        if not os.path.isfile(args.config):
-            raise CLIError(f"--config {args.config}: no such file")
+        if not os.path.isfile(args.config):  # a FIFO would block the read
+            raise CLIError(f"--config {args.config}: " + ("not a regular file" if
+                           os.path.exists(args.config) else "no such file"))
         try:
             config = GPT2Config.from_json(args.config)
         except (OSError, ValueError, TypeError) as exc:
@@ -265,18 +267,32 @@ def prepare_out(s, args):
                        "latest, or start afresh with --overwrite or another --out")
 
 
+@contextlib.contextmanager
+def output_errors(path):
+    """A failure to write an output (a full disk, a lost permission) ends the run with one
+    line; the checkpoints already saved stay as they are."""
+    try:
+        yield
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def start_outputs(s):
     """Once the run's state is loaded: drop what an earlier run left in --out (a fresh run
-    with --overwrite), or the metrics logged after the resumed checkpoint."""
-    from nntile.checkpoint import list_checkpoints
+    with --overwrite), or the metrics logged after the resumed checkpoint, and the partial
+    files of saves that a killed run left behind."""
+    from nntile.checkpoint import list_checkpoints, remove_partial
     metrics = os.path.join(s.out, METRICS)
-    if s.ckpt is None:
-        for _, path in list_checkpoints(s.out):
-            os.unlink(path)
-        if os.path.exists(metrics):
+    with output_errors(s.out):
+        remove_partial(s.out)
+        if s.ckpt is None:
+            for _, path in list_checkpoints(s.out):
+                os.unlink(path)
+    with output_errors(metrics):
+        if s.ckpt is None and os.path.exists(metrics):
             os.unlink(metrics)
-    else:
-        _truncate_metrics(metrics, s.ckpt.step)
+        elif s.ckpt is not None:
+            _truncate_metrics(metrics, s.ckpt.step)
 
 
 def _truncate_metrics(path, step):
@@ -402,9 +418,14 @@ def plot_losses(records, path):
     ax.legend()
     fig.tight_layout()
     tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with output_errors(path):
+            fig.savefig(tmp, dpi=100)
+            os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return path
 
 
@@ -528,7 +549,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
     bar = tqdm(total=s.steps, initial=start_step, unit="step", file=sys.stderr,
                disable=args.no_progress or ctx.rank != 0, dynamic_ncols=True, smoothing=0.1)
     # the loss is the same number on every rank (to_array gathers it); rank 0 logs it
-    metrics = open(metrics_path if ctx.rank == 0 else os.devnull, "a")
+    with output_errors(metrics_path):
+        metrics = open(metrics_path if ctx.rank == 0 else os.devnull, "a")
     watchdog = Watchdog(ctx.comm, "nntile-train", ctx.mpi_timeout)  # a dead rank ends all
     try:
         last_time = time.perf_counter()
@@ -555,8 +577,10 @@ def _run(s, args, ctx, stop, echo, tqdm):
             step += 1
             loss = loss_sum / s.grad_accum
             if not math.isfinite(loss):
-                raise CLIError(f"the loss is {loss} at step {step}: training diverged (lower "
-                               "--lr?); the last checkpoint is kept")
+                kept = (f"the last checkpoint, {saved['path']}, is kept" if saved["path"]
+                        else "no checkpoint was saved")
+                raise CLIError(f"the loss is {loss} at step {step}: training diverged (NaN or "
+                               f"inf; lower --lr?); {kept}")
             now = time.perf_counter()
             tokens_s = tokens_per_step / (now - last_time)
             last_time = now
@@ -568,8 +592,9 @@ def _run(s, args, ctx, stop, echo, tqdm):
                 record["val_loss"] = val_loss
                 echo(f"step {step}: val loss {val_loss:.4f} (train loss {loss:.4f})")
                 last_time = time.perf_counter()  # evaluation time is not training time
-            metrics.write(json.dumps(record) + "\n")
-            metrics.flush()
+            with output_errors(metrics_path):
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
             first_loss = loss if first_loss is None else first_loss
             last_loss = loss
             bar.set_postfix_str(f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | "
@@ -584,7 +609,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
     finally:
         watchdog.stop()
         bar.close()
-        metrics.close()
+        with output_errors(metrics_path):
+            metrics.close()
     elapsed = time.perf_counter() - run_start
     if ctx.rank != 0:
         return stop.exit_code

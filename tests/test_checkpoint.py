@@ -1,4 +1,5 @@
 """HDF5 checkpoints: tile-by-tile writing, any-tiling loading, atomic saves, clear errors."""
+import contextlib
 import errno
 import json
 import os
@@ -64,7 +65,7 @@ def test_save_writes_tile_by_tile_with_tile_chunks(ctx, tmp_path, monkeypatch):
             np.testing.assert_array_equal(ds[()], param.value.to_array())
         for name, tensor in opt.state_tensors().items():
             assert f[f"optim/{name}"].chunks == tuple(tensor.basetile)
-        assert f.attrs["format_version"] == 1
+        assert f.attrs["format_version"] == ckpt_mod.FORMAT_VERSION
         assert json.loads(f.attrs["config"]) == CONFIG.to_dict()
         assert json.loads(f.attrs["data"]) == {"batches_drawn": 3}
     assert os.listdir(tmp_path) == ["ckpt-2.h5"]
@@ -178,18 +179,28 @@ def test_damaged_data_is_named(saved, tmp_path):
     assert path in str(info.value)
 
 
+@contextlib.contextmanager
+def edited(path):
+    """Open a checkpoint to change it as a tool would, its checksum made to match again (so
+    that the checks behind the checksum are what is tested)."""
+    with h5py.File(path, "a") as f:
+        yield f
+        f.attrs["checksum"] = ckpt_mod._checksum(f, ckpt_mod._datasets(f))
+
+
 def test_missing_dataset_wrong_shape_and_other_model(saved, tmp_path):
     path, model, opt = saved
-    with h5py.File(path, "a") as f:
+    with edited(path) as f:
         del f["params/transformer.ln_f.bias"]
     with pytest.raises(CheckpointError, match=r"no dataset params/transformer\.ln_f\.bias"):
         Checkpoint(path).load_params(model)
-    with h5py.File(path, "a") as f:
-        f["params/transformer.ln_f.bias"] = np.zeros(13, np.float32)
+    with edited(path) as f:
+        f.create_dataset("params/transformer.ln_f.bias", data=np.zeros(13, np.float32),
+                         chunks=(13,), fletcher32=True)
     with pytest.raises(CheckpointError, match=r"params/transformer\.ln_f\.bias has shape "
                                               r"\(13,\), the model expects \(12,\)"):
         Checkpoint(path).load_params(model)
-    with h5py.File(path, "a") as f:
+    with edited(path) as f:
         del f["optim/transformer.wpe.weight/exp_avg_sq"]
     with pytest.raises(CheckpointError, match="exp_avg_sq"):
         Checkpoint(path).load_optimizer(opt)
@@ -209,19 +220,19 @@ def test_missing_dataset_wrong_shape_and_other_model(saved, tmp_path):
 
 def test_missing_or_bad_attributes(saved):
     path, _, _ = saved
-    with h5py.File(path, "a") as f:
+    with edited(path) as f:
         f.attrs["config"] = "{not json"
     with pytest.raises(CheckpointError, match="'config' is not valid JSON"):
         Checkpoint(path)
-    with h5py.File(path, "a") as f:
+    with edited(path) as f:
         del f.attrs["config"]
     with pytest.raises(CheckpointError, match="lacks the attribute 'config'"):
         Checkpoint(path)
-    with h5py.File(path, "a") as f:
+    with edited(path) as f:
         f.attrs["format_version"] = 99
     with pytest.raises(CheckpointError, match="format version 99"):
         Checkpoint(path)
-    with h5py.File(path, "a") as f:
+    with edited(path) as f:
         f.attrs["format"] = "something else"
     with pytest.raises(CheckpointError, match="not an nntile checkpoint"):
         Checkpoint(path)

@@ -118,6 +118,8 @@ def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=
     _usable(S, "S")
     _check_heads("attn_qk", X, "X", S, "S", 2)
     _check_heads("attn_qk", Y, "Y", S, "S", 3)
+    _distinct("attn_qk", [(X, "X"), (S, "S")])
+    _distinct("attn_qk", [(Y, "Y"), (S, "S")])
     cdef TensorTraits st = S.traits
     cdef Py_ssize_t c[4]
     cdef Py_ssize_t xc[4]
@@ -169,6 +171,8 @@ def attn_pv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True):
     _usable(O, "O")
     _check_heads("attn_pv", Y, "Y", P, "P", 3)
     _check_heads("attn_pv", O, "O", P, "P", 2)
+    _distinct("attn_pv", [(P, "P"), (O, "O")])
+    _distinct("attn_pv", [(Y, "Y"), (O, "O")])
     _attn_sum(alpha, P, Y, O, causal, False)
 
 
@@ -178,6 +182,8 @@ def attn_ptv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True):
     _usable(O, "O")
     _check_heads("attn_ptv", Y, "Y", P, "P", 2)
     _check_heads("attn_ptv", O, "O", P, "P", 3)
+    _distinct("attn_ptv", [(P, "P"), (O, "O")])
+    _distinct("attn_ptv", [(Y, "Y"), (O, "O")])
     _attn_sum(alpha, P, Y, O, causal, True)
 
 

@@ -315,6 +315,9 @@ def gemm(alpha, Tensor A, transA, Tensor B, transB, beta, Tensor C, int ndim=1,
     B are bf16 (fp32 accumulation either way).
     """
     cdef int column = _column("gemm", [(A, "A"), (B, "B")], [(C, "C")])
+    # C's tiles are written while other tasks still read A's and B's
+    _distinct("gemm", [(A, "A"), (C, "C")])
+    _distinct("gemm", [(B, "B"), (C, "C")])
     cdef bint ta = _trans_flag(transA, "transA")
     cdef bint tb = _trans_flag(transB, "transB")
     if ndim < 1 or batch_ndim < 0:

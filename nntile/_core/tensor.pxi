@@ -3,6 +3,7 @@ import numpy as np
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
+cimport cython
 
 cdef extern from "codelets.h":
     enum nntile_dtype:
@@ -80,6 +81,9 @@ cdef inline object _tile_view(starpu_data_handle_t handle, Py_ssize_t nbytes, ob
     return np.frombuffer(raw, dtype=npdtype).reshape(shape)
 
 
+# The garbage collector must not clear `traits` of a tensor held in a reference cycle before
+# __dealloc__ runs: __dealloc__ needs it to release the tiles (a cleared one segfaulted).
+@cython.no_gc_clear
 cdef class Tensor:
     """A tensor cut into tiles; each tile is a StarPU handle that StarPU allocates and moves.
 
@@ -216,6 +220,9 @@ cdef class Tensor:
         if npdtype.kind == "i":
             if array.dtype.kind not in "iub":
                 raise TypeError(f"an int64 tensor takes integer arrays, got {array.dtype}")
+            if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+                raise ValueError(f"the array holds {array.max()}, more than an int64 tensor "
+                                 "holds")
         self._write_tiles(lambda slices: array[slices])
 
     def write_tiles(self, read):

@@ -203,7 +203,9 @@ cdef class GPT2LMHead(Module):
         array = np.asarray(array)
         if array.ndim != 2:
             raise ValueError(f"{what} must be [batch, seq], got shape {array.shape}")
-        if array.shape[1] > self.config.n_positions or array.size == 0:
+        if array.shape[0] == 0:
+            raise ValueError(f"{what} has shape {array.shape}: the batch is empty")
+        if not 1 <= array.shape[1] <= self.config.n_positions:
             raise ValueError(f"{what} has shape {array.shape}: the sequence length must be "
                              f"between 1 and n_positions={self.config.n_positions}")
         if array.dtype.kind not in "iu":
