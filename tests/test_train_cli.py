@@ -350,7 +350,7 @@ def test_bf16_mixed_run_resumes_bit_for_bit_and_exports_bf16(tmp_path, data_dir)
     import h5py
     import shutil
     with h5py.File(ref / "ckpt-3.h5", "r") as f:
-        assert f.attrs["dtype"] == "bf16-mixed"
+        assert f.attrs["dtype"] == b"bf16-mixed"  # fixed-length strings read as bytes
         master = f["params/transformer.h.0.mlp.c_fc.weight"][...]
         assert master.dtype == np.float32  # the fp32 masters: not bf16 values
         assert (master.view(np.uint32) & 0xFFFF).any()
