@@ -562,7 +562,8 @@ def test_token_ids_are_checked(ctx):
     for inputs, targets, error, message in [
             (ids - 1, ids, ValueError, "input_ids holds token id -1"),
             (ids, ids + 30, ValueError, "targets holds token id 40"),
-            (np.full((2, 8), 2**63 + 1, np.uint64), ids, ValueError, "token id 9223372036854775809"),
+            (np.full((2, 8), 2**63 + 1, np.uint64), ids, ValueError,
+             "token id 9223372036854775809"),
             (ids + 0.0, ids, TypeError, "must hold integers"),
             (ids[:0], ids[:0], ValueError, "the batch is empty"),
             (ids[:, :0], ids[:, :0], ValueError, "sequence length must be between 1"),
