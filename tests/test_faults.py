@@ -536,7 +536,10 @@ def test_unsupported_arrays_and_tilings_raise(ctx):
                                   ((4, 4), (0, 2), "tile size 0"),
                                   ((4, 4), (2,), "has 1 dimensions but shape"),
                                   ((4, 4), (2, 2, 2), "has 3 dimensions but shape"),
-                                  ((4, 4), (-1, 2), "tile size -1")]:
+                                  ((4, 4), (-1, 2), "tile size -1"),
+                                  # a typo's sizes: these looped for hours, or overflowed
+                                  ((10**9, 10**9), (1, 1), r"fewer than 2\*\*32 tiles"),
+                                  ((2**40, 2**40), (2**20, 1), r"fewer than 2\*\*62")]:
         with pytest.raises(ValueError, match=message):
             nntile.Tensor(shape, tiles)
 
@@ -559,7 +562,8 @@ def test_token_ids_are_checked(ctx):
     for inputs, targets, error, message in [
             (ids - 1, ids, ValueError, "input_ids holds token id -1"),
             (ids, ids + 30, ValueError, "targets holds token id 40"),
-            (np.full((2, 8), 2**63 + 1, np.uint64), ids, ValueError, "token id 9223372036854775809"),
+            (np.full((2, 8), 2**63 + 1, np.uint64), ids, ValueError,
+             "token id 9223372036854775809"),
             (ids + 0.0, ids, TypeError, "must hold integers"),
             (ids[:0], ids[:0], ValueError, "the batch is empty"),
             (ids[:, :0], ids[:, :0], ValueError, "sequence length must be between 1"),

@@ -113,11 +113,12 @@ cdef class Tensor:
         cdef Py_ssize_t coords[MAX_NDIM]
         cdef Py_ssize_t i, n
         cdef Py_ssize_t ntiles = self.traits.ntiles
-        for i in range(ntiles):
-            self.traits.tile_coords(i, coords)
-            if self.traits.tile_nelems_c(coords) >= 2 ** 32:
-                raise ValueError(f"a tile of {self.traits.basetile} holds 2**32 elements or "
-                                 "more; use smaller tiles")
+        if _prod(self.traits.basetile) >= 2 ** 32:  # the base tile is the largest
+            raise ValueError(f"a tile of {self.traits.basetile} holds 2**32 elements or "
+                             "more; use smaller tiles")
+        if ntiles >= 2 ** 32:
+            raise ValueError(f"{ntiles} tiles of {self.traits.basetile}: nntile registers "
+                             "fewer than 2**32 tiles a tensor; use larger tiles")
         self.owners = _resolve_owners(ctx, self.traits, owners)
         self.handles = <starpu_data_handle_t *> malloc(ntiles * sizeof(starpu_data_handle_t))
         if self.handles == NULL:

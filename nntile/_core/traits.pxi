@@ -37,6 +37,12 @@ cdef class TensorTraits:
             if not 1 <= b <= n:
                 raise ValueError(f"basetile {basetile}: tile size {b} of dimension {dim} must "
                                  f"be between 1 and the dimension's size {n}")
+        elements = 1
+        for n in shape:
+            elements *= n  # a Python int: the C products below must not overflow
+        if elements >= 2 ** 62:
+            raise ValueError(f"shape {shape} holds {elements} elements; nntile tensors hold "
+                             "fewer than 2**62")
         self.shape = shape
         self.basetile = basetile
         self.ndim = len(shape)
