@@ -75,6 +75,79 @@ def op_table(stats, steps, rows=25):
     return "\n".join(lines)
 
 
+def kernel_name(full):
+    """A CUDA kernel's name without its namespace, template and call arguments (cuBLAS's
+    kernels keep their own names, cut to 48 characters)."""
+    name = full.removeprefix("void ").replace("(anonymous namespace)", "")
+    depth, out = 0, []
+    for ch in name:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            break
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).rsplit("::", 1)[-1][:48]
+
+
+def gpu_time(fn, steps=1, trace_path=None):
+    """Run ``fn`` ``steps`` times under PyTorch's profiler (CUPTI records every kernel of the
+    process, StarPU's included). Returns a dict: ``wall`` seconds, ``busy`` seconds in which
+    the GPU ran at least one kernel or copy, ``kernels`` [(name, launches, seconds)] most time
+    first, and ``gaps`` [(seconds, kernel before, kernel after)] longest first: the GPU's idle
+    spans between its first and last kernel. What the GPU ran against the wall time tells
+    work from waiting, and the gaps' neighbours tell what it waited for."""
+    import tempfile
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = seconds(lambda: [fn() for _ in range(steps)] and torch.cuda.synchronize())
+    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        path = trace_path or tmp.name
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    spans, by_name = [], {}
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e:
+            name = kernel_name(e["name"]) if e["cat"] == "kernel" else e["cat"]
+            spans.append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, name))
+            count, total = by_name.get(name, (0, 0.0))
+            by_name[name] = (count + 1, total + e["dur"] * 1e-6)
+    busy, gaps, end, last = 0.0, [], None, None
+    for start, stop, name in sorted(spans):  # the union of the spans: overlapping kernels once
+        if end is not None and start > end:
+            gaps.append((start - end, last, name))
+        if end is None or stop > end:
+            busy += stop - (start if end is None else max(start, end))
+            end, last = stop, name
+    return dict(wall=wall, busy=busy, gaps=sorted(gaps, reverse=True),
+                kernels=sorted(((n, c, t) for n, (c, t) in by_name.items()), key=lambda r: -r[2]))
+
+
+def gpu_time_table(label, t, steps=1, top=20):
+    """gpu_time's result ``t`` as text, per step."""
+    wall, busy, rows, gaps = t["wall"], t["busy"], t["kernels"], t["gaps"]
+    total = sum(s for _, _, s in rows)
+    small = [g for g, _, _ in gaps if g < 50e-6]
+    lines = [f"{label}: step {1e3 * wall / steps:.2f} ms, GPU running {1e3 * busy / steps:.2f} "
+             f"ms ({100 * busy / wall:.0f}%), kernels and copies {1e3 * total / steps:.2f} ms, "
+             f"{sum(c for _, c, _ in rows) / steps:.0f} launches",
+             f"  idle between kernels {1e3 * sum(g for g, _, _ in gaps) / steps:.2f} ms in "
+             f"{len(gaps) / steps:.0f} gaps; those under 50 us: {len(small) / steps:.0f}, "
+             f"{1e3 * sum(small) / steps:.2f} ms; the longest:"]
+    lines += [f"    {1e6 * g:8.0f} us  {a} -> {b}" for g, a, b in gaps[:6]]
+    lines.append(f"  {'kernel':<50}{'launches':>9}{'ms':>9}")
+    lines += [f"  {n:<50}{c / steps:>9.0f}{1e3 * s / steps:>9.2f}" for n, c, s in rows[:top]]
+    if len(rows) > top:
+        lines.append(f"  {'(the other ' + str(len(rows) - top) + ')':<59}"
+                     f"{1e3 * sum(s for _, _, s in rows[top:]) / steps:>9.2f}")
+    return "\n".join(lines)
+
+
 def print_result(result):
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 

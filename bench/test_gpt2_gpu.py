@@ -9,7 +9,10 @@ profiling). Skipped without a CUDA build.
     python3 -m pytest -q -s -p no:cacheprovider bench/test_gpt2_gpu.py --benchmark-only
 
 NNTILE_BENCH_GPU_BATCH / _SEQ / _LAYERS shrink it for a quick look; NNTILE_BENCH_GPU_DTYPES
-picks precisions (comma-separated).
+picks precisions (comma-separated), NNTILE_BENCH_GPU_TILING our tiles.
+NNTILE_BENCH_GPU_KERNELS=DIR also runs two steps of each side under PyTorch's profiler and
+prints what the GPU ran (every kernel, through CUPTI) against the wall time, and the longest
+idle gaps; the traces are written to DIR.
 """
 import os
 
@@ -25,7 +28,8 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs nntile built with CUDA and a GPU")]
 
 import torch_reference
-from harness import model_flops_per_step, op_table, paused, seconds, train_step
+from harness import (gpu_time, gpu_time_table, model_flops_per_step, op_table, paused,
+                     seconds, train_step)
 from nntile.models import GPT2Config, GPT2LMHead
 from nntile.optim import AdamW
 
@@ -33,9 +37,25 @@ BATCH = int(os.environ.get("NNTILE_BENCH_GPU_BATCH", "8"))
 SEQ = int(os.environ.get("NNTILE_BENCH_GPU_SEQ", "1024"))
 CONFIG = dict(vocab_size=50257, n_positions=1024, n_embd=768,
               n_layer=int(os.environ.get("NNTILE_BENCH_GPU_LAYERS", "12")), n_head=12)
-TILING = dict(batch=int(os.environ.get("NNTILE_BENCH_GPU_TILE_BATCH", "8")))
+# our tiles (GPT2LMHead's tiling keys; the rest default), e.g. "batch=8,vocab=50257". Two
+# batch tiles give the GPU's two workers two independent chains of tasks, so that one runs
+# while the other waits on StarPU's scheduling: 12% idle instead of 28% (docs/performance.md).
+TILING = {key: int(value) for key, value in (
+    item.split("=") for item in os.environ.get("NNTILE_BENCH_GPU_TILING", "batch=4").split(","))}
 DTYPES = os.environ.get("NNTILE_BENCH_GPU_DTYPES", "tf32,bf16-mixed,bf16").split(",")
 STEPS = 5
+KERNELS_DIR = os.environ.get("NNTILE_BENCH_GPU_KERNELS")
+
+
+def kernel_report(label, step, dtype):
+    """What the GPU ran during two steps (see gpu_time), printed; None without
+    NNTILE_BENCH_GPU_KERNELS."""
+    if not KERNELS_DIR:
+        return
+    os.makedirs(KERNELS_DIR, exist_ok=True)
+    trace = os.path.join(KERNELS_DIR, f"{label}-{dtype}.json")
+    print("\n" + gpu_time_table(f"{label} {dtype}", gpu_time(step, 2, trace), steps=2),
+          flush=True)
 
 
 @pytest.fixture
@@ -64,6 +84,7 @@ def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
     t_ours = [seconds(lambda: train_step(ctx, model, opt, ids, targets)) for _ in range(STEPS)]
     stats, ops = ctx.worker_stats(), ctx.op_stats()
     ctx.profiling(False)
+    kernel_report("ours", lambda: train_step(ctx, model, opt, ids, targets), dtype)
     cuda = [s for s in stats if "CUDA" in s["worker"]]
     busy = sum(s["executing_s"] for s in cuda) / max(sum(s["total_s"] for s in cuda), 1e-9)
     loss_ours = float(model.loss_value.to_array()[0])
@@ -76,6 +97,7 @@ def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
         for _ in range(3):
             theirs.step(tids, ttargets)
         t_theirs = [seconds(lambda: theirs.step(tids, ttargets)) for _ in range(STEPS)]
+        kernel_report("pytorch", lambda: theirs.step(tids, ttargets), dtype)
         loss_theirs = theirs.loss  # after as many steps as loss_ours
         del hf
         theirs.close()
