@@ -6,6 +6,7 @@ import sys
 import time
 
 from nntile._core.core import launcher_rank  # noqa: F401 (the programs import it from here)
+from nntile.models.config import DEFAULT_VOCAB_TILE
 
 TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
 
@@ -90,7 +91,9 @@ nonneg_int = _int_at_least(0)
 
 
 def add_tiling_args(parser):
-    group = parser.add_argument_group("tiling (tile sizes; default: one tile per dimension)")
+    group = parser.add_argument_group(
+        f"tiling (tile sizes; default: one tile per dimension, a vocabulary larger than "
+        f"{DEFAULT_VOCAB_TILE} in tiles of {DEFAULT_VOCAB_TILE})")
     for key in TILE_FLAGS:
         group.add_argument(f"--tile-{key}", type=positive_int, default=None, metavar="N")
 

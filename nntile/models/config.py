@@ -4,6 +4,8 @@ import json
 
 
 TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
+# the default width of the vocabulary's tiles, where it is larger (GPT2LMHead.check_tiling)
+DEFAULT_VOCAB_TILE = 8192
 
 
 @dataclasses.dataclass
