@@ -34,11 +34,9 @@ from collections import Counter
 
 import numpy as np
 
+# DTYPE_BYTES and TensorSpec stay importable from here
+from nntile.declare import CATEGORIES, DTYPE_BYTES, TensorSpec
 from nntile.precision import precision_dtypes
-
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp64": 8, "bf16": 2, "int64": 8}
-CATEGORIES = ("parameters", "gradients", "optimizer_states", "compute_copies", "activations",
-              "workspaces", "logits")
 STARPU_MARGIN = 0.9                # FREE_MARGIN in driver_cuda.c, "global_mem *= 0.9" in topology.c
 GPU_RESERVE_MIN = 3 << 30          # CUDA context, cuBLAS; nvidia-smi shows ~0.5 GiB more than CUDA
 GPU_RESERVE_FRACTION = 0.03
@@ -84,79 +82,14 @@ def alloc_sizes(tile_bytes):
     return np.where(tile_bytes <= SUBALLOC_MAX, rounded, tile_bytes)
 
 
-class TensorSpec:
-    """One tensor the run registers: its shape, tiles, dtype, what it is for, and under
-    StarPU-MPI how its tiles get owners (``owners`` as ``Tensor(owners=...)`` takes it: None
-    for weight-like tensors, "batch" for tensors with the batch first, or a list of ranks)."""
+def alloc_bytes(spec):
+    """Bytes StarPU allocates on a GPU (or in pinned host memory) for all the tiles."""
+    return int(alloc_sizes(spec.tile_bytes()).sum())
 
-    __slots__ = ("name", "shape", "basetile", "dtype", "category", "owners")
 
-    def __init__(self, name, shape, basetile, dtype, category, owners=None):
-        self.name = name
-        self.shape = tuple(int(n) for n in shape)
-        self.basetile = tuple(int(b) for b in basetile)
-        self.dtype = dtype
-        self.category = category
-        self.owners = owners
-
-    @property
-    def grid(self):
-        return tuple(-(-n // b) for n, b in zip(self.shape, self.basetile))
-
-    def tile_bytes(self):
-        """Bytes of each tile, in the C order of the tile grid (tile i of the Tensor)."""
-        per_dim = [np.array([b] * (n // b) + ([n % b] if n % b else []), dtype=np.int64)
-                   for n, b in zip(self.shape, self.basetile)]
-        elems = np.ones(1, dtype=np.int64)
-        for sizes in per_dim:
-            elems = np.multiply.outer(elems, sizes).reshape(-1)
-        return elems * self.itemsize
-
-    def tile_owners(self, distribution):
-        """The rank of each tile under ``distribution`` (an nntile.distributed.Distribution)."""
-        if isinstance(self.owners, (list, tuple)):
-            return np.asarray(self.owners, dtype=np.int64)
-        return np.asarray(distribution.owners(self.grid, self.owners == "batch"), dtype=np.int64)
-
-    @property
-    def itemsize(self):
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def key(self):
-        """What identifies the allocation: (shape, basetile, dtype)."""
-        return self.shape, self.basetile, self.dtype
-
-    @property
-    def nbytes(self):
-        return math.prod(self.shape) * self.itemsize
-
-    def tile_sizes(self):
-        """[(elements of a tile, how many tiles have that many)], partial edge tiles included."""
-        elems, counts = np.unique(self.tile_bytes() // self.itemsize, return_counts=True)
-        return [(int(e), int(c)) for e, c in zip(elems, counts)]
-
-    @property
-    def ntiles(self):
-        return math.prod(-(-n // b) for n, b in zip(self.shape, self.basetile))
-
-    @property
-    def alloc_bytes(self):
-        """Bytes StarPU allocates on a GPU (or in pinned host memory) for all the tiles."""
-        return int(alloc_sizes(self.tile_bytes()).sum())
-
-    @property
-    def largest_tile(self):
-        return math.prod(self.basetile) * self.itemsize
-
-    @property
-    def unaligned_tiles(self):
-        """Tiles whose size is not a whole number of pages (unistd_o_direct cannot swap them)."""
-        return int(np.count_nonzero(self.tile_bytes() % PAGE))
-
-    def __repr__(self):
-        return (f"TensorSpec({self.name!r}, {self.shape}, {self.basetile}, {self.dtype}, "
-                f"{self.category})")
+def unaligned_tiles(spec):
+    """Tiles whose size is not a whole number of pages (unistd_o_direct cannot swap them)."""
+    return int(np.count_nonzero(spec.tile_bytes() % PAGE))
 
 
 def resolve_tiles(config, tiling=None):
@@ -321,7 +254,7 @@ class Estimate:
     @property
     def alloc_bytes(self):
         """The total with StarPU's 16 KiB rounding of small tiles (GPU, pinned host memory)."""
-        return sum(s.alloc_bytes for s in self.specs)
+        return sum(alloc_bytes(s) for s in self.specs)
 
     @property
     def ntensors(self):
@@ -337,7 +270,7 @@ class Estimate:
 
     @property
     def unaligned_tiles(self):
-        return sum(s.unaligned_tiles for s in self.specs)
+        return sum(unaligned_tiles(s) for s in self.specs)
 
     @property
     def init_numpy_bytes(self):

@@ -129,10 +129,10 @@ def test_tile_sizes_count_partial_tiles():
     spec = memory.TensorSpec("x", (5, 7), (2, 3), "fp32", "activations")
     assert spec.tile_sizes() == [(1, 1), (2, 2), (3, 2), (6, 4)]  # (1,1), (2,1)x2, (1,3)x2, (2,3)x4
     assert spec.ntiles == 9 and spec.nbytes == 35 * 4
-    assert spec.alloc_bytes == 9 * memory.SUBALLOC_BLOCK  # every tile rounds up to 16 KiB
-    assert spec.unaligned_tiles == 9
+    assert memory.alloc_bytes(spec) == 9 * memory.SUBALLOC_BLOCK  # every tile rounds up to 16 KiB
+    assert memory.unaligned_tiles(spec) == 9
     big = memory.TensorSpec("w", (3000, 1000), (1500, 1000), "fp32", "parameters")
-    assert big.alloc_bytes == big.nbytes  # tiles above 4 MiB are allocated as they are
+    assert memory.alloc_bytes(big) == big.nbytes  # tiles above 4 MiB are allocated as they are
 
 
 def _estimate(n_layer=4, batch=4, dtype="fp32"):
