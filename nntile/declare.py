@@ -1,8 +1,15 @@
-"""What a run holds, declared as data: one TensorSpec per tensor (name, shape, tiles, dtype,
-category, MPI owners). nntile.memory sums them against what the machine offers."""
+"""What a run holds, declared as data.
+
+Layers (nn/layers.pyx), the model (models/gpt2.pyx) and the optimizers (optim.py) declare
+every tensor they register as a TensorSpec, and create their tensors from those specs and
+from nothing else. So the list they declare is the list they register: nntile.memory sums it
+without building anything, and a tensor added to a layer is added to the estimate with it.
+"""
 import math
 
 import numpy as np
+
+from nntile._core.core import Tensor
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp64": 8, "bf16": 2, "int64": 8}
 # what a tensor is for, as the memory estimate reports it
@@ -15,11 +22,13 @@ class TensorSpec:
     StarPU-MPI how its tiles get owners (``owners`` as ``Tensor(owners=...)`` takes it: None
     for weight-like tensors, "batch" for tensors with the batch first, or a list of ranks).
 
-    ``category`` is None only for a tensor read back from the runtime (memory.live_*)."""
+    ``category`` is None only for a tensor read back from the runtime (memory.live_*).
+    ``shared``: one tensor serves every module of a model that declares the same name, shape,
+    tiles and dtype (backward's scratch, see Module.scratch); the model registers it once."""
 
-    __slots__ = ("name", "shape", "basetile", "dtype", "category", "owners")
+    __slots__ = ("name", "shape", "basetile", "dtype", "category", "owners", "shared")
 
-    def __init__(self, name, shape, basetile, dtype, category, owners=None):
+    def __init__(self, name, shape, basetile, dtype, category, owners=None, shared=False):
         if category is not None and category not in CATEGORIES:
             raise ValueError(f"{name}: category {category!r}; use one of {CATEGORIES}")
         self.name = name
@@ -28,6 +37,21 @@ class TensorSpec:
         self.dtype = dtype
         self.category = category
         self.owners = owners
+        self.shared = shared
+
+    def create(self):
+        """The Tensor this spec declares (zero, as every new Tensor)."""
+        return Tensor(self.shape, self.basetile, self.dtype, owners=self.owners)
+
+    def renamed(self, name):
+        """The same spec under another name (a layer's key under its place in the model)."""
+        return TensorSpec(name, self.shape, self.basetile, self.dtype, self.category,
+                          self.owners, self.shared)
+
+    @property
+    def shared_key(self):
+        """What makes two shared specs one tensor: name, shape, tiles and dtype."""
+        return (self.name,) + self.key
 
     @property
     def grid(self):
