@@ -1,9 +1,10 @@
 """How much memory a GPT-2 run needs, what the machine offers, and whether it fits.
 
-``estimate`` lists every tensor that ``GPT2LMHead`` (models/gpt2.pyx), its layers
-(nn/layers.pyx) and the optimizer (optim.py) register for a config, a tiling and a
-[batch, seq] shape, with the tile shapes StarPU will allocate. ``available`` reads the GPU and
-host memory of this machine, and ``check_fits`` compares the two the way StarPU 1.4 spends memory:
+``estimate`` sums the tensors a run registers for a config, a tiling and a [batch, seq]
+shape, as ``GPT2LMHead``, its layers and the optimizer declare them (nntile.declare: this
+module holds no list of its own), with the tile shapes StarPU will allocate. ``available``
+reads the GPU and host memory of this machine, and ``check_fits`` compares the two the way
+StarPU 1.4 spends memory:
 
 * StarPU's memory node sizes are 90% of the device (``STARPU_LIMIT_CUDA_MEM`` overrides) and 90%
   of the machine's RAM (``STARPU_LIMIT_CPU_MEM`` overrides); see src/drivers/cuda/driver_cuda.c
@@ -34,11 +35,9 @@ from collections import Counter
 
 import numpy as np
 
-from nntile.precision import precision_dtypes
+# the declarations are nntile.declare's; DTYPE_BYTES and TensorSpec stay importable from here
+from nntile.declare import CATEGORIES, DTYPE_BYTES, TensorSpec
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp64": 8, "bf16": 2, "int64": 8}
-CATEGORIES = ("parameters", "gradients", "optimizer_states", "compute_copies", "activations",
-              "workspaces", "logits")
 STARPU_MARGIN = 0.9                # FREE_MARGIN in driver_cuda.c, "global_mem *= 0.9" in topology.c
 GPU_RESERVE_MIN = 3 << 30          # CUDA context, cuBLAS; nvidia-smi shows ~0.5 GiB more than CUDA
 GPU_RESERVE_FRACTION = 0.03
@@ -84,91 +83,20 @@ def alloc_sizes(tile_bytes):
     return np.where(tile_bytes <= SUBALLOC_MAX, rounded, tile_bytes)
 
 
-class TensorSpec:
-    """One tensor the run registers: its shape, tiles, dtype, what it is for, and under
-    StarPU-MPI how its tiles get owners (``owners`` as ``Tensor(owners=...)`` takes it: None
-    for weight-like tensors, "batch" for tensors with the batch first, or a list of ranks)."""
-
-    __slots__ = ("name", "shape", "basetile", "dtype", "category", "owners")
-
-    def __init__(self, name, shape, basetile, dtype, category, owners=None):
-        self.name = name
-        self.shape = tuple(int(n) for n in shape)
-        self.basetile = tuple(int(b) for b in basetile)
-        self.dtype = dtype
-        self.category = category
-        self.owners = owners
-
-    @property
-    def grid(self):
-        return tuple(-(-n // b) for n, b in zip(self.shape, self.basetile))
-
-    def tile_bytes(self):
-        """Bytes of each tile, in the C order of the tile grid (tile i of the Tensor)."""
-        per_dim = [np.array([b] * (n // b) + ([n % b] if n % b else []), dtype=np.int64)
-                   for n, b in zip(self.shape, self.basetile)]
-        elems = np.ones(1, dtype=np.int64)
-        for sizes in per_dim:
-            elems = np.multiply.outer(elems, sizes).reshape(-1)
-        return elems * self.itemsize
-
-    def tile_owners(self, distribution):
-        """The rank of each tile under ``distribution`` (an nntile.distributed.Distribution)."""
-        if isinstance(self.owners, (list, tuple)):
-            return np.asarray(self.owners, dtype=np.int64)
-        return np.asarray(distribution.owners(self.grid, self.owners == "batch"), dtype=np.int64)
-
-    @property
-    def itemsize(self):
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def key(self):
-        """What identifies the allocation: (shape, basetile, dtype)."""
-        return self.shape, self.basetile, self.dtype
-
-    @property
-    def nbytes(self):
-        return math.prod(self.shape) * self.itemsize
-
-    def tile_sizes(self):
-        """[(elements of a tile, how many tiles have that many)], partial edge tiles included."""
-        elems, counts = np.unique(self.tile_bytes() // self.itemsize, return_counts=True)
-        return [(int(e), int(c)) for e, c in zip(elems, counts)]
-
-    @property
-    def ntiles(self):
-        return math.prod(-(-n // b) for n, b in zip(self.shape, self.basetile))
-
-    @property
-    def alloc_bytes(self):
-        """Bytes StarPU allocates on a GPU (or in pinned host memory) for all the tiles."""
-        return int(alloc_sizes(self.tile_bytes()).sum())
-
-    @property
-    def largest_tile(self):
-        return math.prod(self.basetile) * self.itemsize
-
-    @property
-    def unaligned_tiles(self):
-        """Tiles whose size is not a whole number of pages (unistd_o_direct cannot swap them)."""
-        return int(np.count_nonzero(self.tile_bytes() % PAGE))
-
-    def __repr__(self):
-        return (f"TensorSpec({self.name!r}, {self.shape}, {self.basetile}, {self.dtype}, "
-                f"{self.category})")
+def alloc_bytes(spec):
+    """Bytes StarPU allocates on a GPU (or in pinned host memory) for all the tiles."""
+    return int(alloc_sizes(spec.tile_bytes()).sum())
 
 
-def resolve_tiles(config, tiling=None):
-    """The model's tile sizes, as GPT2LMHead.check_tiling resolves them."""
-    from nntile.models.gpt2 import GPT2LMHead
-    return GPT2LMHead.check_tiling(
-        {k: v for k, v in (tiling or {}).items() if v is not None}, config)
+def unaligned_tiles(spec):
+    """Tiles whose size is not a whole number of pages (unistd_o_direct cannot swap them)."""
+    return int(np.count_nonzero(spec.tile_bytes() % PAGE))
 
 
 def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw",
-                 grad_clip=True, training=True, nranks=1):
-    """Every tensor a GPT2LMHead run registers, in the order the code creates them.
+                 grad_clip=True, training=True, nranks=1, model=None):
+    """Every tensor a run of ``model`` (GPT2LMHead or a subclass) registers, as the model and
+    the optimizer declare them: the model's, the optimizer's, then the first step's.
 
     ``training``: forward, loss and backward have run once for [batch, seq] (forward only
     creates the forward buffers). ``optimizer``: "adamw" (two states per parameter), "sgd"
@@ -177,113 +105,16 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     precision: under bf16-mixed, tensors are fp32 or bf16 as the layers make them, and every
     GEMM weight has a bf16 copy ("compute_copies").
     """
-    master, compute = precision_dtypes(dtype)
-    if optimizer not in ("adamw", "adam", "sgd", None):
+    from nntile.models.gpt2 import GPT2LMHead
+    from nntile.optim import BY_NAME
+    if optimizer is not None and optimizer not in BY_NAME:
         raise ValueError(f"optimizer {optimizer!r}: use 'adamw', 'sgd' or None")
-    if not 1 <= seq <= config.n_positions or batch < 1:
-        raise ValueError(f"[batch, seq] = [{batch}, {seq}]: need batch >= 1 and "
-                         f"1 <= seq <= n_positions ({config.n_positions})")
-    t = resolve_tiles(config, tiling)
-    E, V, P, H, I = config.n_embd, config.vocab_size, config.n_positions, config.n_head, config.inner
-    D = E // H
-    e, h, i, v = t["embd"], t["head"], t["inner"], t["vocab"]
-    specs = []
-
-    def add(name, shape, tiles, category, kind=compute, owners=None):
-        specs.append(TensorSpec(name, shape, tiles, kind, category, owners))
-
-    # parameters (value and gradient, and a copy for the GEMM weights where the compute dtype
-    # differs), as Module.add_param creates them
-    params = [("transformer.wte.weight", (V, E), (v, e)),
-              ("transformer.wpe.weight", (P, E), (min(t["seq"], P), e))]
-    for layer in range(config.n_layer):
-        p = f"transformer.h.{layer}."
-        params += [(p + "ln_1.weight", (E,), (e,)), (p + "ln_1.bias", (E,), (e,))]
-        for name in ("q", "k", "v"):
-            params += [(p + f"attn.{name}.weight", (E, H, D), (e, h, D)),
-                       (p + f"attn.{name}.bias", (H, D), (h, D))]
-        params += [(p + "attn.c_proj.weight", (H, D, E), (h, D, e)),
-                   (p + "attn.c_proj.bias", (E,), (e,)),
-                   (p + "ln_2.weight", (E,), (e,)), (p + "ln_2.bias", (E,), (e,)),
-                   (p + "mlp.c_fc.weight", (E, I), (e, i)), (p + "mlp.c_fc.bias", (I,), (i,)),
-                   (p + "mlp.c_proj.weight", (I, E), (i, e)), (p + "mlp.c_proj.bias", (E,), (e,))]
-    params += [("transformer.ln_f.weight", (E,), (e,)), ("transformer.ln_f.bias", (E,), (e,))]
-    if not config.tie_word_embeddings:
-        params.append(("lm_head.weight", (V, E), (v, e)))
-    gemm_weights = [n for n, _, _ in params if n.endswith((".q.weight", ".k.weight", ".v.weight",
-                                                             "c_proj.weight", "c_fc.weight"))]
-    gemm_weights.append("transformer.wte.weight" if config.tie_word_embeddings
-                        else "lm_head.weight")
-    for name, shape, tiles in params:
-        add(name, shape, tiles, "parameters", master)
-        add(name + "/grad", shape, tiles, "gradients", master)
-        if compute != master and name in gemm_weights:
-            add(name + "/copy", shape, tiles, "compute_copies")
-    add("loss_value", (1,), (1,), "workspaces", master)
+    declared = (model or GPT2LMHead)(config, {k: v for k, v in (tiling or {}).items()
+                                              if v is not None}, dtype, create=False)
+    specs = declared.tensor_specs()
     if optimizer is not None:
-        if grad_clip:
-            add("optimizer/normsq", (1,), (1,), "optimizer_states", master)
-            if nranks > 1:
-                add("optimizer/normsq_parts", (nranks, 1), (1, 1), "optimizer_states", master,
-                    owners=list(range(nranks)))
-        states = ("momentum_buffer",) if optimizer == "sgd" else ("exp_avg", "exp_avg_sq")
-        for name, shape, tiles in params:
-            for state in states:
-                add(f"{name}/{state}", shape, tiles, "optimizer_states", master)
-
-    # the [batch, seq] workspace (gpt2.pyx _Workspace) and each layer's buffers: all have the
-    # batch first, and under StarPU-MPI share their batch tiles out (owners="batch")
-    first_batched = len(specs)
-    B, T = batch, seq
-    bt, tt = min(t["batch"] or B, B), min(t["seq"], T)
-    x, xt = (B, T, E), (bt, tt, e)
-    row, rowt = (B, T, 2), (bt, tt, 2)
-    heads, headst = (B, T, H, D), (bt, tt, h, D)
-    scores, scorest = (B, H, T, T), (bt, h, tt, tt)
-    mlp, mlpt = (B, T, I), (bt, tt, i)
-    for name in ("ids", "labels", "positions"):
-        add(name, (B, T), (bt, tt), "workspaces", "int64")
-    # the residual stream, its gradient and the statistics are in the master dtype, the rest
-    # in the compute dtype
-    add("x0", x, xt, "activations", master)
-    add("dx", x, xt, "workspaces", master)
-    add("dx_other", x, xt, "workspaces", master)
-    add("logits", (B, T, V), (bt, tt, v), "logits")
-    add("loss/stats", row, rowt, "workspaces", master)
-    add("loss/lse", (B, T), (bt, tt), "workspaces", master)
-    add("loss/picked", (B, T), (bt, tt), "workspaces", master)
-    forward = [("ln_1.stats", row, rowt, master), ("ln_1.y", x, xt, compute),
-               ("attn.q.y", heads, headst, compute), ("attn.k.y", heads, headst, compute),
-               ("attn.v.y", heads, headst, compute), ("attn.p", scores, scorest, compute),
-               ("attn.stats", (B, H, T, 2), (bt, h, tt, 2), master),
-               ("attn.o", heads, headst, compute), ("attn.c_proj.y", x, xt, compute),
-               ("x1", x, xt, master), ("ln_2.stats", row, rowt, master),
-               ("ln_2.y", x, xt, compute), ("mlp.c_fc.y", mlp, mlpt, compute),
-               ("mlp.g", mlp, mlpt, compute), ("mlp.c_proj.y", x, xt, compute),
-               ("out", x, xt, master)]
-    # backward's temporaries: one set for the whole model (layers.pyx Module.scratch), and
-    # every layer norm's row accumulator is the same tensor; with two dtypes, Linear casts
-    # the residual stream's gradient to the compute dtype in one more
-    backward = [("dx1", x, xt, master), ("dh", x, xt, master),
-                ("mlp.dg", mlp, mlpt, compute), ("mlp.da", mlp, mlpt, compute),
-                ("attn.do", heads, headst, compute), ("attn.dp", scores, scorest, compute),
-                ("attn.dv", heads, headst, compute), ("attn.sums", (B, H, T), (bt, h, tt), master),
-                ("attn.dq", heads, headst, compute), ("attn.dk", heads, headst, compute)]
-    if compute != master:
-        backward.append(("linear.dy", x, xt, compute))
-    for layer in range(config.n_layer):
-        for name, shape, tiles, kind in forward:
-            add(f"transformer.h.{layer}.{name}", shape, tiles, "activations", kind)
-    if training:
-        if config.n_layer:
-            for name, shape, tiles, kind in backward:
-                add(f"scratch.{name}", shape, tiles, "workspaces", kind)
-        add("scratch.rowacc", row, rowt, "workspaces", master)
-    add("transformer.ln_f.stats", row, rowt, "activations", master)
-    add("transformer.ln_f.y", x, xt, "activations")
-    for spec in specs[first_batched:]:
-        spec.owners = "batch"
-    return specs
+        specs += BY_NAME[optimizer].tensor_specs(declared.named_parameters(), grad_clip, nranks)
+    return specs + declared.tensor_specs(batch, seq, training)
 
 
 class Estimate:
@@ -321,7 +152,7 @@ class Estimate:
     @property
     def alloc_bytes(self):
         """The total with StarPU's 16 KiB rounding of small tiles (GPU, pinned host memory)."""
-        return sum(s.alloc_bytes for s in self.specs)
+        return sum(alloc_bytes(s) for s in self.specs)
 
     @property
     def ntensors(self):
@@ -337,7 +168,7 @@ class Estimate:
 
     @property
     def unaligned_tiles(self):
-        return sum(s.unaligned_tiles for s in self.specs)
+        return sum(unaligned_tiles(s) for s in self.specs)
 
     @property
     def init_numpy_bytes(self):
@@ -430,19 +261,20 @@ class RankEstimate(Estimate):
 
 
 def estimate(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw", grad_clip=True,
-             training=True, init="full", distribution=None, rank=None):
+             training=True, init="full", distribution=None, rank=None, model=None):
     """Bytes a GPT2LMHead run registers for ``config`` and a [batch, seq] input: parameters,
     gradients, optimizer states, activations kept for backward, workspaces (inputs, backward
     buffers, gradient ping-pong) and logits. ``init``: how weights are written from numpy
     ("full" arrays, per "tiles", or None when they come from GPU tasks).
 
     With a ``distribution`` of several ranks (nntile.distributed), what ``rank`` holds: a
-    RankEstimate."""
+    RankEstimate. ``model``: a subclass of GPT2LMHead to estimate instead."""
     if init not in ("full", "tiles", None):
         raise ValueError(f"init {init!r}: use 'full', 'tiles' or None")
     nranks = distribution.nranks if distribution is not None else 1
     args = dict(config=config, batch=batch, seq=seq, tiling=dict(tiling or {}), dtype=dtype,
-                optimizer=optimizer, grad_clip=grad_clip, training=training, nranks=nranks)
+                optimizer=optimizer, grad_clip=grad_clip, training=training, nranks=nranks,
+                model=model)
     whole = Estimate(tensor_specs(**args), args, init)
     if nranks == 1:
         return whole

@@ -9,13 +9,8 @@ copy (bf16-mixed) has it refreshed after each update: by the update task itself 
 """
 import math
 
-from nntile import Tensor, current_context, ops
-
-
-def _state_like(value):
-    """An optimizer state tensor for a parameter: same tiles, and under StarPU-MPI the same
-    owner per tile, so each update task finds all its tiles on one rank."""
-    return Tensor(value.shape, value.basetile, value.dtype, owners=value.owners)
+from nntile import current_context, ops
+from nntile.declare import TensorSpec
 
 
 class LRSchedule:
@@ -41,6 +36,8 @@ class LRSchedule:
 
 
 class Optimizer:
+    STATES = ()  # the state tensors of each parameter, by name
+
     def __init__(self, named_parameters, lr, max_grad_norm=None):
         self.params = list(named_parameters)
         if not self.params:
@@ -50,13 +47,36 @@ class Optimizer:
             raise ValueError(f"max_grad_norm={max_grad_norm} must be positive")
         self.max_grad_norm = max_grad_norm
         self.step_count = 0
-        dtype = self.params[0][1].value.dtype
-        self.normsq = Tensor((1,), (1,), dtype) if max_grad_norm else None
-        # Under StarPU-MPI each rank sums the squares of its own gradient tiles, and only
-        # these partials (one number per rank) travel.
-        ranks = current_context().world_size
-        self._normsq_parts = (Tensor((ranks, 1), (1, 1), dtype, owners=list(range(ranks)))
-                              if max_grad_norm and ranks > 1 else None)
+        specs = self.tensor_specs(self.params, max_grad_norm is not None,
+                                  current_context().world_size)
+        tensors = {spec.name: spec.create() for spec in specs}
+        self.normsq = tensors.get("optimizer/normsq")
+        self._normsq_parts = tensors.get("optimizer/normsq_parts")
+        self.states = {name: tuple(tensors[f"{name}/{state}"] for state in self.STATES)
+                       for name, _ in self.params}
+        self._by_param = {id(p): n for n, p in self.params}
+
+    @classmethod
+    def tensor_specs(cls, named_parameters, grad_clip=True, nranks=1):
+        """The tensors this optimizer creates for these parameters (model.named_parameters(),
+        of a model built or only declared), as TensorSpecs: with ``grad_clip`` the squared
+        gradient norm, then each parameter's ``STATES``. All are in the master dtype; a
+        state has its parameter's tiles and, under StarPU-MPI, the same owner per tile, so
+        that each update task finds all its tiles on one rank."""
+        values = [(name, param.specs[0]) for name, param in named_parameters]
+        dtype = values[0][1].dtype
+        specs = []
+        if grad_clip:
+            specs.append(TensorSpec("optimizer/normsq", (1,), (1,), dtype, "optimizer_states"))
+            if nranks > 1:
+                # each rank sums the squares of its own gradient tiles, and only these
+                # partials (one number per rank) travel
+                specs.append(TensorSpec("optimizer/normsq_parts", (nranks, 1), (1, 1), dtype,
+                                        "optimizer_states", owners=list(range(nranks))))
+        for name, value in values:
+            specs += [TensorSpec(f"{name}/{state}", value.shape, value.basetile, value.dtype,
+                                 "optimizer_states", value.owners) for state in cls.STATES]
+        return specs
 
     def _submit_grad_norm(self):
         target = self.normsq if self._normsq_parts is None else self._normsq_parts
@@ -82,37 +102,29 @@ class Optimizer:
 
     def state_tensors(self):
         """Optimizer state tensors keyed by '<parameter name>/<state name>'."""
-        return {}
+        return {f"{name}/{state}": tensor for name, tensors in self.states.items()
+                for state, tensor in zip(self.STATES, tensors)}
 
 
 class AdamW(Optimizer):
     """torch.optim.AdamW (``decoupled=True``) or Adam with L2 weight decay (``decoupled=False``)."""
+    STATES = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.01, max_grad_norm=None, decoupled=True):
         super().__init__(named_parameters, lr, max_grad_norm)
         self.betas, self.eps, self.weight_decay, self.decoupled = betas, eps, weight_decay, decoupled
-        self.moments = {}
-        for name, param in self.params:
-            m = _state_like(param.value)
-            v = _state_like(param.value)
-            m.clear()
-            v.clear()
-            self.moments[name] = (m, v)
-        self._by_param = {id(p): n for n, p in self.params}
+
+    @property
+    def moments(self):
+        """(exp_avg, exp_avg_sq) of each parameter, by name."""
+        return self.states
 
     def _update(self, param, lr):
-        m, v = self.moments[self._by_param[id(param)]]
+        m, v = self.states[self._by_param[id(param)]]
         ops.adam_step(self.step_count, lr, self.betas[0], self.betas[1], self.eps,
                       self.weight_decay, self.decoupled, param.value, param.grad, m, v,
                       self.normsq, self.max_grad_norm or 0.0, copy=param.copy)
-
-    def state_tensors(self):
-        out = {}
-        for name, (m, v) in self.moments.items():
-            out[f"{name}/exp_avg"] = m
-            out[f"{name}/exp_avg_sq"] = v
-        return out
 
 
 def Adam(named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
@@ -122,6 +134,7 @@ def Adam(named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0
 
 class SGD(Optimizer):
     """torch.optim.SGD: momentum, dampening, Nesterov, L2 weight decay."""
+    STATES = ("momentum_buffer",)
 
     def __init__(self, named_parameters, lr=1e-2, momentum=0.0, dampening=0.0,
                  weight_decay=0.0, nesterov=False, max_grad_norm=None):
@@ -130,18 +143,14 @@ class SGD(Optimizer):
             raise ValueError("Nesterov momentum needs momentum > 0 and dampening 0")
         self.momentum, self.dampening = momentum, dampening
         self.weight_decay, self.nesterov = weight_decay, nesterov
-        self.buffers = {}
-        for name, param in self.params:
-            buf = _state_like(param.value)
-            buf.clear()
-            self.buffers[name] = buf
-        self._by_param = {id(p): n for n, p in self.params}
 
     def _update(self, param, lr):
+        buf, = self.states[self._by_param[id(param)]]
         ops.sgd_step(self.step_count, lr, self.momentum, self.dampening, self.weight_decay,
-                     self.nesterov, param.value, param.grad, self.buffers[self._by_param[id(param)]],
-                     self.normsq, self.max_grad_norm or 0.0)
+                     self.nesterov, param.value, param.grad, buf, self.normsq,
+                     self.max_grad_norm or 0.0)
         param.refresh()
 
-    def state_tensors(self):
-        return {f"{name}/momentum_buffer": buf for name, buf in self.buffers.items()}
+
+# the optimizers nntile.memory can estimate, by the names it takes
+BY_NAME = {"adamw": AdamW, "adam": AdamW, "sgd": SGD}

@@ -1,4 +1,5 @@
 """nntile.memory: the estimate equals the tensors a run registers; the check refuses clearly."""
+import contextlib
 import math
 import os
 import subprocess
@@ -11,9 +12,10 @@ import pytest
 
 from nntile import memory
 from nntile.precision import precision_dtypes
-from nntile._core.core import live_tensor_count
+from nntile._core.core import current_context, live_tensor_count
 from nntile.cli_common import CLIError
 from nntile.models import GPT2Config, GPT2LMHead
+from nntile.nn import Block
 from nntile.optim import SGD, AdamW
 from tests.conftest import estimate_of_train_run
 
@@ -59,31 +61,48 @@ def _tile_alloc(tensor):
     return total
 
 
+@contextlib.contextmanager
+def _one_training_step(config, B, T, tiling, dtype, optimizer, model_type=GPT2LMHead):
+    """Build a model and its optimizer and run one training step: (model, optimizer, the
+    tensors they registered); all are unregistered afterwards."""
+    before = {id(t) for t in memory.live_tensors()}
+    count_before = live_tensor_count()
+    model = model_type(config, tiling, dtype)
+    try:
+        params = model.named_parameters()
+        opt = (AdamW(params, lr=1e-3, max_grad_norm=1.0) if optimizer == "adamw"
+               else SGD(params, lr=1e-2, momentum=0.9, max_grad_norm=1.0))
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, config.vocab_size, (B, T))
+        model.zero_grad()
+        model.loss(ids, np.roll(ids, -1, axis=1))
+        model.backward()
+        opt.step()
+        current_context().wait()
+        tensors = _new_tensors(before)
+        assert len(tensors) == live_tensor_count() - count_before
+        yield model, opt, tensors
+    finally:
+        model.unregister()
+        for t in _new_tensors(before):
+            t.unregister()
+
+
+def _same_tensors(tensors, est):
+    """The registered tensors are the estimate's, one for one: shapes, tiles and dtypes."""
+    assert len(tensors) == est.ntensors
+    assert Counter((t.shape, t.basetile, t.dtype) for t in tensors) == \
+        Counter(s.key for s in est.specs)
+    assert sum(memory.tensor_bytes(t) for t in tensors) == est.total
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_estimate_equals_the_tensors_a_training_step_registers(ctx, case):
     fields, B, T, tiling, dtype, optimizer = CASES[case]
     config = GPT2Config(**fields)
-    before = {id(t) for t in memory.live_tensors()}
-    count_before = live_tensor_count()
-    model = GPT2LMHead(config, tiling, dtype)
-    params = model.named_parameters()
-    opt = (AdamW(params, lr=1e-3, max_grad_norm=1.0) if optimizer == "adamw"
-           else SGD(params, lr=1e-2, momentum=0.9, max_grad_norm=1.0))
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, config.vocab_size, (B, T))
-    model.zero_grad()
-    model.loss(ids, np.roll(ids, -1, axis=1))
-    model.backward()
-    opt.step()
-    ctx.wait()
-    try:
-        tensors = _new_tensors(before)
+    with _one_training_step(config, B, T, tiling, dtype, optimizer) as (model, opt, tensors):
         est = memory.estimate(config, B, T, tiling, dtype, optimizer=optimizer)
-        assert len(tensors) == live_tensor_count() - count_before == est.ntensors
-        # the same tensors: shapes, tiles and dtypes, one for one
-        got = Counter((t.shape, t.basetile, t.dtype) for t in tensors)
-        assert got == Counter(s.key for s in est.specs)
-        assert sum(memory.tensor_bytes(t) for t in tensors) == est.total
+        _same_tensors(tensors, est)
         assert sum(t.ntiles for t in tensors) == est.ntiles
         assert sum(_tile_alloc(t) for t in tensors) == est.alloc_bytes
         # the categories hold what their names say
@@ -100,10 +119,50 @@ def test_estimate_equals_the_tensors_a_training_step_registers(ctx, case):
         assert est["logits"] == B * T * config.vocab_size * memory.DTYPE_BYTES[compute]
         largest = max(math.prod(t.basetile) * t.numpy_dtype.itemsize for t in tensors)
         assert est.largest_tile == largest
-    finally:
-        model.unregister()
-        for t in _new_tensors(before):
-            t.unregister()
+
+
+class ProbedBlock(Block):
+    """A block with one tensor more of each kind a layer declares, each added in one place:
+    a parameter ``gain`` [n_embd] (with its gradient and optimizer states), a buffer
+    ``probe`` [batch, seq, 3] and a backward scratch ``dprobe`` [batch, seq, 5]."""
+
+    def __init__(self, config, tiles, dtype):
+        super().__init__(config, tiles, dtype)
+        self.gain = self.add_param("gain", (config.n_embd,), (tiles["embd"],))
+
+    def declare(self, lead, tiles):
+        return super().declare(lead, tiles) + [
+            self.buffer_spec("probe", lead + (3,), tiles + (3,), self.master),
+            self.scratch_spec("dprobe", lead + (5,), tiles + (5,), self.master)]
+
+
+class ProbedGPT2(GPT2LMHead):
+    block_type = ProbedBlock
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16-mixed"])
+def test_a_tensor_added_to_a_layer_is_registered_and_estimated(ctx, dtype):
+    config = GPT2Config(vocab_size=40, n_positions=8, n_embd=12, n_layer=3, n_head=2)
+    tiling, B, T = dict(embd=5, seq=3, batch=1), 2, 8
+    base = memory.estimate(config, B, T, tiling, dtype)
+    probed = memory.estimate(config, B, T, tiling, dtype, model=ProbedGPT2)
+    # what the three tensors add, counted by hand (fp32: the master dtype of both precisions)
+    L = config.n_layer
+    assert probed["parameters"] - base["parameters"] == L * 12 * 4
+    assert probed["gradients"] - base["gradients"] == L * 12 * 4
+    assert probed["optimizer_states"] - base["optimizer_states"] == L * 2 * 12 * 4  # AdamW
+    assert probed["activations"] - base["activations"] == L * B * T * 3 * 4  # one per layer
+    assert probed["workspaces"] - base["workspaces"] == B * T * 5 * 4  # shared by the layers
+    assert probed["compute_copies"] == base["compute_copies"]
+    assert probed.ntensors - base.ntensors == L * (4 + 1) + 1
+    names = {s.name for s in probed.specs} - {s.name for s in base.specs}
+    assert {"transformer.h.2.gain/exp_avg_sq", "transformer.h.0.probe",
+            "scratch.dprobe"} <= names
+    # and the model built from the subclass registers exactly what the estimate lists
+    with _one_training_step(config, B, T, tiling, dtype, "adamw", ProbedGPT2) as (model, _,
+                                                                                 tensors):
+        assert model.blocks[1].gain.value.shape == (12,)
+        _same_tensors(tensors, probed)
 
 
 def test_forward_only_estimate(ctx):
@@ -129,10 +188,10 @@ def test_tile_sizes_count_partial_tiles():
     spec = memory.TensorSpec("x", (5, 7), (2, 3), "fp32", "activations")
     assert spec.tile_sizes() == [(1, 1), (2, 2), (3, 2), (6, 4)]  # (1,1), (2,1)x2, (1,3)x2, (2,3)x4
     assert spec.ntiles == 9 and spec.nbytes == 35 * 4
-    assert spec.alloc_bytes == 9 * memory.SUBALLOC_BLOCK  # every tile rounds up to 16 KiB
-    assert spec.unaligned_tiles == 9
+    assert memory.alloc_bytes(spec) == 9 * memory.SUBALLOC_BLOCK  # every tile rounds up to 16 KiB
+    assert memory.unaligned_tiles(spec) == 9
     big = memory.TensorSpec("w", (3000, 1000), (1500, 1000), "fp32", "parameters")
-    assert big.alloc_bytes == big.nbytes  # tiles above 4 MiB are allocated as they are
+    assert memory.alloc_bytes(big) == big.nbytes  # tiles above 4 MiB are allocated as they are
 
 
 def _estimate(n_layer=4, batch=4, dtype="fp32"):

@@ -6,48 +6,26 @@ import numpy as np
 
 from nntile._core.core cimport Tensor
 from nntile import ops
+from nntile.declare import TensorSpec
 from nntile.models.config import DEFAULT_VOCAB_TILE, GPT2Config, TILING_KEYS
 from nntile.nn.layers cimport Block, Embedding, LayerNorm, Module, Parameter
 from nntile.precision import PRECISIONS
-
-
-cdef class _Workspace:
-    """Tensors that depend on the [batch, seq] shape of the data."""
-    cdef Tensor ids, labels, positions, x0, dx, dx_other, logits, stats, lse, picked
-
-    def __init__(self, int B, int T, int bt, int tt, dict tiles, config, str master,
-                 str compute):
-        cdef int E = config.n_embd, V = config.vocab_size
-        # every tensor here has the batch first: data parallelism shares its tiles out
-        self.ids = Tensor((B, T), (bt, tt), "int64", owners="batch")
-        self.labels = Tensor((B, T), (bt, tt), "int64", owners="batch")
-        self.positions = Tensor.from_array(np.broadcast_to(np.arange(T), (B, T)), (bt, tt),
-                                           owners="batch")
-        # the residual stream and its gradient, and the loss statistics, in the master
-        # dtype; the logits (a GEMM's output) in the compute dtype
-        act = ((B, T, E), (bt, tt, tiles["embd"]), master)
-        self.x0 = Tensor(*act, owners="batch")
-        self.dx = Tensor(*act, owners="batch")
-        self.dx_other = Tensor(*act, owners="batch")
-        self.logits = Tensor((B, T, V), (bt, tt, tiles["vocab"]), compute, owners="batch")
-        self.stats = Tensor((B, T, 2), (bt, tt, 2), master, owners="batch")
-        self.lse = Tensor((B, T), (bt, tt), master, owners="batch")
-        self.picked = Tensor((B, T), (bt, tt), master, owners="batch")
-
-    def unregister(self):
-        for t in (self.ids, self.labels, self.positions, self.x0, self.dx, self.dx_other,
-                  self.logits, self.stats, self.lse, self.picked):
-            t.unregister()
 
 
 cdef class GPT2LMHead(Module):
     """GPT-2 language model over tiles.
 
     ``tiling`` gives tile sizes for keys batch, seq, embd, head (heads per tile), inner (MLP)
-    and vocab; a missing key means one tile for that dimension. Batch and seq tiles are
-    clipped to the data's shape, so any [batch, seq] with seq <= n_positions can be used.
+    and vocab; a missing key means one tile for that dimension (the vocabulary: tiles of
+    DEFAULT_VOCAB_TILE where it is larger). Batch and seq tiles are clipped to the data's
+    shape, so any [batch, seq] with seq <= n_positions can be used.
     ``dtype`` is a precision (nntile.precision): fp32, tf32, fp64, bf16 or bf16-mixed.
+
+    ``create=False`` builds the layers and their declarations only, and no tensor: what
+    ``tensor_specs`` (and nntile.memory) read before StarPU starts. ``block_type`` is the
+    class of the transformer blocks (a subclass may change it).
     """
+    block_type = Block
     cdef readonly object config
     cdef readonly dict tiles
     cdef readonly list blocks
@@ -55,13 +33,13 @@ cdef class GPT2LMHead(Module):
     cdef readonly LayerNorm ln_f
     cdef readonly Parameter lm_head
     cdef readonly Tensor loss_value
-    cdef dict _workspaces
-    cdef _Workspace _ws
+    cdef object _loss_spec
+    cdef dict _ws
     cdef Tensor _h
     cdef bint _ready_for_backward
     cdef public bint layer_priorities
 
-    def __init__(self, config, tiling=None, str dtype="fp32"):
+    def __init__(self, config, tiling=None, str dtype="fp32", bint create=True):
         if dtype not in PRECISIONS:
             raise ValueError(f"GPT2LMHead: dtype {dtype!r}; use {', '.join(PRECISIONS)}")
         if not isinstance(config, GPT2Config):
@@ -75,7 +53,7 @@ cdef class GPT2LMHead(Module):
             V, t["vocab"], E, t["embd"], dtype, gemm=config.tie_word_embeddings))
         self.wpe = self.add_child("transformer.wpe", Embedding(
             config.n_positions, min(t["seq"], config.n_positions), E, t["embd"], dtype))
-        self.blocks = [self.add_child(f"transformer.h.{i}", Block(config, t, dtype))
+        self.blocks = [self.add_child(f"transformer.h.{i}", self.block_type(config, t, dtype))
                        for i in range(config.n_layer)]
         self.ln_f = self.add_child("transformer.ln_f", LayerNorm(E, t["embd"],
                                                                 config.layer_norm_epsilon, dtype))
@@ -84,12 +62,18 @@ cdef class GPT2LMHead(Module):
         else:
             self.lm_head = self.add_param("lm_head.weight", (V, E), (t["vocab"], t["embd"]),
                                           gemm=True)
-        self.loss_value = Tensor((1,), (1,), self.master)
-        self._workspaces = {}
+        self._loss_spec = TensorSpec("loss_value", (1,), (1,), self.master, "workspaces")
         self._ready_for_backward = False
         # on by default: 2.80 vs 3.33 s per step at 1.23x an H100's memory, no loss in memory
         # (docs/performance.md, "Past GPU memory on one GPU")
         self.layer_priorities = True
+        if create:
+            self.create()
+
+    def create(self):
+        """Create the parameters' tensors and the loss."""
+        Module.create(self)
+        self.loss_value = self._loss_spec.create()
 
     @staticmethod
     def check_tiling(tiling, config):
@@ -116,6 +100,43 @@ cdef class GPT2LMHead(Module):
                 raise ValueError(f"tiling[{key!r}]={value} must be {limit}")
             tiles[key] = int(value)
         return tiles
+
+    # ---- what the model holds, declared -------------------------------------------------
+
+    cdef tuple _lead_for(self, int B, int T):
+        """[batch, seq] and their tiles (clipped to the data's shape)."""
+        return (B, T), (min(self.tiles["batch"] or B, B), min(self.tiles["seq"], T))
+
+    def declare(self, tuple lead, tuple tiles):
+        """The tensors of a [batch, seq] shape of the data: token ids, targets and positions,
+        the residual stream x0 and its gradient (ping-pong with dx_other), the logits and
+        the loss's statistics. The stream and the statistics are in the master dtype, the
+        logits (a GEMM's output) in the compute dtype."""
+        cdef tuple x = lead + (self.config.n_embd,), x_tiles = tiles + (self.tiles["embd"],)
+        return [self.buffer_spec("ids", lead, tiles, "int64", "workspaces"),
+                self.buffer_spec("labels", lead, tiles, "int64", "workspaces"),
+                self.buffer_spec("positions", lead, tiles, "int64", "workspaces"),
+                self.buffer_spec("x0", x, x_tiles, self.master),
+                self.buffer_spec("dx", x, x_tiles, self.master, "workspaces"),
+                self.buffer_spec("dx_other", x, x_tiles, self.master, "workspaces"),
+                self.buffer_spec("logits", lead + (self.config.vocab_size,),
+                                 tiles + (self.tiles["vocab"],), category="logits"),
+                self.buffer_spec("loss/stats", lead + (2,), tiles + (2,), self.master,
+                                 "workspaces"),
+                self.buffer_spec("loss/lse", lead, tiles, self.master, "workspaces"),
+                self.buffer_spec("loss/picked", lead, tiles, self.master, "workspaces")]
+
+    def tensor_specs(self, batch=None, seq=None, bint training=True):
+        """What this model registers, as TensorSpecs. Without a shape: what the constructor
+        creates (parameters, gradients, compute copies, the loss). For [batch, seq]: what
+        the first step on data of that shape adds (buffers; with ``training``, backward's
+        scratch too)."""
+        if batch is None:
+            return self.declaration() + [self._loss_spec]
+        if not 1 <= seq <= self.config.n_positions or batch < 1:
+            raise ValueError(f"[batch, seq] = [{batch}, {seq}]: need batch >= 1 and "
+                             f"1 <= seq <= n_positions ({self.config.n_positions})")
+        return self.declaration(*self._lead_for(batch, seq), training)
 
     @property
     def dtype_name(self):
@@ -221,14 +242,12 @@ cdef class GPT2LMHead(Module):
                              f"[0, {self.config.vocab_size})")
         return array
 
-    cdef _Workspace _workspace(self, int B, int T):
-        key = (B, T)
-        ws = self._workspaces.get(key)
-        if ws is None:
-            bt = min(self.tiles["batch"] or B, B)
-            tt = min(self.tiles["seq"], T)
-            ws = _Workspace(B, T, bt, tt, self.tiles, self.config, self.master, self.compute)
-            self._workspaces[key] = ws
+    cdef dict _workspace(self, int B, int T):
+        lead = self._lead_for(B, T)
+        new = lead not in self._buffers
+        cdef dict ws = self._buffers_for(lead)
+        if new:
+            ws["positions"].write(np.broadcast_to(np.arange(T), (B, T)))
         return ws
 
     cdef _prioritize(self, int distance):
@@ -240,23 +259,26 @@ cdef class GPT2LMHead(Module):
             ops.set_task_priority(distance)
 
     cdef Tensor _forward(self, input_ids):
+        if self.loss_value is None:
+            raise RuntimeError("GPT2LMHead(create=False) declares its tensors but holds none; "
+                               "call create() before running it")
         ids = self._check_tokens(input_ids, "input_ids")
-        cdef _Workspace ws = self._workspace(ids.shape[0], ids.shape[1])
+        cdef dict ws = self._workspace(ids.shape[0], ids.shape[1])
         self._ws = ws
-        ws.ids.write(ids)
+        ws["ids"].write(ids)
         cdef int L = len(self.blocks), i
         self._prioritize(2 * L + 3)
-        ws.x0.clear()
-        self.wte.forward(ws.ids, ws.x0)
-        self.wpe.forward(ws.positions, ws.x0)
-        cdef Tensor x = ws.x0
+        cdef Tensor x = ws["x0"]
+        x.clear()
+        self.wte.forward(ws["ids"], x)
+        self.wpe.forward(ws["positions"], x)
         for i in range(L):
             self._prioritize(2 * L + 2 - i)
             x = (<Block> self.blocks[i]).forward(x)
         self._prioritize(L + 2)
         self._h = self.ln_f.forward(x)
-        ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws.logits)
-        return ws.logits
+        ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws["logits"])
+        return ws["logits"]
 
     def forward(self, input_ids):
         """Logits [batch, seq, vocab] as a numpy array."""
@@ -278,10 +300,10 @@ cdef class GPT2LMHead(Module):
         if targets.shape != input_ids.shape:
             raise ValueError(f"targets have shape {targets.shape} but input_ids {input_ids.shape}")
         cdef Tensor logits = self._forward(input_ids)
-        cdef _Workspace ws = self._ws
-        ws.labels.write(targets)
-        ops.cross_entropy(logits, ws.labels, ws.stats, ws.lse, ws.picked, self.loss_value,
-                          1.0 / input_ids.size)
+        cdef dict ws = self._ws
+        ws["labels"].write(targets)
+        ops.cross_entropy(logits, ws["labels"], ws["loss/stats"], ws["loss/lse"],
+                          ws["loss/picked"], self.loss_value, 1.0 / input_ids.size)
         self._prioritize(0)
         self._ready_for_backward = True
 
@@ -291,13 +313,14 @@ cdef class GPT2LMHead(Module):
         if not self._ready_for_backward:
             raise RuntimeError("backward() needs a loss() first (forward() alone keeps no loss)")
         self._ready_for_backward = False
-        cdef _Workspace ws = self._ws
-        cdef Tensor dlogits = ws.logits
+        cdef dict ws = self._ws
+        cdef Tensor dlogits = ws["logits"], ids = ws["ids"]
         cdef int i
         self._prioritize(len(self.blocks) + 1)
-        ops.cross_entropy_backward(dlogits, ws.labels, ws.stats, scale / ws.ids.traits.size)
+        ops.cross_entropy_backward(dlogits, ws["labels"], ws["loss/stats"],
+                                   scale / ids.traits.size)
         ops.gemm(1.0, dlogits, "T", self._h, "N", 1.0, self.lm_head.grad, ndim=2)
-        cdef Tensor dx = ws.dx, other = ws.dx_other
+        cdef Tensor dx = ws["dx"], other = ws["dx_other"]
         # StarPU orders the reuse of dx_other after ln_f has read it (data dependencies).
         ops.gemm(1.0, dlogits, "N", self.lm_head.compute, "N", 0.0, other)
         self.ln_f.backward(other, dx, 0.0)
@@ -310,8 +333,6 @@ cdef class GPT2LMHead(Module):
         self._prioritize(0)
 
     def unregister(self):
-        for ws in self._workspaces.values():
-            ws.unregister()
-        self._workspaces.clear()
-        self.loss_value.unregister()
+        if self.loss_value is not None:
+            self.loss_value.unregister()
         Module.unregister(self)

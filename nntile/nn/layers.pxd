@@ -3,6 +3,7 @@ from nntile._core.core cimport Tensor
 
 
 cdef class Parameter:
+    cdef readonly list specs
     cdef readonly Tensor value
     cdef readonly Tensor grad
     cdef readonly Tensor copy
@@ -12,17 +13,19 @@ cdef class Parameter:
 cdef class Module:
     cdef dict _params
     cdef dict _children
-    cdef dict _buffers
     cdef dict _scratch
+    cdef dict _declared
+    cdef dict _buffers
+    cdef tuple _lead
     cdef readonly str dtype
     cdef readonly str master
     cdef readonly str compute
     cpdef Parameter add_param(self, str name, tuple shape, tuple basetile, bint gemm=*)
     cpdef Module add_child(self, str name, Module module)
-    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile, str dtype=*)
-    cpdef Tensor scratch(self, str key, tuple shape, tuple basetile, str dtype=*)
-    cdef Tensor _pooled(self, dict pool, tuple full_key, tuple shape, tuple basetile,
-                        str dtype)
+    cpdef dict buffers(self, Tensor x)
+    cpdef dict scratch(self)
+    cdef dict _buffers_for(self, tuple lead)
+    cdef list _declared_for(self, tuple lead)
     cdef _use_scratch(self, dict pool)
 
 
@@ -30,6 +33,7 @@ cdef class Linear(Module):
     cdef readonly int in_ndim
     cdef readonly tuple out_shape
     cdef readonly tuple out_tiles
+    cdef readonly bint residual
     cdef readonly Parameter weight
     cdef readonly Parameter bias
     cdef Tensor x
@@ -39,6 +43,7 @@ cdef class Linear(Module):
 
 
 cdef class LayerNorm(Module):
+    cdef readonly int n_embd, embd_tile
     cdef readonly double eps
     cdef readonly Parameter weight
     cdef readonly Parameter bias
@@ -58,6 +63,7 @@ cdef class Embedding(Module):
 cdef class Attention(Module):
     cdef readonly int n_head
     cdef readonly int head_dim
+    cdef readonly int head_tile
     cdef readonly Linear q, k, v, c_proj
     cdef Tensor q_out, k_out, v_out, p, o
     cpdef Tensor forward(self, Tensor x)

@@ -1,9 +1,13 @@
 # cython: language_level=3
 """GPT-2 building blocks over tiled tensors, as typed Cython classes.
 
-Every layer keeps what its backward pass needs from the forward pass, and allocates its
-activation tensors once per input shape, so repeated steps register no new StarPU data.
-Parameter gradients accumulate (``+=``) until ``zero_grad``; activations are [batch, seq, ...].
+Every layer declares the tensors it holds as data (nntile.declare.TensorSpec) and creates them
+from that declaration only: its parameters with ``add_param`` in its constructor, and what it
+creates while running in ``declare``: the buffers forward keeps for backward, one set per
+input shape (so repeated steps register no new StarPU data), and backward's scratch. The model
+creates them (``create``, ``buffers``, ``scratch``), and nntile.memory reads the same
+declarations (``declaration``) to estimate a run without creating anything. Parameter
+gradients accumulate (``+=``) until ``zero_grad``; activations are [batch, seq, ...].
 
 A module's ``dtype`` is a precision (nntile.precision): its ``master`` dtype holds parameters,
 gradients, the residual stream and statistics, its ``compute`` dtype the GEMM operands and the
@@ -15,6 +19,7 @@ import math
 
 from nntile._core.core cimport Tensor
 from nntile import ops
+from nntile.declare import TensorSpec
 from nntile.precision import precision_dtypes
 
 
@@ -23,14 +28,23 @@ cdef class Parameter:
 
     ``value`` and ``grad`` are in the master dtype. A GEMM operand whose compute dtype differs
     (bf16-mixed) also has ``copy``, the value in the compute dtype, which the GEMMs read;
-    ``compute`` is the tensor GEMMs read: ``copy``, or ``value`` itself.
+    ``compute`` is the tensor GEMMs read: ``copy``, or ``value`` itself. ``specs`` declares
+    them (value first); they exist once ``create`` has run.
     """
 
-    def __init__(self, tuple shape, tuple basetile, str master, str compute, bint gemm=False):
-        self.value = Tensor(shape, basetile, master)
-        self.grad = Tensor(shape, basetile, master, owners=self.value.owners)
-        self.copy = (Tensor(shape, basetile, compute, owners=self.value.owners)
-                     if gemm and compute != master else None)
+    def __init__(self, str name, tuple shape, tuple basetile, str master, str compute,
+                 bint gemm=False):
+        self.specs = [TensorSpec(name, shape, basetile, master, "parameters"),
+                      TensorSpec(name + "/grad", shape, basetile, master, "gradients")]
+        if gemm and compute != master:
+            self.specs.append(TensorSpec(name + "/copy", shape, basetile, compute,
+                                         "compute_copies"))
+
+    def create(self):
+        """Create value, gradient and copy from ``specs``."""
+        tensors = [spec.create() for spec in self.specs]
+        self.value, self.grad = tensors[0], tensors[1]
+        self.copy = tensors[2] if len(tensors) == 3 else None
         self.compute = self.value if self.copy is None else self.copy
 
     def refresh(self):
@@ -45,10 +59,9 @@ cdef class Parameter:
         self.refresh()
 
     def unregister(self):
-        self.value.unregister()
-        self.grad.unregister()
-        if self.copy is not None:
-            self.copy.unregister()
+        for tensor in (self.value, self.grad, self.copy):
+            if tensor is not None:
+                tensor.unregister()
 
 
 cdef class Module:
@@ -62,13 +75,15 @@ cdef class Module:
         self.dtype = dtype
         self._params = {}
         self._children = {}
-        self._buffers = {}
-        self._scratch = {}
+        self._declared = {}   # input [batch, seq] and tiles -> what declare() lists for it
+        self._buffers = {}    # input [batch, seq] and tiles -> {name: buffer}
+        self._scratch = {}    # shared_key -> tensor, one pool for the whole model
+        self._lead = None     # the input [batch, seq] and tiles of the last forward
 
     cpdef Parameter add_param(self, str name, tuple shape, tuple basetile, bint gemm=False):
-        """A new parameter; ``gemm``: GEMMs read it (it gets a copy in the compute dtype
-        where that differs from the master dtype)."""
-        cdef Parameter param = Parameter(shape, basetile, self.master, self.compute, gemm)
+        """Declare a parameter (``create`` makes its tensors); ``gemm``: GEMMs read it (it
+        gets a copy in the compute dtype where that differs from the master dtype)."""
+        cdef Parameter param = Parameter(name, shape, basetile, self.master, self.compute, gemm)
         self._params[name] = param
         return param
 
@@ -84,11 +99,21 @@ cdef class Module:
         for child in self._children.values():
             (<Module> child)._use_scratch(pool)
 
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, child in self._children.items():
+            yield from (<Module> child).named_modules(f"{prefix}{name}.")
+
     def named_parameters(self, prefix=""):
         for name, param in self._params.items():
             yield prefix + name, param
         for name, child in self._children.items():
             yield from (<Module> child).named_parameters(f"{prefix}{name}.")
+
+    def create(self):
+        """Create the tensors of every parameter of this module and its children."""
+        for _, param in self.named_parameters():
+            (<Parameter> param).create()
 
     def zero_grad(self):
         for _, param in self.named_parameters():
@@ -99,33 +124,88 @@ cdef class Module:
         for _, param in self.named_parameters():
             (<Parameter> param).refresh()
 
-    cdef Tensor _pooled(self, dict pool, tuple full_key, tuple shape, tuple basetile,
-                        str dtype):
-        """The activation tensor of ``pool`` under ``full_key``, created on first use."""
-        cdef Tensor tensor = pool.get(full_key)
-        if tensor is None:
-            tensor = Tensor(shape, basetile, dtype, owners="batch")
-            pool[full_key] = tensor
-        return tensor
+    # ---- what a module creates while it runs, declared ------------------------------------
 
-    cpdef Tensor buffer(self, str key, tuple shape, tuple basetile, str dtype=None):
-        """An activation tensor (in the compute dtype unless told), one per (key, shape,
-        tiling), reused across calls."""
-        dtype = dtype or self.compute
-        return self._pooled(self._buffers, (key, shape, basetile), shape, basetile, dtype)
+    def declare(self, tuple lead, tuple tiles):
+        """The tensors this module, not its children, creates while running on an input
+        whose first two dims ([batch, seq]) are ``lead``, tiled ``tiles``: the buffers
+        forward keeps (``buffer_spec``) and backward's scratch (``scratch_spec``). A layer
+        that needs a tensor declares it here and takes it from ``buffers()`` or ``scratch()``;
+        nothing else creates one."""
+        return []
 
-    cpdef Tensor scratch(self, str key, tuple shape, tuple basetile, str dtype=None):
+    def buffer_spec(self, str name, tuple shape, tuple tiles, str dtype=None,
+                    str category="activations"):
+        """A tensor forward creates and keeps (in the compute dtype unless told), one per
+        input shape; the batch comes first, and under StarPU-MPI its tiles are shared out."""
+        return TensorSpec(name, shape, tiles, dtype or self.compute, category, owners="batch")
+
+    def scratch_spec(self, str name, tuple shape, tuple tiles, str dtype=None):
         """A temporary of backward (in the compute dtype unless told), shared by every module
-        of the model under the same key, shape, tiling and dtype: layers run backward one
-        after another, so layer i-1 may reuse layer i's buffers (StarPU orders the reuse
-        after the last read). Saves one set of backward buffers per layer but one."""
-        dtype = dtype or self.compute
-        return self._pooled(self._scratch, (key, shape, basetile, dtype), shape, basetile,
-                            dtype)
+        of the model under the same name, shape, tiling and dtype: layers run backward one
+        after another, so layer i-1 may reuse layer i's temporaries (StarPU orders the reuse
+        after the last read). Saves one set of backward temporaries per layer but one.
+        Names differ between layer types ("attn.do", "linear.dy"): a layer holds its scratch
+        while its children run backward, so theirs must be other tensors."""
+        return TensorSpec(name, shape, tiles, dtype or self.compute, "workspaces",
+                          owners="batch", shared=True)
+
+    def declaration(self, lead=None, tiles=None, bint training=True):
+        """The TensorSpecs of this module and its children, named by their place in it.
+        Without ``lead``: what ``create`` makes (parameters, gradients, compute copies). With
+        it: what running on such an input adds, every module's buffers and, when
+        ``training``, backward's scratch, once per shared key."""
+        cdef list specs = [], scratch = []
+        cdef set seen = set()
+        for prefix, module in self.named_modules():
+            if lead is None:
+                for param in (<Module> module)._params.values():
+                    specs += [s.renamed(prefix + s.name) for s in (<Parameter> param).specs]
+                continue
+            for s in module.declare(lead, tiles):
+                if not s.shared:
+                    specs.append(s.renamed(prefix + s.name))
+                elif training and s.shared_key not in seen:
+                    seen.add(s.shared_key)
+                    scratch.append(s.renamed("scratch." + s.name))
+        return specs + scratch
+
+    cdef list _declared_for(self, tuple lead):
+        cdef list specs = self._declared.get(lead)
+        if specs is None:
+            specs = self._declared[lead] = list(self.declare(*lead))
+        return specs
+
+    cpdef dict buffers(self, Tensor x):
+        """This module's buffers (name -> tensor) for an input like ``x``: the ones
+        ``declare`` lists for its [batch, seq] shape and tiling, all created on the first
+        call with that shape and reused after."""
+        return self._buffers_for((x.shape[:2], x.basetile[:2]))
+
+    cdef dict _buffers_for(self, tuple lead):
+        self._lead = lead
+        cdef dict tensors = self._buffers.get(lead)
+        if tensors is None:
+            tensors = {s.name: s.create() for s in self._declared_for(lead) if not s.shared}
+            self._buffers[lead] = tensors
+        return tensors
+
+    cpdef dict scratch(self):
+        """Backward's scratch (name -> tensor) for the input of the last forward, taken from
+        the model's pool (created there on first use)."""
+        cdef dict tensors = {}
+        for s in self._declared_for(self._lead):
+            if s.shared:
+                tensor = self._scratch.get(s.shared_key)
+                if tensor is None:
+                    tensor = self._scratch[s.shared_key] = s.create()
+                tensors[s.name] = tensor
+        return tensors
 
     def unregister(self):
-        for tensor in self._buffers.values():
-            (<Tensor> tensor).unregister()
+        for tensors in self._buffers.values():
+            for tensor in tensors.values():
+                (<Tensor> tensor).unregister()
         self._buffers.clear()
         for tensor in self._scratch.values():
             (<Tensor> tensor).unregister()
@@ -138,23 +218,32 @@ cdef class Module:
 
 cdef class Linear(Module):
     """y = x @ weight + bias over the last ``len(in_shape)`` dims of x (transformers' Conv1D
-    layout: weight is [in..., out...])."""
+    layout: weight is [in..., out...]). ``residual``: y is added to the residual stream, so
+    the gradient of y arrives in the master dtype."""
 
     def __init__(self, tuple in_shape, tuple in_tiles, tuple out_shape, tuple out_tiles,
-                 str dtype, bint bias=True):
+                 str dtype, bint bias=True, bint residual=False):
         super().__init__(dtype)
         self.in_ndim = len(in_shape)
         self.out_shape = out_shape
         self.out_tiles = out_tiles
+        self.residual = residual
         self.weight = self.add_param("weight", in_shape + out_shape, in_tiles + out_tiles,
                                      gemm=True)
         self.bias = self.add_param("bias", out_shape, out_tiles) if bias else None
 
+    def declare(self, tuple lead, tuple tiles):
+        """Forward keeps y. With two dtypes a residual layer's backward casts dy to the
+        compute dtype (the GEMMs need both operands in it)."""
+        cdef tuple y = lead + self.out_shape, y_tiles = tiles + self.out_tiles
+        specs = [self.buffer_spec("y", y, y_tiles)]
+        if self.residual and self.compute != self.master:
+            specs.append(self.scratch_spec("linear.dy", y, y_tiles))
+        return specs
+
     cpdef Tensor forward(self, Tensor x):
         """y (compute dtype) = x @ weight + bias; x is in the compute dtype."""
-        cdef tuple lead = x.shape[:x.ndim - self.in_ndim]
-        cdef tuple lead_tiles = x.basetile[:x.ndim - self.in_ndim]
-        cdef Tensor y = self.buffer("y", lead + self.out_shape, lead_tiles + self.out_tiles)
+        cdef Tensor y = self.buffers(x)["y"]
         ops.gemm(1.0, x, "N", self.weight.compute, "N", 0.0, y, ndim=self.in_ndim)
         if self.bias is not None:
             ops.add_bias(1.0, self.bias.value, 1.0, y)
@@ -162,10 +251,10 @@ cdef class Linear(Module):
         return y
 
     cdef Tensor _in_compute(self, Tensor dy):
-        """dy itself, or a copy in the compute dtype (the GEMMs need both operands in it)."""
+        """dy itself, or its copy in the compute dtype."""
         if dy.dtype == self.compute:
             return dy
-        cdef Tensor cast = self.scratch("dy", dy.shape, dy.basetile)
+        cdef Tensor cast = self.scratch()["linear.dy"]
         ops.cast(dy, cast)
         return cast
 
@@ -185,15 +274,23 @@ cdef class Linear(Module):
 cdef class LayerNorm(Module):
     def __init__(self, int n_embd, int embd_tile, double eps, str dtype):
         super().__init__(dtype)
-        self.eps = eps
+        self.n_embd, self.embd_tile, self.eps = n_embd, embd_tile, eps
         self.weight = self.add_param("weight", (n_embd,), (embd_tile,))
         self.bias = self.add_param("bias", (n_embd,), (embd_tile,))
 
+    def declare(self, tuple lead, tuple tiles):
+        """Forward keeps each row's statistics (master dtype) and y; backward accumulates
+        per-row sums in ``rowacc``."""
+        cdef tuple rows = lead + (2,), row_tiles = tiles + (2,)
+        return [self.buffer_spec("stats", rows, row_tiles, self.master),
+                self.buffer_spec("y", lead + (self.n_embd,), tiles + (self.embd_tile,)),
+                self.scratch_spec("rowacc", rows, row_tiles, self.master)]
+
     cpdef Tensor forward(self, Tensor x):
         """y (compute dtype) = layer norm of x (master dtype), statistics in the master dtype."""
-        self.stats = self.buffer("stats", x.shape[:-1] + (2,), x.basetile[:-1] + (2,),
-                                 self.master)
-        cdef Tensor y = self.buffer("y", x.shape, x.basetile)
+        cdef dict buffers = self.buffers(x)
+        self.stats = buffers["stats"]
+        cdef Tensor y = buffers["y"]
         ops.layernorm_forward(x, self.weight.value, self.bias.value, self.eps, self.stats, y)
         self.x = x
         return y
@@ -201,10 +298,9 @@ cdef class LayerNorm(Module):
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         """dx = layer-norm backward of dy + beta*dx; accumulates weight and bias gradients (all
         in the master dtype)."""
-        cdef Tensor rowacc = self.scratch("rowacc", self.stats.shape, self.stats.basetile,
-                                          self.master)
-        ops.layernorm_backward(self.x, dy, self.stats, self.weight.value, self.eps, rowacc,
-                               self.weight.grad, self.bias.grad, beta, dx)
+        ops.layernorm_backward(self.x, dy, self.stats, self.weight.value, self.eps,
+                               self.scratch()["rowacc"], self.weight.grad, self.bias.grad,
+                               beta, dx)
         return dx
 
 
@@ -238,48 +334,59 @@ cdef class Attention(Module):
         super().__init__(dtype)
         self.n_head = n_head
         self.head_dim = n_embd // n_head
+        self.head_tile = tiles["head"]
         cdef int e = tiles["embd"], h = tiles["head"], d = self.head_dim
         cdef tuple heads = (n_head, self.head_dim)
         self.q = self.add_child("q", Linear((n_embd,), (e,), heads, (h, d), dtype))
         self.k = self.add_child("k", Linear((n_embd,), (e,), heads, (h, d), dtype))
         self.v = self.add_child("v", Linear((n_embd,), (e,), heads, (h, d), dtype))
-        self.c_proj = self.add_child("c_proj", Linear(heads, (h, d), (n_embd,), (e,), dtype))
+        self.c_proj = self.add_child("c_proj", Linear(heads, (h, d), (n_embd,), (e,), dtype,
+                                                      residual=True))
+
+    def declare(self, tuple lead, tuple tiles):
+        """Forward keeps the probabilities p, their softmax statistics and o = p @ v; backward
+        needs the gradients of o, p, q, k and v and the row sums of p * dp."""
+        cdef int B = lead[0], T = lead[1], bt = tiles[0], tt = tiles[1]
+        cdef int H = self.n_head, D = self.head_dim, h = self.head_tile
+        cdef tuple heads = lead + (H, D), heads_tiles = tiles + (h, D)
+        cdef tuple scores = (B, H, T, T), scores_tiles = (bt, h, tt, tt)
+        return [self.buffer_spec("p", scores, scores_tiles),
+                self.buffer_spec("stats", scores[:3] + (2,), scores_tiles[:3] + (2,),
+                                 self.master),
+                self.buffer_spec("o", heads, heads_tiles),
+                self.scratch_spec("attn.do", heads, heads_tiles),
+                self.scratch_spec("attn.dp", scores, scores_tiles),
+                self.scratch_spec("attn.dv", heads, heads_tiles),
+                self.scratch_spec("attn.sums", scores[:3], scores_tiles[:3], self.master),
+                self.scratch_spec("attn.dq", heads, heads_tiles),
+                self.scratch_spec("attn.dk", heads, heads_tiles)]
 
     cpdef Tensor forward(self, Tensor x):
+        cdef dict buffers = self.buffers(x)
         cdef Tensor q = self.q.forward(x)
         cdef Tensor k = self.k.forward(x)
         cdef Tensor v = self.v.forward(x)
-        B, T = x.shape[:2]
-        bt, tt = x.basetile[:2]
-        cdef tuple scores_shape = (B, self.n_head, T, T)
-        cdef tuple scores_tiles = (bt, q.basetile[2], tt, tt)
-        cdef Tensor p = self.buffer("p", scores_shape, scores_tiles)
-        cdef Tensor stats = self.buffer("stats", scores_shape[:3] + (2,), scores_tiles[:3] + (2,),
-                                        self.master)
+        cdef Tensor p = buffers["p"], stats = buffers["stats"], o = buffers["o"]
         ops.attn_qk(1.0 / math.sqrt(self.head_dim), q, k, p)
         ops.mask_causal(p)
         ops.maxsumexp(p, stats, 3)
         ops.softmax_inplace(stats, p, 3)
-        cdef Tensor o = self.buffer("o", q.shape, q.basetile)
         ops.attn_pv(1.0, p, v, o)
         self.q_out, self.k_out, self.v_out, self.p, self.o = q, k, v, p, o
         return self.c_proj.forward(o)
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         """dx (master dtype) = gradient of the input + beta*dx, from dy (master dtype)."""
-        cdef Tensor q = self.q_out, k = self.k_out, v = self.v_out, p = self.p, o = self.o
-        cdef Tensor do = self.scratch("do", o.shape, o.basetile)
+        cdef Tensor q = self.q_out, k = self.k_out, v = self.v_out, p = self.p
+        cdef dict scratch = self.scratch()
+        cdef Tensor do = scratch["attn.do"], dp = scratch["attn.dp"], dv = scratch["attn.dv"]
+        cdef Tensor sums = scratch["attn.sums"], dq = scratch["attn.dq"], dk = scratch["attn.dk"]
         self.c_proj.backward(dy, do)
-        cdef Tensor dp = self.scratch("dp", p.shape, p.basetile)
-        cdef Tensor dv = self.scratch("dv", v.shape, v.basetile)
         # tiles above the diagonal hold zero probabilities: their gradient is never needed
         ops.attn_qk(1.0, do, v, dp, masked_value=0.0)
         ops.attn_ptv(1.0, p, do, dv)
-        cdef Tensor sums = self.scratch("sums", p.shape[:3], p.basetile[:3], self.master)
         ops.sumprod_slice(1.0, p, dp, 0.0, sums, 3)
         ops.softmax_backward(1.0 / math.sqrt(self.head_dim), p, sums, dp, 3)
-        cdef Tensor dq = self.scratch("dq", q.shape, q.basetile)
-        cdef Tensor dk = self.scratch("dk", k.shape, k.basetile)
         ops.attn_pv(1.0, dp, k, dq)
         ops.attn_ptv(1.0, dp, q, dk)
         self.q.backward(dq, dx, beta)
@@ -294,19 +401,27 @@ cdef class MLP(Module):
         self.c_fc = self.add_child("c_fc", Linear((n_embd,), (tiles["embd"],), (n_inner,),
                                                   (tiles["inner"],), dtype))
         self.c_proj = self.add_child("c_proj", Linear((n_inner,), (tiles["inner"],), (n_embd,),
-                                                      (tiles["embd"],), dtype))
+                                                      (tiles["embd"],), dtype, residual=True))
+
+    def declare(self, tuple lead, tuple tiles):
+        """Forward keeps g = gelu(a), a being c_fc's y; backward needs the gradients of g
+        and a."""
+        cdef tuple inner = lead + self.c_fc.out_shape, inner_tiles = tiles + self.c_fc.out_tiles
+        return [self.buffer_spec("g", inner, inner_tiles),
+                self.scratch_spec("mlp.dg", inner, inner_tiles),
+                self.scratch_spec("mlp.da", inner, inner_tiles)]
 
     cpdef Tensor forward(self, Tensor x):
+        cdef Tensor g = self.buffers(x)["g"]
         cdef Tensor a = self.c_fc.forward(x)
-        cdef Tensor g = self.buffer("g", a.shape, a.basetile)
         ops.gelutanh(a, g)
         self.a = a
         return self.c_proj.forward(g)
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
-        cdef Tensor dg = self.scratch("dg", self.a.shape, self.a.basetile)
+        cdef dict scratch = self.scratch()
+        cdef Tensor dg = scratch["mlp.dg"], da = scratch["mlp.da"]
         self.c_proj.backward(dy, dg)
-        cdef Tensor da = self.scratch("da", self.a.shape, self.a.basetile)
         ops.gelutanh_backward(self.a, dg, 0.0, da)
         return self.c_fc.backward(da, dx, beta)
 
@@ -325,21 +440,30 @@ cdef class Block(Module):
         self.ln_2 = self.add_child("ln_2", LayerNorm(E, tiles["embd"], eps, dtype))
         self.mlp = self.add_child("mlp", MLP(E, config.inner, tiles, dtype))
 
+    def declare(self, tuple lead, tuple tiles):
+        """Forward keeps the stream after each branch, x1 and out; backward needs the
+        stream's gradient inside the block and a branch's (all in the master dtype)."""
+        cdef tuple x = lead + (self.ln_1.n_embd,), x_tiles = tiles + (self.ln_1.embd_tile,)
+        return [self.buffer_spec("x1", x, x_tiles, self.master),
+                self.buffer_spec("out", x, x_tiles, self.master),
+                self.scratch_spec("dx1", x, x_tiles, self.master),
+                self.scratch_spec("dh", x, x_tiles, self.master)]
+
     cpdef Tensor forward(self, Tensor x):
+        cdef dict buffers = self.buffers(x)
+        cdef Tensor x1 = buffers["x1"], out = buffers["out"]
         cdef Tensor h = self.attn.forward(self.ln_1.forward(x))
-        cdef Tensor x1 = self.buffer("x1", x.shape, x.basetile, self.master)
         ops.copy(x, x1)
         ops.add(1.0, h, 1.0, x1)
         cdef Tensor m = self.mlp.forward(self.ln_2.forward(x1))
-        cdef Tensor out = self.buffer("out", x.shape, x.basetile, self.master)
         ops.copy(x1, out)
         ops.add(1.0, m, 1.0, out)
         return out
 
     cpdef backward(self, Tensor dy, Tensor dx):
         """dx = gradient with respect to the block's input (dy is left as it is)."""
-        cdef Tensor dx1 = self.scratch("dx1", dy.shape, dy.basetile, self.master)
-        cdef Tensor dh = self.scratch("dh", dy.shape, dy.basetile, self.master)
+        cdef dict scratch = self.scratch()
+        cdef Tensor dx1 = scratch["dx1"], dh = scratch["dh"]
         ops.copy(dy, dx1)
         self.mlp.backward(dy, dh, 0.0)
         self.ln_2.backward(dh, dx1, 1.0)
