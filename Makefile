@@ -31,8 +31,8 @@ deps:
 # StarPU, built once into a cache prefix; the prefix is recorded for the package build.
 starpu: deps
 	@mkdir -p $(STAMP)
-	scripts/install_starpu.sh | tail -n 1 > $(STAMP)/starpu-prefix.tmp
-	@mv $(STAMP)/starpu-prefix.tmp $(STAMP)/starpu-prefix
+	scripts/install_starpu.sh > $(STAMP)/starpu-prefix.tmp   # a failed build stops here
+	@tail -n 1 $(STAMP)/starpu-prefix.tmp > $(STAMP)/starpu-prefix && rm $(STAMP)/starpu-prefix.tmp
 	@echo "StarPU prefix: $$(cat $(STAMP)/starpu-prefix)"
 
 install: starpu
