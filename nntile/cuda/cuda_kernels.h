@@ -32,10 +32,11 @@ extern "C" {
 struct cublasContext;
 typedef struct cublasContext *cublasHandle_t;
 
-/* X(abi_type, suffix, op): abi_type is what the C prototypes take; op is
- * handed through, so that one op is declared (or defined) for every dtype. */
-#define NNTILE_CUDA_FOR_EACH_DTYPE(X, op) \
-    X(float, fp32, op) X(double, fp64, op) X(uint16_t, bf16, op)
+/* X(abi_type, suffix, ...): abi_type is what the C prototypes take; the rest
+ * (the op) is handed through, so that one op is declared (or defined) for
+ * every dtype. */
+#define NNTILE_CUDA_FOR_EACH_DTYPE(X, ...) X(float, fp32, __VA_ARGS__) \
+    X(double, fp64, __VA_ARGS__) X(uint16_t, bf16, __VA_ARGS__)
 
 /* NNTILE_CUDA_BUFFERS_<op>(P, A): the buffers of an op, after (args, stream),
  * as on the CPU: P(type, name) each, with A the ABI element type. */
