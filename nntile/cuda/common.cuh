@@ -726,10 +726,10 @@ NNTILE_CUDA_END
  * another template with a parameter of its own
  * (nntile_cuda::add_bcast<true>, nntile_cuda::map<nntile_cuda::Gelu>). */
 #define NNTILE_CUDA_PASS(type, name) , nntile_cuda::storage(name)
-#define NNTILE_CUDA_DEFINE(A, S, op, fn)                                     \
-    extern "C" NNTILE_CUDA_SIGNATURE(op, A, S)                               \
+#define NNTILE_CUDA_DEFINE(T, ACC, S, op, fn)                                \
+    extern "C" NNTILE_CUDA_SIGNATURE(op, T, ACC, S)                          \
     {                                                                        \
-        fn(args, stream NNTILE_CUDA_BUFFERS_##op(NNTILE_CUDA_PASS, A));      \
+        fn(args, stream NNTILE_BUFFERS_##op(NNTILE_CUDA_PASS, T, ACC));      \
     }
 #define NNTILE_CUDA_EXPORT_AS(op, fn)                                        \
     NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op, fn)

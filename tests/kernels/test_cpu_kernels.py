@@ -14,7 +14,7 @@ import subprocess
 
 import numpy as np
 
-from tests.kernel_header import args_structs
+from tests.kernel_header import args_structs, op_buffers, op_table
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -193,6 +193,22 @@ def test_header_matches_contract():
     assert set(structs) == set(FIELDS)
     for op, (fields, _) in FIELDS.items():
         assert structs[op] == fields, op
+
+
+def test_op_table_matches_contract():
+    """kernels.h's op table and buffer lines name every op of the contract once, with its
+    number of buffers (an X_OPT op's count in the table leaves its optional last one out)."""
+    table = op_table()
+    buffers = op_buffers()
+    ops = [op for op, _, _, _ in table]
+    assert len(ops) == len(set(ops)), ops
+    # adam_step_refresh takes adam_step's args struct
+    assert set(ops) == set(buffers) == set(FIELDS) | {"adam_step_refresh"}
+    for op, nbuf, kind, columns in table:
+        assert columns in ("PLAIN", "MIXED", "MIXED_ONLY"), op
+        assert nbuf + (kind == "X_OPT") == len(buffers[op]), op
+        if op in FIELDS:
+            assert len(buffers[op]) == FIELDS[op][1], op
 
 
 def test_all_symbols_and_clean_build(kernel_lib):
