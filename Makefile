@@ -41,4 +41,4 @@ install: starpu
 	NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) $(PIP) install -q --no-build-isolation -e ".[test]"
 
 clean:
-	rm -rf build nntile/_core/core.c nntile/_core/*.so *.egg-info
+	rm -rf build nntile/_core/core.c nntile/_core/*.so *.egg-info nntile/_core/op_enum.pxi nntile/_core/kernel_args.pxd

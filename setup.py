@@ -144,7 +144,20 @@ class BuildWithNvcc(build_ext):
         super().build_extension(ext)
 
 
+def write_cython_headers():
+    """kernel_args.pxd and op_enum.pxi, the Cython copies of kernels.h's args structs and op
+    table, written by nntile/_core/kernels/kernel_header.py (loaded by its path: nntile itself
+    is not built yet)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "nntile_kernel_header", os.path.join(HERE, "nntile", "_core", "kernels", "kernel_header.py"))
+    kernel_header = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_header)
+    kernel_header.write_cython(os.path.join(HERE, "nntile", "_core"))
+
+
 def extensions():
+    write_cython_headers()
     incdirs, libs, libdir = starpu_flags()
     cuda = use_cuda(incdirs)
     blas_cflags = pkg_config("--cflags", "openblas") or []

@@ -488,3 +488,16 @@ def test_bad_misc(ctx):
                      normsq=t((2,), (1,)), max_norm=1.0)
     with pytest.raises(ValueError, match="one element"):
         ops.sumsq(a, 0.0, t((2,), (2,)))
+
+
+def test_ops_exports_the_tensor_ops_of_core():
+    """nntile.ops takes its names from the core module's op parts: every tensor op, and none
+    of the runtime's or the tensor's names."""
+    from nntile._core import core
+    assert {"fill", "add", "gemm", "gelu", "cross_entropy", "sgd_step", "add_bias",
+            "attn_ptv", "set_task_priority"} <= set(core.OPS)
+    assert not {"Context", "Tensor", "TensorTraits", "DTYPES", "current_context",
+                "launcher_rank"} & set(core.OPS)
+    assert set(ops.__all__) == set(core.OPS) | {"task_priority", "task_workers"}
+    for name in core.OPS:
+        assert getattr(ops, name) is getattr(core, name), name

@@ -20,17 +20,6 @@
 #define BUFS_7 BUFS_6, BUF(6)
 #define BUFS_8 BUFS_7, BUF(7)
 
-/* The column NNTILE_BF16_FP32 of kind's functions (cpu or cuda), indexed by op (NULL for the
- * ops that mixed precision runs in one dtype), and kind##_func_of(op, dtype), the function of
- * any column. MIXED_ENTRY_<kind> names one entry. */
-#define MIXED_COLUMN(kind)                                                                     \
-    static const kind##_func kind##_mixed_funcs[NNTILE_OP_COUNT] = {                           \
-        NNTILE_MIXED_OPS(MIXED_ENTRY_##kind, MIXED_ENTRY_##kind, MIXED_ENTRY_##kind)};         \
-    static kind##_func kind##_func_of(int op, int dtype)                                       \
-    {                                                                                          \
-        return dtype == NNTILE_BF16_FP32 ? kind##_mixed_funcs[op] : kind##_funcs[op][dtype];   \
-    }
-
 /* A CPU wrapper unpacks the task's tile pointers and calls the kernel with the op's args. */
 #define CPU_WRAPPER(op, dtype, nbuf)                                                            \
     static void cpu_##op##_##dtype(void *buffers[], void *cl_arg)                              \
@@ -45,14 +34,24 @@
         nntile_kernel_##op##_##dtype(cl_arg, BUFS_##nbuf, given > nbuf ? BUF(nbuf) : NULL);    \
     }
 
-#define WRAPPERS(op, nbuf) CPU_WRAPPER(op, fp32, nbuf) CPU_WRAPPER(op, fp64, nbuf) \
-    CPU_WRAPPER(op, bf16, nbuf)
-#define WRAPPERS_OPT(op, nbuf) CPU_WRAPPER_OPT(op, fp32, nbuf) CPU_WRAPPER_OPT(op, fp64, nbuf) \
-    CPU_WRAPPER_OPT(op, bf16, nbuf)
+/* The wrappers of one op, W(op, dtype, nbuf), for the dtypes of its columns (kernels.h). tf32
+ * stores fp32, so its CPU kernels are the fp32 ones. */
+#define CPU_WRAPPERS(W, op, nbuf, columns)                                                      \
+    NNTILE_IF_PLAIN(columns, W(op, fp32, nbuf) W(op, fp64, nbuf) W(op, bf16, nbuf))             \
+    NNTILE_IF_MIXED(columns, W(op, bf16_fp32, nbuf))
+#define WRAPPERS(op, nbuf, columns) CPU_WRAPPERS(CPU_WRAPPER, op, nbuf, columns)
+#define WRAPPERS_OPT(op, nbuf, columns) CPU_WRAPPERS(CPU_WRAPPER_OPT, op, nbuf, columns)
 NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
-#define MIXED_WRAPPER(op, nbuf) CPU_WRAPPER(op, bf16_fp32, nbuf)
-#define MIXED_WRAPPER_OPT(op, nbuf) CPU_WRAPPER_OPT(op, bf16_fp32, nbuf)
-NNTILE_MIXED_OPS(MIXED_WRAPPER, MIXED_WRAPPER_OPT, MIXED_WRAPPER)
+
+/* An op's row of a table of functions indexed by dtype (NULL where the op has no kernel for
+ * that dtype, and for int64): <kind>_<op>_<dtype>, and <kind>_<op>_<tf32> for tf32. */
+#define FUNC_ROW(kind, op, tf32, columns)                                                       \
+    [NNTILE_OP_##op] = {                                                                        \
+        NNTILE_IF_PLAIN(columns, [NNTILE_FP32] = kind##_##op##_fp32,                            \
+                        [NNTILE_FP64] = kind##_##op##_fp64,                                     \
+                        [NNTILE_TF32] = kind##_##op##_##tf32,                                   \
+                        [NNTILE_BF16] = kind##_##op##_bf16, )                                   \
+        NNTILE_IF_MIXED(columns, [NNTILE_BF16_FP32] = kind##_##op##_bf16_fp32, )},
 
 #if NNTILE_HAVE_CUDA
 /* CUDA twins run asynchronously on the worker's stream (STARPU_CUDA_ASYNC codelets). */
@@ -73,22 +72,17 @@ NNTILE_MIXED_OPS(MIXED_WRAPPER, MIXED_WRAPPER_OPT, MIXED_WRAPPER)
     {                                                                                           \
         nntile_cuda_##op##_##kdtype(cl_arg, starpu_cublas_get_local_handle(), BUFS_##nbuf);    \
     }
-/* tf32 stores fp32: only its GEMM differs (TF32 tensor cores). bf16 has its own kernels
- * (bf16 storage, fp32 compute; GEMM with fp32 accumulation). */
-#define CUDA_WRAPPERS(op, nbuf) CUDA_WRAPPER(op, fp32, fp32, nbuf) \
-    CUDA_WRAPPER(op, fp64, fp64, nbuf) CUDA_WRAPPER(op, tf32, fp32, nbuf) \
-    CUDA_WRAPPER(op, bf16, bf16, nbuf)
-#define CUDA_WRAPPERS_OPT(op, nbuf) CUDA_WRAPPER_OPT(op, fp32, fp32, nbuf) \
-    CUDA_WRAPPER_OPT(op, fp64, fp64, nbuf) CUDA_WRAPPER_OPT(op, tf32, fp32, nbuf) \
-    CUDA_WRAPPER_OPT(op, bf16, bf16, nbuf)
-#define CUDA_WRAPPERS_BLAS(op, nbuf) CUDA_WRAPPER_BLAS(op, fp32, fp32, nbuf) \
-    CUDA_WRAPPER_BLAS(op, fp64, fp64, nbuf) CUDA_WRAPPER_BLAS(op, tf32, tf32, nbuf) \
-    CUDA_WRAPPER_BLAS(op, bf16, bf16, nbuf)
-NNTILE_OPS(CUDA_WRAPPERS, CUDA_WRAPPERS_OPT, CUDA_WRAPPERS_BLAS)
-#define CUDA_MIXED(op, nbuf) CUDA_WRAPPER(op, bf16_fp32, bf16_fp32, nbuf)
-#define CUDA_MIXED_OPT(op, nbuf) CUDA_WRAPPER_OPT(op, bf16_fp32, bf16_fp32, nbuf)
-#define CUDA_MIXED_BLAS(op, nbuf) CUDA_WRAPPER_BLAS(op, bf16_fp32, bf16_fp32, nbuf)
-NNTILE_MIXED_OPS(CUDA_MIXED, CUDA_MIXED_OPT, CUDA_MIXED_BLAS)
+/* tf32 stores fp32: only its GEMM differs (TF32 tensor cores), so the other ops' tf32 wrappers
+ * call the fp32 kernels. bf16 has its own kernels (bf16 storage, fp32 compute; GEMM with fp32
+ * accumulation). */
+#define CUDA_WRAPPERS(W, op, nbuf, columns, tf32_kernel)                                        \
+    NNTILE_IF_PLAIN(columns, W(op, fp32, fp32, nbuf) W(op, fp64, fp64, nbuf)                    \
+                    W(op, tf32, tf32_kernel, nbuf) W(op, bf16, bf16, nbuf))                     \
+    NNTILE_IF_MIXED(columns, W(op, bf16_fp32, bf16_fp32, nbuf))
+#define CUDA_OP(op, nbuf, columns) CUDA_WRAPPERS(CUDA_WRAPPER, op, nbuf, columns, fp32)
+#define CUDA_OP_OPT(op, nbuf, columns) CUDA_WRAPPERS(CUDA_WRAPPER_OPT, op, nbuf, columns, fp32)
+#define CUDA_OP_BLAS(op, nbuf, columns) CUDA_WRAPPERS(CUDA_WRAPPER_BLAS, op, nbuf, columns, tf32)
+NNTILE_OPS(CUDA_OP, CUDA_OP_OPT, CUDA_OP_BLAS)
 
 static void cuda_copy_bytes(void *buffers[], void *cl_arg)
 {
@@ -98,16 +92,12 @@ static void cuda_copy_bytes(void *buffers[], void *cl_arg)
                     starpu_cuda_get_local_stream());
 }
 
-/* Indexed by dtype; NULL where the dtype has no kernel (int64). */
 typedef void (*cuda_func)(void *[], void *);
 static const cuda_func cuda_funcs[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT] = {
-#define CUDA_FUNCS(op, nbuf) {[NNTILE_FP32] = cuda_##op##_fp32, [NNTILE_FP64] = cuda_##op##_fp64, \
-                              [NNTILE_TF32] = cuda_##op##_tf32, [NNTILE_BF16] = cuda_##op##_bf16},
+#define CUDA_FUNCS(op, nbuf, columns) FUNC_ROW(cuda, op, tf32, columns)
     NNTILE_OPS(CUDA_FUNCS, CUDA_FUNCS, CUDA_FUNCS)
 #undef CUDA_FUNCS
 };
-#define MIXED_ENTRY_cuda(op, nbuf) [NNTILE_OP_##op] = cuda_##op##_bf16_fp32,
-MIXED_COLUMN(cuda)
 #endif
 
 /* Tile copies move bytes, whatever the dtype. */
@@ -121,21 +111,16 @@ static void cpu_copy_bytes(void *buffers[], void *cl_arg)
 typedef void (*cpu_func)(void *[], void *);
 
 static const char *op_names[NNTILE_OP_COUNT] = {
-#define NAME(op, nbuf) #op,
-    NNTILE_OPS(NAME, NAME, NAME) NNTILE_MIXED_ONLY_OPS(NAME, NAME)
+#define NAME(op, nbuf, columns) #op,
+    NNTILE_OPS(NAME, NAME, NAME)
 #undef NAME
 };
 
-/* Indexed by dtype; NULL where the dtype has no kernel (int64). tf32 stores fp32, so its CPU
- * kernels are the fp32 ones. */
 static const cpu_func cpu_funcs[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT] = {
-#define FUNCS(op, nbuf) {[NNTILE_FP32] = cpu_##op##_fp32, [NNTILE_FP64] = cpu_##op##_fp64, \
-                         [NNTILE_TF32] = cpu_##op##_fp32, [NNTILE_BF16] = cpu_##op##_bf16},
+#define FUNCS(op, nbuf, columns) FUNC_ROW(cpu, op, fp32, columns)
     NNTILE_OPS(FUNCS, FUNCS, FUNCS)
 #undef FUNCS
 };
-#define MIXED_ENTRY_cpu(op, nbuf) [NNTILE_OP_##op] = cpu_##op##_bf16_fp32,
-MIXED_COLUMN(cpu)
 
 static const char *dtype_names[NNTILE_DTYPE_COUNT] = {
     [NNTILE_FP32] = "fp32", [NNTILE_FP64] = "fp64", [NNTILE_TF32] = "tf32",
@@ -170,18 +155,18 @@ void nntile_codelets_init(void)
         return;
     for (int op = 0; op < NNTILE_OP_COUNT; ++op)
         for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
-            if (cpu_func_of(op, dtype))
-                define_codelet(op, dtype, cpu_func_of(op, dtype));
+            if (cpu_funcs[op][dtype])
+                define_codelet(op, dtype, cpu_funcs[op][dtype]);
     for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
         define_codelet(NNTILE_OP_copy, dtype, cpu_copy_bytes);
 #if NNTILE_HAVE_CUDA
     for (int op = 0; op < NNTILE_OP_COUNT; ++op)
         for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype) {
-            if (!cuda_func_of(op, dtype))
+            if (!cuda_funcs[op][dtype])
                 continue;
             struct starpu_codelet *cl = &codelets[op][dtype];
             cl->where |= STARPU_CUDA;
-            cl->cuda_funcs[0] = cuda_func_of(op, dtype);
+            cl->cuda_funcs[0] = cuda_funcs[op][dtype];
             cl->cuda_flags[0] = STARPU_CUDA_ASYNC;
         }
     for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype) {

@@ -1,45 +1,18 @@
 /* StarPU codelets of every nntile op: one table indexed by op and dtype.
  *
- * The op list below is the single place where an op is declared at this level: its name
- * and how many tile buffers its kernel takes. codelets.c turns each entry into a CPU
- * wrapper (and a CUDA one when built with CUDA), a history-based performance model and a
- * codelet per dtype. Access modes are chosen per task by the tensor op that submits it. */
+ * The ops are those of the op table in kernels/kernels.h (NNTILE_OPS): its name, how many
+ * tile buffers its kernel takes and for which dtypes it has kernels. codelets.c turns each
+ * entry into a CPU wrapper (and a CUDA one when built with CUDA), a history-based performance
+ * model and a codelet per dtype. Access modes are chosen per task by the tensor op that
+ * submits it. */
 #ifndef NNTILE_CODELETS_H
 #define NNTILE_CODELETS_H
 
 #include <starpu.h>
+#include "kernels/kernels.h"
 
-/* X(op, number of buffers). X_OPT(op, n): n buffers and one optional last buffer.
- * X_BLAS(op, n): like X, but its CUDA kernel takes the worker's cuBLAS handle, not a stream. */
-#define NNTILE_OPS(X, X_OPT, X_BLAS)                                                                   \
-    X(fill, 1) X(copy, 2) X(subcopy, 2) X(add, 2) X(scal, 1) X(prod, 3)                         \
-    X(gelu, 2) X(gelu_backward, 3) X(gelutanh, 2) X(gelutanh_backward, 3)                       \
-    X(add_fiber, 2) X(prod_fiber, 2) X(sum_fiber, 2) X(sumprod_fiber, 3)                        \
-    X(sum_slice, 2) X(sumprod_slice, 3) X(add_slice, 2) X(prod_slice, 2)                        \
-    X(maxsumexp, 2) X(softmax_inplace, 2) X(softmax_backward, 3) X(mask_causal, 1)              \
-    X(logsumexp, 2) X(xent_picked, 3) X(xent_loss, 3) X(xent_grad_inplace, 3)                   \
-    X(embedding, 3) X(embedding_backward, 3)                                                    \
-    X(layernorm_stats, 2) X(layernorm_forward, 5) X(layernorm_backward_reduce, 7)               \
-    X(layernorm_backward, 6) X_BLAS(gemm, 3) X(sumsq, 2)                                             \
-    X_OPT(adam_step, 4) X_OPT(sgd_step, 3)
-
-/* Ops only mixed precision has: cast (fp32 -> bf16) and adam_step_refresh (adam_step that
- * also writes the parameter's bf16 copy; the optional last buffer is adam_step's). */
-#define NNTILE_MIXED_ONLY_OPS(X, X_OPT) X(cast, 2) X_OPT(adam_step_refresh, 5)
-
-/* The ops of column NNTILE_BF16_FP32 (bf16 data, fp32 accumulators: kernels/kernels.h says
- * which buffer is which): the ops whose accumulators mixed precision keeps in fp32, and the
- * mixed-only ones. Every other op runs in one dtype, bf16 or fp32, under mixed precision. */
-#define NNTILE_MIXED_OPS(X, X_OPT, X_BLAS)                                                      \
-    X(add, 2) X(add_fiber, 2) X(sum_fiber, 2) X(sumprod_slice, 3) X(maxsumexp, 2)               \
-    X(softmax_inplace, 2) X(softmax_backward, 3) X(xent_picked, 3) X(xent_grad_inplace, 3)      \
-    X(layernorm_forward, 5) X_BLAS(gemm, 3) NNTILE_MIXED_ONLY_OPS(X, X_OPT)
-
-#define NNTILE_OP_ENUM(op, nbuf) NNTILE_OP_##op,
-enum nntile_op {
-    NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM)
-    NNTILE_MIXED_ONLY_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM) NNTILE_OP_COUNT
-};
+#define NNTILE_OP_ENUM(op, nbuf, columns) NNTILE_OP_##op,
+enum nntile_op { NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM) NNTILE_OP_COUNT };
 #undef NNTILE_OP_ENUM
 
 /* Storage types of tiles, and the columns of the op table. tf32 stores fp32 and differs only

@@ -35,6 +35,8 @@ cdef extern from "codelets.h" nogil:
     void nntile_task_discard(starpu_task *task)
     void nntile_op_profiling(int enable)
     unsigned long long nntile_op_time(int op, int dtype, double *seconds)
+    starpu_codelet *nntile_codelet(int op, int dtype)
+    const char *nntile_op_name(int op)
     int NNTILE_HAVE_CUDA
 
 cdef extern from "Python.h":

@@ -154,6 +154,14 @@ void launch_elementwise(int64_t n, Op op, cudaStream_t stream, B *... bufs)
         elementwise_k<<<grid_for(n), kBlock, 0, stream>>>(n, op, bufs...);
 }
 
+/* An op over args->n elements that has no scalars, exported as
+ * NNTILE_CUDA_EXPORT_AS(op, nntile_cuda::over_n<Op>). */
+template <typename Op, typename Args, typename... B>
+void over_n(const Args *a, cudaStream_t stream, B *... bufs)
+{
+    launch_elementwise(a->n, Op(), stream, bufs...);
+}
+
 /* Stream-ordered scratch memory (no host synchronisation) for split
  * reductions: a few KB to a few MB.  It comes from a memory pool of our own
  * per device that keeps its memory (release threshold: unlimited), so that
@@ -692,19 +700,39 @@ void prod_bcast(const Args *a, cudaStream_t s, const T *src, T *dst)
         s);
 }
 
+/* sum_<shape>(src, out) and sumprod_<shape>(src1, src2, out) are one
+ * reduction R::run<PROD>(args, stream, s1, s2, out): the sum of s1 (s2 NULL),
+ * or with PROD of the products s1*s2.  The two overloads take the buffers of
+ * either op (NNTILE_CUDA_EXPORT_AS(sum_fiber, nntile_cuda::sum_of<Fiber>)). */
+template <typename R, typename Args, typename T>
+void sum_of(const Args *a, cudaStream_t s, const T *src, T *out)
+{
+    R::template run<false>(a, s, src, (const T *)nullptr, out);
+}
+
+template <typename R, typename Args, typename T>
+void sum_of(const Args *a, cudaStream_t s, const T *s1, const T *s2, T *out)
+{
+    R::template run<true>(a, s, s1, s2, out);
+}
+
 NNTILE_CUDA_END
 
 /* ---------------------------------------------------------------- exports
  * NNTILE_CUDA_EXPORT(op) defines nntile_cuda_<op>_<suffix> (cuda_kernels.h)
- * for every dtype as the call nntile_cuda::op<T>(args, stream, buffers...)
- * with T the storage type (bf16 bits become nntile_cuda::bf16 pointers). */
+ * for every dtype as the call nntile_cuda::op(args, stream, buffers...), the
+ * storage type deduced from the buffers (bf16 bits become nntile_cuda::bf16
+ * pointers).  NNTILE_CUDA_EXPORT_AS(op, fn) calls fn instead: an op that is
+ * another template with a parameter of its own
+ * (nntile_cuda::add_bcast<true>, nntile_cuda::map<nntile_cuda::Gelu>). */
 #define NNTILE_CUDA_PASS(type, name) , nntile_cuda::storage(name)
-#define NNTILE_CUDA_DEFINE(A, S, op)                                         \
-    extern "C" NNTILE_CUDA_SIGNATURE(op, A, S)                               \
+#define NNTILE_CUDA_DEFINE(T, ACC, S, op, fn)                                \
+    extern "C" NNTILE_CUDA_SIGNATURE(op, T, ACC, S)                          \
     {                                                                        \
-        nntile_cuda::op<nntile_cuda::Storage<A>::type>(                      \
-            args, stream NNTILE_CUDA_BUFFERS_##op(NNTILE_CUDA_PASS, A));     \
+        fn(args, stream NNTILE_BUFFERS_##op(NNTILE_CUDA_PASS, T, ACC));      \
     }
-#define NNTILE_CUDA_EXPORT(op) NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op)
+#define NNTILE_CUDA_EXPORT_AS(op, fn)                                        \
+    NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op, fn)
+#define NNTILE_CUDA_EXPORT(op) NNTILE_CUDA_EXPORT_AS(op, nntile_cuda::op)
 
 #endif /* NNTILE_CUDA_COMMON_CUH */

@@ -1,22 +1,19 @@
-/* Element-wise kernels (twins of _core/kernels/elementwise.inc). */
+/* Element-wise kernels (twins of _core/kernels/elementwise.inc).  Each op is
+ * an op struct that computes element i; launch_elementwise (common.cuh)
+ * launches it. */
 #include "common.cuh"
 
 NNTILE_CUDA_BEGIN
 
-template <typename T>
-__global__ void fill_k(int64_t n, T v, T *__restrict__ dst)
-{
-    NNTILE_GRID_STRIDE(int64_t, i, n)
-        dst[i] = v;
-}
+template <typename T> struct FillOp {
+    T v;
+    __device__ void operator()(int64_t i, T *dst) const { dst[i] = v; }
+};
 
 template <typename T>
 void fill(const nntile_fill_args *a, cudaStream_t s, T *dst)
 {
-    if (a->n <= 0)
-        return;
-    const T v = st<T>((C_t<T>)a->value);
-    fill_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, v, dst);
+    launch_elementwise(a->n, FillOp<T>{st<T>((C_t<T>)a->value)}, s, dst);
 }
 
 template <typename T>
@@ -28,11 +25,11 @@ void copy(const nntile_copy_args *a, cudaStream_t s, const T *src, T *dst)
 }
 
 /* mode: 0 dst = alpha*src, 1 dst = alpha*src + dst, 2 general beta */
-template <typename T>
-__global__ void add_k(int64_t n, C_t<T> alpha, C_t<T> beta, int mode,
-                      const T *__restrict__ src, T *__restrict__ dst)
-{
-    NNTILE_GRID_STRIDE(int64_t, i, n) {
+template <typename T> struct AddOp {
+    C_t<T> alpha, beta;
+    int mode;
+    __device__ void operator()(int64_t i, const T *src, T *dst) const
+    {
         const C_t<T> x = alpha * ld(src[i]);
         if (mode == 0)
             dst[i] = st<T>(x);
@@ -41,153 +38,122 @@ __global__ void add_k(int64_t n, C_t<T> alpha, C_t<T> beta, int mode,
         else
             dst[i] = st<T>(x + beta * ld(dst[i]));
     }
-}
+};
 
 template <typename T>
 void add(const nntile_add_args *a, cudaStream_t s, const T *src, T *dst)
 {
-    if (a->n <= 0)
-        return;
     const int mode = a->beta == 0.0 ? 0 : (a->beta == 1.0 ? 1 : 2);
-    add_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, (C_t<T>)a->alpha,
-                                            (C_t<T>)a->beta, mode, src, dst);
+    launch_elementwise(a->n, AddOp<T>{(C_t<T>)a->alpha, (C_t<T>)a->beta, mode},
+                       s, src, dst);
 }
 
-template <typename T>
-__global__ void scal_k(int64_t n, C_t<T> alpha, T *__restrict__ dst)
-{
-    NNTILE_GRID_STRIDE(int64_t, i, n)
+template <typename T> struct ScalOp {
+    C_t<T> alpha;
+    __device__ void operator()(int64_t i, T *dst) const
+    {
         dst[i] = st<T>(alpha * ld(dst[i]));
-}
+    }
+};
 
 template <typename T>
 void scal(const nntile_scal_args *a, cudaStream_t s, T *dst)
 {
-    if (a->n <= 0)
-        return;
-    scal_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, (C_t<T>)a->alpha, dst);
+    launch_elementwise(a->n, ScalOp<T>{(C_t<T>)a->alpha}, s, dst);
 }
 
-template <typename T>
-__global__ void prod_k(int64_t n, C_t<T> alpha, const T *__restrict__ s1,
-                       const T *__restrict__ s2, T *__restrict__ dst)
-{
-    NNTILE_GRID_STRIDE(int64_t, i, n)
+template <typename T> struct ProdOp {
+    C_t<T> alpha;
+    __device__ void operator()(int64_t i, const T *s1, const T *s2,
+                               T *dst) const
+    {
         dst[i] = st<T>(alpha * ld(s1[i]) * ld(s2[i]));
-}
+    }
+};
 
 template <typename T>
 void prod(const nntile_prod_args *a, cudaStream_t s, const T *s1,
           const T *s2, T *dst)
 {
-    if (a->n <= 0)
-        return;
-    prod_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, (C_t<T>)a->alpha, s1, s2,
-                                             dst);
+    launch_elementwise(a->n, ProdOp<T>{(C_t<T>)a->alpha}, s, s1, s2, dst);
 }
 
 /* GELU (exact): 0.5 x (1 + erf(x/sqrt(2))) */
-template <typename T>
-__global__ void gelu_k(int64_t n, const T *__restrict__ src,
-                       T *__restrict__ dst)
-{
-    typedef C_t<T> C;
-    const C inv_sqrt2 = (C)0.70710678118654752440;
-    NNTILE_GRID_STRIDE(int64_t, i, n) {
+struct GeluOp {
+    template <typename T>
+    __device__ void operator()(int64_t i, const T *src, T *dst) const
+    {
+        typedef C_t<T> C;
+        const C inv_sqrt2 = (C)0.70710678118654752440;
         const C x = ld(src[i]);
         dst[i] = st<T>((C)0.5 * x * ((C)1 + m_erf(x * inv_sqrt2)));
     }
-}
+};
 
-template <typename T>
-void gelu(const nntile_gelu_args *a, cudaStream_t s, const T *src, T *dst)
-{
-    if (a->n <= 0)
-        return;
-    gelu_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, src, dst);
-}
-
-template <typename T>
-__global__ void gelu_backward_k(int64_t n, C_t<T> beta, int accumulate,
-                                const T *__restrict__ x_,
-                                const T *__restrict__ dy, T *__restrict__ dx)
-{
-    typedef C_t<T> C;
-    const C inv_sqrt2 = (C)0.70710678118654752440;
-    const C inv_sqrt2pi = (C)0.39894228040143267794;
-    NNTILE_GRID_STRIDE(int64_t, i, n) {
-        const C x = ld(x_[i]);
-        const C d = (C)0.5 * ((C)1 + m_erf(x * inv_sqrt2))
-                  + x * inv_sqrt2pi * vexp((C)-0.5 * x * x);
-        const C g = ld(dy[i]) * d;
-        dx[i] = st<T>(accumulate ? g + beta * ld(dx[i]) : g);
-    }
-}
-
-template <typename T>
-void gelu_backward(const nntile_gelu_backward_args *a, cudaStream_t s,
-                   const T *x, const T *dy, T *dx)
-{
-    if (a->n <= 0)
-        return;
-    gelu_backward_k<<<grid_for(a->n), kBlock, 0, s>>>(
-        a->n, (C_t<T>)a->beta, a->beta != 0.0, x, dy, dx);
-}
-
-/* x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3) */
-template <typename T>
-__global__ void gelutanh_k(int64_t n, const T *__restrict__ src,
-                           T *__restrict__ dst)
-{
-    typedef C_t<T> C;
-    const C k2 = (C)(-2 * 0.79788456080286535588);
-    const C k1 = (C)0.044715;
-    NNTILE_GRID_STRIDE(int64_t, i, n) {
+/* GELU, tanh approximation: x * sigmoid(2u),
+ * u = sqrt(2/pi) (x + 0.044715 x^3) */
+struct GeluTanhOp {
+    template <typename T>
+    __device__ void operator()(int64_t i, const T *src, T *dst) const
+    {
+        typedef C_t<T> C;
+        const C k2 = (C)(-2 * 0.79788456080286535588);
+        const C k1 = (C)0.044715;
         const C x = ld(src[i]);
         const C e = vexp(k2 * (x + k1 * x * x * x));
         dst[i] = st<T>(x / ((C)1 + e));
     }
+};
+
+/* The backward ops compute f'(x) and store dx = dy * f'(x) + beta*dx (dx
+ * not read when beta == 0) with ChainRule::store. */
+template <typename T> struct ChainRule {
+    C_t<T> beta;
+    int accumulate;
+    __device__ void store(int64_t i, C_t<T> d, const T *dy, T *dx) const
+    {
+        const C_t<T> g = ld(dy[i]) * d;
+        dx[i] = st<T>(accumulate ? g + beta * ld(dx[i]) : g);
+    }
+};
+
+template <template <typename> class Op, typename Args, typename T>
+void chain_rule(const Args *a, cudaStream_t s, const T *x, const T *dy, T *dx)
+{
+    launch_elementwise(a->n, Op<T>{{(C_t<T>)a->beta, a->beta != 0.0}}, s, x,
+                       dy, dx);
 }
 
-template <typename T>
-void gelutanh(const nntile_gelutanh_args *a, cudaStream_t s, const T *src,
-              T *dst)
-{
-    if (a->n <= 0)
-        return;
-    gelutanh_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, src, dst);
-}
+template <typename T> struct GeluBackwardOp : ChainRule<T> {
+    __device__ void operator()(int64_t i, const T *x_, const T *dy,
+                               T *dx) const
+    {
+        typedef C_t<T> C;
+        const C inv_sqrt2 = (C)0.70710678118654752440;
+        const C inv_sqrt2pi = (C)0.39894228040143267794;
+        const C x = ld(x_[i]);
+        const C d = (C)0.5 * ((C)1 + m_erf(x * inv_sqrt2))
+                  + x * inv_sqrt2pi * vexp((C)-0.5 * x * x);
+        this->store(i, d, dy, dx);
+    }
+};
 
-template <typename T>
-__global__ void gelutanh_backward_k(int64_t n, C_t<T> beta, int accumulate,
-                                    const T *__restrict__ x_,
-                                    const T *__restrict__ dy,
-                                    T *__restrict__ dx)
-{
-    typedef C_t<T> C;
-    const C k0 = (C)0.79788456080286535588;
-    const C k2 = (C)(-2 * 0.79788456080286535588);
-    const C k1 = (C)0.044715;
-    const C k3 = (C)(3 * 0.044715);
-    NNTILE_GRID_STRIDE(int64_t, i, n) {
+template <typename T> struct GeluTanhBackwardOp : ChainRule<T> {
+    __device__ void operator()(int64_t i, const T *x_, const T *dy,
+                               T *dx) const
+    {
+        typedef C_t<T> C;
+        const C k0 = (C)0.79788456080286535588;
+        const C k2 = (C)(-2 * 0.79788456080286535588);
+        const C k1 = (C)0.044715;
+        const C k3 = (C)(3 * 0.044715);
         const C x = ld(x_[i]);
         const C x2 = x * x;
         const C sg = (C)1 / ((C)1 + vexp(k2 * (x + k1 * x2 * x)));
         const C d = sg + (C)2 * x * sg * ((C)1 - sg) * k0 * ((C)1 + k3 * x2);
-        const C g = ld(dy[i]) * d;
-        dx[i] = st<T>(accumulate ? g + beta * ld(dx[i]) : g);
+        this->store(i, d, dy, dx);
     }
-}
-
-template <typename T>
-void gelutanh_backward(const nntile_gelutanh_backward_args *a, cudaStream_t s,
-                       const T *x, const T *dy, T *dx)
-{
-    if (a->n <= 0)
-        return;
-    gelutanh_backward_k<<<grid_for(a->n), kBlock, 0, s>>>(
-        a->n, (C_t<T>)a->beta, a->beta != 0.0, x, dy, dx);
-}
+};
 
 /* dst[0] = sum src^2 + beta*dst[0] */
 template <typename T> struct SumsqTerm {
@@ -224,8 +190,10 @@ NNTILE_CUDA_EXPORT(copy)
 NNTILE_CUDA_EXPORT(add)
 NNTILE_CUDA_EXPORT(scal)
 NNTILE_CUDA_EXPORT(prod)
-NNTILE_CUDA_EXPORT(gelu)
-NNTILE_CUDA_EXPORT(gelu_backward)
-NNTILE_CUDA_EXPORT(gelutanh)
-NNTILE_CUDA_EXPORT(gelutanh_backward)
+NNTILE_CUDA_EXPORT_AS(gelu, nntile_cuda::over_n<nntile_cuda::GeluOp>)
+NNTILE_CUDA_EXPORT_AS(gelu_backward,
+                      nntile_cuda::chain_rule<nntile_cuda::GeluBackwardOp>)
+NNTILE_CUDA_EXPORT_AS(gelutanh, nntile_cuda::over_n<nntile_cuda::GeluTanhOp>)
+NNTILE_CUDA_EXPORT_AS(gelutanh_backward,
+                      nntile_cuda::chain_rule<nntile_cuda::GeluTanhBackwardOp>)
 NNTILE_CUDA_EXPORT(sumsq)

@@ -4,22 +4,6 @@
 
 NNTILE_CUDA_BEGIN
 
-/* dst[i,j,l] = alpha*fiber[j] + beta*dst[i,j,l] */
-template <typename T>
-void add_fiber(const nntile_add_fiber_args *a, cudaStream_t s,
-               const T *fiber, T *dst)
-{
-    add_bcast<true>(a, s, fiber, dst);
-}
-
-/* dst[i,j,l] *= alpha*fiber[j] */
-template <typename T>
-void prod_fiber(const nntile_prod_fiber_args *a, cudaStream_t s,
-                const T *fiber, T *dst)
-{
-    prod_bcast<true>(a, s, fiber, dst);
-}
-
 /* fiber[j] = alpha * sum_{i,l} f(i,j,l) for n > 1: one block per j (and per
  * chunk of i when the reduction is split). */
 template <typename T, bool PROD, typename Epi>
@@ -59,57 +43,49 @@ __global__ void fibersum_k(int64_t m, int64_t k, int64_t n, int64_t chunk,
     }
 }
 
-template <bool PROD, typename T, typename Args>
-void fiber_reduce(const Args *a, cudaStream_t s, const T *s1, const T *s2,
-                  T *fiber)
-{
-    int64_t m = a->m, k = a->k, n = a->n;
-    if (k <= 0)
-        return;
-    const AxpbyEpi<T> epi{fiber, a->alpha, a->beta, 0};
-    if (m <= 0 || n <= 0)
-        n = 1, m = 0;
-    if (n == 1) {
-        /* [m, k]: column sums, coalesced along k */
-        colsum<1>(1, m, k, SumTerm<T, PROD>{s1, s2, m, k}, epi, s);
-        return;
-    }
-    const unsigned gx = (unsigned)(k < kMaxGrid ? k : kMaxGrid);
-    int split = split_for(gx, m, ceil_div(4096, n));
-    if (split > 1) {
-        const int64_t chunk = ceil_div(m, split);
-        split = (int)ceil_div(m, chunk);
-        Scratch sc((size_t)split * k * sizeof(double), s);
-        if (sc.ptr) {
-            double *part = (double *)sc.ptr;
-            fibersum_k<T, PROD><<<dim3(gx, split), kBlock, 0, s>>>(
-                m, k, n, chunk, s1, s2, epi, part);
-            colsum_finish_k<1><<<grid_for(k), kBlock, 0, s>>>(1, k, split,
-                                                              part, epi);
+/* sum_fiber and sumprod_fiber (sum_of in common.cuh) */
+struct FiberSum {
+    template <bool PROD, typename Args, typename T>
+    static void run(const Args *a, cudaStream_t s, const T *s1, const T *s2,
+                    T *fiber)
+    {
+        int64_t m = a->m, k = a->k, n = a->n;
+        if (k <= 0)
+            return;
+        const AxpbyEpi<T> epi{fiber, a->alpha, a->beta, 0};
+        if (m <= 0 || n <= 0)
+            n = 1, m = 0;
+        if (n == 1) {
+            /* [m, k]: column sums, coalesced along k */
+            colsum<1>(1, m, k, SumTerm<T, PROD>{s1, s2, m, k}, epi, s);
             return;
         }
+        const unsigned gx = (unsigned)(k < kMaxGrid ? k : kMaxGrid);
+        int split = split_for(gx, m, ceil_div(4096, n));
+        if (split > 1) {
+            const int64_t chunk = ceil_div(m, split);
+            split = (int)ceil_div(m, chunk);
+            Scratch sc((size_t)split * k * sizeof(double), s);
+            if (sc.ptr) {
+                double *part = (double *)sc.ptr;
+                fibersum_k<T, PROD><<<dim3(gx, split), kBlock, 0, s>>>(
+                    m, k, n, chunk, s1, s2, epi, part);
+                colsum_finish_k<1><<<grid_for(k), kBlock, 0, s>>>(
+                    1, k, split, part, epi);
+                return;
+            }
+        }
+        fibersum_k<T, PROD><<<dim3(gx, 1), kBlock, 0, s>>>(
+            m, k, n, m, s1, s2, epi, nullptr);
     }
-    fibersum_k<T, PROD><<<dim3(gx, 1), kBlock, 0, s>>>(m, k, n, m, s1, s2,
-                                                       epi, nullptr);
-}
-
-template <typename T>
-void sum_fiber(const nntile_sum_fiber_args *a, cudaStream_t s, const T *src,
-               T *fiber)
-{
-    fiber_reduce<false, T>(a, s, src, nullptr, fiber);
-}
-
-template <typename T>
-void sumprod_fiber(const nntile_sumprod_fiber_args *a, cudaStream_t s,
-                   const T *s1, const T *s2, T *fiber)
-{
-    fiber_reduce<true>(a, s, s1, s2, fiber);
-}
+};
 
 NNTILE_CUDA_END
 
-NNTILE_CUDA_EXPORT(add_fiber)
-NNTILE_CUDA_EXPORT(prod_fiber)
-NNTILE_CUDA_EXPORT(sum_fiber)
-NNTILE_CUDA_EXPORT(sumprod_fiber)
+/* dst[i,j,l] = alpha*fiber[j] + beta*dst[i,j,l] */
+NNTILE_CUDA_EXPORT_AS(add_fiber, nntile_cuda::add_bcast<true>)
+/* dst[i,j,l] *= alpha*fiber[j] */
+NNTILE_CUDA_EXPORT_AS(prod_fiber, nntile_cuda::prod_bcast<true>)
+NNTILE_CUDA_EXPORT_AS(sum_fiber, nntile_cuda::sum_of<nntile_cuda::FiberSum>)
+NNTILE_CUDA_EXPORT_AS(sumprod_fiber,
+                      nntile_cuda::sum_of<nntile_cuda::FiberSum>)

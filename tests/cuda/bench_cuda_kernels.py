@@ -30,6 +30,13 @@ def main():
                 return cp.full(shape, fill, dtype=dtype)
             return cp.asarray(rng.standard_normal(shape).astype(dtype))
 
+    def set_stats(stats):
+        """Softmax statistics (max 5, sum 1000) in every row of stats, for the kernels that
+        read them."""
+        with s:
+            stats[:, 0] = 5.0
+            stats[:, 1] = 1000.0
+
     def bench(name, op, dt, args, bufs, nbytes=None, flops=None):
         st_ = T.make_args(op, args)
         fn = getattr(env.cuda, f"nntile_cuda_{op}_{dt}")
@@ -81,9 +88,7 @@ def main():
     stt = arr(rows, 2)
     bench("maxsumexp attn [98304x1024]", "maxsumexp", "fp32",
           dict(m=rows, k=tk, n=1, init=1), [sc, stt], 4 * rows * tk)
-    with s:
-        stt[:, 0] = 5.0
-        stt[:, 1] = 1000.0
+    set_stats(stt)
     bench("softmax_inplace attn [98304x1024]", "softmax_inplace", "fp32",
           dict(m=rows, k=tk, n=1), [stt, sc], 8 * rows * tk)
     bench("maxsumexp cols [96x1024x1024] n>1", "maxsumexp", "fp32",
@@ -101,9 +106,7 @@ def main():
         labels = cp.asarray(rng.integers(0, vt, lrows).astype(np.int64))
     bench("maxsumexp logits [2048x50257]", "maxsumexp", "fp32",
           dict(m=lrows, k=vt, n=1, init=1), [lg, lst], 4 * lrows * vt)
-    with s:
-        lst[:, 0] = 5.0
-        lst[:, 1] = 1000.0
+    set_stats(lst)
     bench("xent_grad_inplace [2048x50257]", "xent_grad_inplace", "fp32",
           dict(rows=lrows, v=vt, v_offset=0, alpha=1.0), [lst, labels, lg],
           8 * lrows * vt)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tests.kernel_header import args_structs
+from tests.kernel_header import args_structs, op_table
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -46,12 +46,11 @@ if _SKIP:
 
 DT = ["fp32", "fp64", "bf16"]
 # Mixed precision (bf16 data, fp32 accumulators): each op's buffers, T data, A accumulator,
-# I int64 (as in kernels.h's NNTILE_PROTO_<op>(T, ACC, S)); cast exists only there.
+# I int64 (as in kernels.h's NNTILE_BUFFERS_<op>(P, T, ACC)); cast exists only there.
 MIXED = {"add": "TA", "cast": "AT", "add_fiber": "AT", "sum_fiber": "TA",
          "sumprod_slice": "TTA", "maxsumexp": "TA", "softmax_inplace": "AT",
          "softmax_backward": "TAT", "xent_picked": "TIA", "xent_grad_inplace": "AIT",
          "layernorm_forward": "AAAAT", "gemm": "TTA", "adam_step_refresh": "AAAATA"}
-MIXED_ONLY = ("cast",)
 RTOL = {"fp32": 1e-6, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 GEMM_RTOL = {"fp32": 1e-5, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 
@@ -398,23 +397,13 @@ def nans(*shape):
 # ---------------------------------------------------------------- build / ABI
 
 def test_build_clean_and_symbols(env):
+    """Every op of kernels.h's table is exported for the dtypes its columns name."""
     assert "warning" not in env.nvcc_log.lower(), env.nvcc_log
-    ops = [op for op in STRUCTS if op not in ("gemm", *MIXED_ONLY)]
-    for op in ops:
-        for dt in DT:
+    for op, _, kind, columns in op_table():
+        dtypes = (["fp32", "fp64", "bf16"] if columns != "MIXED_ONLY" else []) + (
+            ["bf16_fp32"] if columns != "PLAIN" else []) + (["tf32"] if kind == "X_BLAS" else [])
+        for dt in dtypes:
             getattr(env.cuda, f"nntile_cuda_{op}_{dt}")
-    for dt in ("fp32", "tf32", "fp64", "bf16"):
-        getattr(env.cuda, f"nntile_cuda_gemm_{dt}")
-
-
-def test_header_declares_every_op():
-    text = open(os.path.join(CUDA_DIR, "cuda_kernels.h")).read()
-    assert "NNTILE_CUDA_PROTO_gemm(T, S)" in text
-    for op in set(STRUCTS) - {"gemm"} - set(MIXED_ONLY):  # its buffers, and in NNTILE_CUDA_OPS
-        assert f"NNTILE_CUDA_BUFFERS_{op}(P, A)" in text, op
-        assert f"X({op})" in text, op
-    for op in MIXED:
-        assert f" nntile_cuda_{op}_bf16_fp32(" in text, op
 
 
 def test_bf16_helpers():

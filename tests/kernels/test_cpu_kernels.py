@@ -14,7 +14,7 @@ import subprocess
 
 import numpy as np
 
-from tests.kernel_header import args_structs
+from tests.kernel_header import args_structs, op_buffers, op_table
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -193,6 +193,22 @@ def test_header_matches_contract():
     assert set(structs) == set(FIELDS)
     for op, (fields, _) in FIELDS.items():
         assert structs[op] == fields, op
+
+
+def test_op_table_matches_contract():
+    """kernels.h's op table and buffer lines name every op of the contract once, with its
+    number of buffers (an X_OPT op's count in the table leaves its optional last one out)."""
+    table = op_table()
+    buffers = op_buffers()
+    ops = [op for op, _, _, _ in table]
+    assert len(ops) == len(set(ops)), ops
+    # adam_step_refresh takes adam_step's args struct
+    assert set(ops) == set(buffers) == set(FIELDS) | {"adam_step_refresh"}
+    for op, nbuf, kind, columns in table:
+        assert columns in ("PLAIN", "MIXED", "MIXED_ONLY"), op
+        assert nbuf + (kind == "X_OPT") == len(buffers[op]), op
+        if op in FIELDS:
+            assert len(buffers[op]) == FIELDS[op][1], op
 
 
 def test_all_symbols_and_clean_build(kernel_lib):
@@ -704,6 +720,21 @@ def test_gemm(K, dt, M, N, K_, tA, tB, b1, b2, pad, seed, beta):
 
 # ---------------------------------------------------------------- optimizers
 
+def torch_steps(torch, rng, n, dt, tp, opt, max_norm):
+    """Steps 1 to 5 of torch's optimizer opt on parameter tp, with a random gradient each
+    (clipped to max_norm when max_norm > 0); yields (step, gradient, its squared norm) after
+    torch's step, for the kernel to take the same one."""
+    tdt = torch.float32 if dt == "fp32" else torch.float64
+    for step in range(1, 6):
+        g = rnd(rng, n, dt)
+        normsq = np.array([np.sum(g.astype(np.float64) ** 2)], dtype=DTYPES[dt])
+        tp.grad = torch.from_numpy(g.copy()).to(tdt)
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_([tp], max_norm, foreach=False)
+        opt.step()
+        yield step, g, normsq
+
+
 @pytest.mark.parametrize("dt", DT)
 @pytest.mark.parametrize("decoupled,wd,max_norm", [
     (0, 0.0, 0.0), (0, 0.1, 0.0), (1, 0.01, 0.0), (1, 0.1, 0.5),
@@ -712,7 +743,6 @@ def test_adam_vs_torch(K, dt, decoupled, wd, max_norm):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(11)
     n = 1000
-    tdt = torch.float32 if dt == "fp32" else torch.float64
     p = rnd(rng, n, dt)
     tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
     cls = torch.optim.AdamW if decoupled else torch.optim.Adam
@@ -723,13 +753,7 @@ def test_adam_vs_torch(K, dt, decoupled, wd, max_norm):
     v = nans(n, dt)
     m[:] = 0
     v[:] = 0
-    for step in range(1, 6):
-        g = rnd(rng, n, dt)
-        normsq = np.array([np.sum(g.astype(np.float64) ** 2)], dtype=DTYPES[dt])
-        tp.grad = torch.from_numpy(g.copy()).to(tdt)
-        if max_norm > 0:
-            torch.nn.utils.clip_grad_norm_([tp], max_norm, foreach=False)
-        opt.step()
+    for step, g, normsq in torch_steps(torch, rng, n, dt, tp, opt, max_norm):
         K("adam_step", dt, dict(n=n, step=step, lr=lr, beta1=b1, beta2=b2,
                                 eps=eps, weight_decay=wd, decoupled=decoupled,
                                 max_norm=max_norm),
@@ -748,20 +772,13 @@ def test_sgd_vs_torch(K, dt, momentum, dampening, nesterov, wd, max_norm):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(12)
     n = 777
-    tdt = torch.float32 if dt == "fp32" else torch.float64
     p = rnd(rng, n, dt)
     tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
     opt = torch.optim.SGD([tp], lr=0.05, momentum=momentum, dampening=dampening,
                           nesterov=bool(nesterov), weight_decay=wd,
                           foreach=False, fused=False)
     buf = nans(n, dt) if momentum == 0 else nans(n, dt)
-    for step in range(1, 6):
-        g = rnd(rng, n, dt)
-        normsq = np.array([np.sum(g.astype(np.float64) ** 2)], dtype=DTYPES[dt])
-        tp.grad = torch.from_numpy(g.copy()).to(tdt)
-        if max_norm > 0:
-            torch.nn.utils.clip_grad_norm_([tp], max_norm, foreach=False)
-        opt.step()
+    for step, g, normsq in torch_steps(torch, rng, n, dt, tp, opt, max_norm):
         K("sgd_step", dt, dict(n=n, step=step, lr=0.05, momentum=momentum,
                                dampening=dampening, weight_decay=wd,
                                nesterov=nesterov, max_norm=max_norm),
