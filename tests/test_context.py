@@ -27,6 +27,36 @@ def test_environment_fallback():
     assert result.stdout.strip() == "1 ('1', '$STARPU_NCPU')"
 
 
+def test_settings_belong_to_their_context():
+    """What a Context sets for StarPU (arguments and defaults) is undone at shutdown, and
+    after a failed start: a later Context, or a child process, sees the caller's values."""
+    result = run_python("""
+        import os, subprocess, sys
+        import nntile
+        def starpu_env():
+            return sorted((k, v) for k, v in os.environ.items() if k.startswith("STARPU_"))
+        before = starpu_env()
+        with nntile.Context(ncpu=1, sched="eager"):
+            print(os.environ["STARPU_NCPU"], os.environ["STARPU_SCHED"])
+        print(starpu_env() == before)
+        try:
+            nntile.Context(ncpu=0).start()
+        except RuntimeError:
+            pass
+        print(starpu_env() == before)
+        with nntile.Context() as ctx:
+            print(ctx.settings()["ncpu"], ctx.settings()["sched"][0])
+        child = "import os; print(os.environ.get('STARPU_SCHED'))"
+        print(subprocess.run([sys.executable, "-c", child], capture_output=True,
+                             text=True).stdout.strip())
+    """, env={"STARPU_NCPU": "2"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["1 eager", "True", "True"]
+    assert lines[3].startswith("('2', '$STARPU_NCPU')") and lines[3].endswith("lws")
+    assert lines[4] == "None"
+
+
 def test_exception_inside_context_shuts_down_cleanly():
     result = run_python("""
         import numpy as np, nntile

@@ -226,6 +226,9 @@ class Context:
         self._cuda_limit = None
         self._ngpu = None
         self._env_from_defaults = set()  # variables start() set from nntile's defaults
+        # what each variable start() sets held before, restored at shutdown: an argument or
+        # default of this Context must not become a later Context's or a child process's
+        self._env_before = {}
         self._starpu_comm = None
         self._epoch = -1
         if self.ncuda and not HAVE_CUDA:
@@ -303,16 +306,40 @@ class Context:
             from nntile.distributed import share_node_cores
             share_node_cores()  # before settings(), which depend on the rank's cores
         settings = self.settings()
+        try:
+            self._start_starpu(settings)
+        except BaseException:
+            self._restore_env()
+            raise
+
+    def _setenv(self, name, value, default=False):
+        """Set a variable StarPU reads at start-up, remembering what it was; ``default``: the
+        value is nntile's default, not the user's."""
+        self._env_before.setdefault(name, os.environ.get(name))
+        os.environ[name] = str(value)
+        if default:
+            self._env_from_defaults.add(name)
+
+    def _restore_env(self):
+        for name, value in self._env_before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._env_before.clear()
+        self._env_from_defaults.clear()
+
+    def _start_starpu(self, settings):
+        global _running_context, _epoch
         # StarPU reads these at start-up; an argument wins over an inherited variable.
         for name, env in _SETTINGS:
             value = getattr(self, name)
             if value is not None:
-                os.environ[env] = str(value)
+                self._setenv(env, value)
         envs = dict(_SETTINGS)
         for name, (value, origin) in settings.items():
             if _DEFAULTS_IN_ENV.get(origin) == name:
-                os.environ[envs[name]] = str(value)
-                self._env_from_defaults.add(envs[name])
+                self._setenv(envs[name], value, default=True)
         cdef starpu_conf conf
         check(starpu_conf_init(&conf), "starpu_conf_init")
         sched_name = str(settings["sched"][0]).encode()
@@ -366,8 +393,8 @@ class Context:
         from nntile.distributed import local_rank_gpus
         gpus = local_rank_gpus(self.ncuda)
         if gpus is not None:
-            os.environ["STARPU_WORKERS_CUDAID"] = ",".join(str(g) for g in gpus)
-            os.environ["STARPU_NCUDA"] = str(len(gpus))
+            self._setenv("STARPU_WORKERS_CUDAID", ",".join(str(g) for g in gpus))
+            self._setenv("STARPU_NCUDA", len(gpus))
 
     def _share_one_core_with_mpi_thread(self):
         """On a rank with one core, StarPU-MPI's progress thread would be pinned onto the core
@@ -375,8 +402,7 @@ class Context:
         all the same, where MPI yields it while idle (nntile.distributed.mpi)."""
         from nntile.distributed import one_core_rank, placement_chosen
         if one_core_rank() and not placement_chosen() and not os.environ.get("STARPU_MPI_NOBIND"):
-            os.environ["STARPU_MPI_NOBIND"] = "1"
-            self._env_from_defaults.add("STARPU_MPI_NOBIND")
+            self._setenv("STARPU_MPI_NOBIND", 1, default=True)
 
     def _start_mpi(self):
         """Initialise MPI through mpi4py; returns the handle of the communicator that
@@ -595,9 +621,7 @@ class Context:
             if self._starpu_comm is not None:
                 self._starpu_comm.Free()
                 self._starpu_comm = None
-            for env in self._env_from_defaults:  # a later Context decides afresh
-                os.environ.pop(env, None)
-            self._env_from_defaults.clear()
+            self._restore_env()  # a later Context decides afresh
 
     def __enter__(self):
         if _running_context is not self:
