@@ -153,11 +153,12 @@ def resolve_tiling(tiling, config, batch=None, seq=None):
              "vocab": config.vocab_size}
     what = {"batch": "the batch size", "seq": "the sequence length", "embd": "n_embd",
             "head": "n_head", "inner": "the MLP width", "vocab": "the vocabulary size"}
+    defaults = dict(sizes, vocab=min(config.vocab_size, DEFAULT_VOCAB_TILE))  # as the model's
     out = {}
     for key in TILE_FLAGS:
         value = tiling.get(key)
         if value is None:
-            out[key] = sizes[key]
+            out[key] = defaults[key]
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CLIError(f"--tile-{key} {value!r} must be a positive integer")

@@ -31,7 +31,6 @@ TRAIN_DEFAULTS = dict(batch_size=8, grad_accum=1, steps=1500, lr=2e-3, min_lr=2e
                       eval_every=250, eval_batches=4, save_every=500, keep=3, seed=1337)
 # Tiles of the default run: two batch tiles keep two CPU workers busy.
 DEFAULT_TILES = dict(batch=4)
-BIG_VOCAB_TILE = 8192
 CONFIG_FLAGS = ("n_layer", "n_head", "n_embd", "vocab_size")
 METRICS = "metrics.jsonl"
 
@@ -242,8 +241,6 @@ def resolve(args):
     else:
         for key, value in DEFAULT_TILES.items():
             tiling.setdefault(key, min(value, s.batch_size if key == "batch" else value))
-        if config.vocab_size > 2 * BIG_VOCAB_TILE:  # e.g. GPT-2's 50257: keep logits tiles small
-            tiling.setdefault("vocab", BIG_VOCAB_TILE)
     s.tiles = resolve_tiling(tiling, config, s.batch_size, s.seq_len)
     return s
 
