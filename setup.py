@@ -146,8 +146,9 @@ class BuildWithNvcc(build_ext):
 
 def write_cython_headers():
     """kernel_args.pxd and op_enum.pxi, the Cython copies of kernels.h's args structs and op
-    table, written by nntile/_core/kernels/kernel_header.py (loaded by its path: nntile itself
-    is not built yet)."""
+    table, and unary_ops.pxi, the tensor ops of its unary ops, written by
+    nntile/_core/kernels/kernel_header.py (loaded by its path: nntile itself is not built
+    yet)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
         "nntile_kernel_header", os.path.join(HERE, "nntile", "_core", "kernels", "kernel_header.py"))

@@ -163,7 +163,7 @@ cdef _unary(str name, int op, Tensor src, Tensor dst):
     _float_same(name, [(src, "src"), (dst, "dst")])
     _same_traits(name, src, "src", dst, "dst")
     _distinct(name, [(src, "src"), (dst, "dst")])
-    cdef nntile_gelu_args args  # same layout as nntile_gelutanh_args: {n}
+    cdef nntile_gelu_args args  # every unary op's args are {n} (kernel_header.unary_ops)
     cdef starpu_data_handle_t h[2]
     cdef starpu_data_access_mode m[2]
     m[0] = STARPU_R
@@ -198,14 +198,9 @@ cdef _unary_backward(str name, int op, Tensor x, Tensor dy, beta, Tensor dx):
         submit(op, dx.dtype_id, 3, h, m, &args, sizeof(args))
 
 
-def gelu(Tensor src, Tensor dst):
-    """dst = GELU(src) (exact, erf form)."""
-    _unary("gelu", NNTILE_OP_gelu, src, dst)
-
-
-def gelutanh(Tensor src, Tensor dst):
-    """dst = GELU(src), tanh approximation."""
-    _unary("gelutanh", NNTILE_OP_gelutanh, src, dst)
+# The tensor ops of the op table's unary ops (gelu, gelutanh, ...: def op(Tensor src,
+# Tensor dst) calling _unary), written by setup.py from kernels.h.
+include "unary_ops.pxi"
 
 
 def gelu_backward(Tensor x, Tensor dy, beta, Tensor dx):

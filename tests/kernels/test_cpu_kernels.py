@@ -7,14 +7,14 @@ kernel contract (FIELDS); test_header_matches_contract checks that kernels.h
 declares exactly these fields in this order."""
 import ctypes
 import glob
-import math
 import os
 import shutil
 import subprocess
 
 import numpy as np
 
-from tests.kernel_header import args_structs, op_buffers, op_table
+from tests.kernel_header import args_structs, op_buffers, op_table, unary_ops
+from tests.unary_refs import UNARY
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -36,9 +36,7 @@ FIELDS = {
     "add": ([("n", I), ("alpha", D), ("beta", D)], 2),
     "scal": ([("n", I), ("alpha", D)], 1),
     "prod": ([("n", I), ("alpha", D)], 3),
-    "gelu": ([("n", I)], 2),
     "gelu_backward": ([("n", I), ("beta", D)], 3),
-    "gelutanh": ([("n", I)], 2),
     "gelutanh_backward": ([("n", I), ("beta", D)], 3),
     "add_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
                    ("beta", D)], 2),
@@ -87,6 +85,8 @@ FIELDS = {
                   ("dampening", D), ("weight_decay", D), ("nesterov", I),
                   ("max_norm", D)], 4),
 }
+# the unary ops (gelu, gelutanh, ...): args {n}, buffers src and dst
+FIELDS.update({op: ([("n", I)], 2) for op in UNARY})
 
 _CTYPE = {I: ctypes.c_int64, D: ctypes.c_double, A8: ctypes.c_int64 * 8}
 
@@ -211,6 +211,12 @@ def test_op_table_matches_contract():
             assert len(buffers[op]) == FIELDS[op][1], op
 
 
+def test_unary_ops_match_the_table():
+    """The ops marked "unary:" in the op table are those of tests/unary_refs.py, each with
+    its float64 reference."""
+    assert list(unary_ops()) == list(UNARY)
+
+
 def test_all_symbols_and_clean_build(kernel_lib):
     lib, stderr = kernel_lib
     assert "warning" not in stderr, stderr
@@ -257,31 +263,29 @@ def test_add_sumsq(K, dt, beta, n):
     close(out, ref, dt)
 
 
-_erf = np.vectorize(math.erf)
-
-
-def gelu_ref(x):
-    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
-
-
-def gelutanh_ref(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-
-
 @pytest.mark.parametrize("dt", DT)
-@pytest.mark.parametrize("beta", [0.0, 0.6])
-@pytest.mark.parametrize("name,fref", [("gelu", gelu_ref),
-                                       ("gelutanh", gelutanh_ref)])
-def test_gelu(K, dt, beta, name, fref):
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary(K, dt, name):
     rng = np.random.default_rng(1)
     n = 257
     x = rnd(rng, n, dt, 3.0)
     x[:3] = [0.0, -12.0, 12.0]
     y = nans(n, dt)
     K(name, dt, dict(n=n), x, y)
+    close(y, UNARY[name](x.astype(np.float64)), dt, rtol_mult=4)
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("beta", [0.0, 0.6])
+@pytest.mark.parametrize("name", ["gelu", "gelutanh"])
+def test_gelu_backward(K, dt, beta, name):
+    """backward vs. central finite differences of the float64 reference"""
+    fref = UNARY[name]
+    rng = np.random.default_rng(1)
+    n = 257
+    x = rnd(rng, n, dt, 3.0)
+    x[:3] = [0.0, -12.0, 12.0]
     x64 = x.astype(np.float64)
-    close(y, fref(x64), dt, rtol_mult=4)
-    # backward vs. central finite differences of the float64 reference
     h = 1e-5
     deriv = (fref(x64 + h) - fref(x64 - h)) / (2 * h)
     dy = rnd(rng, n, dt)
@@ -1001,10 +1005,11 @@ def test_bf16_elementwise(K, beta, n):
     both(K, "prod", dict(n=n, alpha=-0.5), a, b, dst)
     close16(dst)
     x = rnd16(rng, n, 3.0)
-    for name in ("gelu", "gelutanh"):
+    for name in UNARY:
         y = Pair.nan(n)
         both(K, name, dict(n=n), x, y)
         close16(y)
+    for name in ("gelu", "gelutanh"):
         dx = Pair.nan(n) if beta == 0 else rnd16(rng, n)
         both(K, name + "_backward", dict(n=n, beta=beta), x, b, dx)
         close16(dx)
