@@ -148,17 +148,17 @@ def check_dtype(dtype):
 
 def resolve_tiling(tiling, config, batch=None, seq=None):
     """Tile sizes, each checked against its dimension; a full dict for the checkpoint."""
-    sizes = {"batch": batch, "seq": seq if seq is not None else config.n_positions,
-             "embd": config.n_embd, "head": config.n_head, "inner": config.inner,
-             "vocab": config.vocab_size}
+    dims = dict(config.sizes(), batch=(batch, batch))  # one tile by default, as the model
+    if seq is not None:
+        dims["seq"] = (seq, seq)
     what = {"batch": "the batch size", "seq": "the sequence length", "embd": "n_embd",
             "head": "n_head", "inner": "the MLP width", "vocab": "the vocabulary size"}
-    defaults = dict(sizes, vocab=min(config.vocab_size, DEFAULT_VOCAB_TILE))  # as the model's
+    sizes = {key: size for key, (size, _) in dims.items()}
     out = {}
     for key in TILE_FLAGS:
         value = tiling.get(key)
         if value is None:
-            out[key] = defaults[key]
+            out[key] = dims[key][1]
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CLIError(f"--tile-{key} {value!r} must be a positive integer")

@@ -7,7 +7,7 @@ import numpy as np
 from nntile._core.core cimport Tensor
 from nntile import ops
 from nntile.declare import TensorSpec
-from nntile.models.config import DEFAULT_VOCAB_TILE, GPT2Config, TILING_KEYS
+from nntile.models.config import GPT2Config, TILING_KEYS
 from nntile.nn.layers cimport Block, Embedding, LayerNorm, Module, Parameter
 from nntile.precision import PRECISIONS
 
@@ -17,7 +17,7 @@ cdef class GPT2LMHead(Module):
 
     ``tiling`` gives tile sizes for keys batch, seq, embd, head (heads per tile), inner (MLP)
     and vocab; a missing key means one tile for that dimension (the vocabulary: tiles of
-    DEFAULT_VOCAB_TILE where it is larger). Batch and seq tiles are clipped to the data's
+    8192 where it is larger, GPT2Config.sizes). Batch and seq tiles are clipped to the data's
     shape, so any [batch, seq] with seq <= n_positions can be used.
     ``dtype`` is a precision (nntile.precision): fp32, tf32, fp64, bf16 or bf16-mixed.
 
@@ -80,13 +80,8 @@ cdef class GPT2LMHead(Module):
         unknown = set(tiling) - set(TILING_KEYS)
         if unknown:
             raise ValueError(f"tiling: unknown keys {sorted(unknown)}; use {list(TILING_KEYS)}")
-        sizes = {"embd": config.n_embd, "head": config.n_head, "inner": config.inner,
-                 "vocab": config.vocab_size, "seq": config.n_positions, "batch": None}
-        # One tile per dimension by default, but a large vocabulary is cut into 8192-wide
-        # tiles: a GEMM whose rows are not a multiple of 8 elements long (GPT-2's 50257)
-        # falls off cuBLAS's tensor-core kernels, and the head's three GEMMs ran 5x slower
-        # (GPT-2 124M bf16-mixed on an H100: 63 -> 51 ms of kernels per step).
-        defaults = dict(sizes, vocab=min(config.vocab_size, DEFAULT_VOCAB_TILE))
+        sizes = {key: size for key, (size, _) in config.sizes().items()}
+        defaults = {key: tile for key, (_, tile) in config.sizes().items()}
         tiles = {}
         for key in TILING_KEYS:
             value = tiling.get(key, defaults[key])
