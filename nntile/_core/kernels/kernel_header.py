@@ -12,6 +12,8 @@ import re
 KERNELS_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.h")
 _KINDS = {"int64_t": "int64", "double": "double"}
 _CYTHON_TYPES = {"int64": "int64_t", "double": "double", "int64[8]": "int64_t"}
+# an entry of NNTILE_OPS: kind, op, buffer count, columns
+_ENTRY = r"\b(X|X_OPT|X_BLAS)\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\w+)\s*\)"
 
 
 def _text(path=KERNELS_H):
@@ -51,7 +53,7 @@ def op_table(path=KERNELS_H):
     """[(op, nbuf, kind, columns)] of NNTILE_OPS in order (the op enum's order); kind is "X",
     "X_OPT" or "X_BLAS", columns "PLAIN", "MIXED" or "MIXED_ONLY"."""
     body = _macro(_text(path), "NNTILE_OPS(X, X_OPT, X_BLAS)")
-    entries = re.findall(r"\b(X|X_OPT|X_BLAS)\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\w+)\s*\)", body)
+    entries = re.findall(_ENTRY, body)
     if re.sub(r"\b(X|X_OPT|X_BLAS)\([^)]*\)", "", body).strip():
         raise ValueError(f"kernels.h: NNTILE_OPS has an entry not of the form X(op, nbuf, "
                          f"columns): {body!r}")
@@ -64,14 +66,13 @@ def unary_ops(path=KERNELS_H):
     with args { int64_t n; }: its tensor op is then the plain one of unary_ops.pxi."""
     with open(path) as f:
         body = _macro(f.read(), "NNTILE_OPS(X, X_OPT, X_BLAS)")
-    found = re.findall(r"\b(X|X_OPT|X_BLAS)\(\s*(\w+)\s*,\s*(\d+)\s*,\s*\w+\s*\)"
-                       r"\s*/\*\s*unary:\s*(.*?)\s*\*/", body, re.S)
+    found = re.findall(_ENTRY + r"\s*/\*\s*unary:\s*(.*?)\s*\*/", body, re.S)
     if len(found) != body.count("unary:"):
         raise ValueError("kernels.h: a \"unary:\" comment of NNTILE_OPS does not follow an "
                          "entry X(op, nbuf, columns)")
     structs, buffers = args_structs(path), op_buffers(path)
     ops = {}
-    for kind, op, nbuf, doc in found:
+    for kind, op, nbuf, _, doc in found:
         doc = " ".join(doc.split())
         if (kind, nbuf) != ("X", "2") or structs.get(op) != [("n", "int64")] \
                 or buffers.get(op) != [("const T *", "src"), ("T *", "dst")]:
