@@ -102,9 +102,14 @@ def gpu_time(fn, steps=1, trace_path=None):
     import tempfile
     import torch
     from torch.profiler import ProfilerActivity, profile
+    def run():
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = seconds(lambda: [fn() for _ in range(steps)] and torch.cuda.synchronize())
+        wall = seconds(run)
     with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
         path = trace_path or tmp.name
         prof.export_chrome_trace(path)
