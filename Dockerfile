@@ -22,7 +22,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 # What the Makefile itself runs on; `make deps` installs the libraries it lists.
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        python3 python3-dev python3-pip make gcc g++ perl curl ca-certificates \
+        python3 python3-dev python3-pip make gcc g++ perl patch curl ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/nntile

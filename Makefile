@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 STAMP := build/.stamps
-APT_PACKAGES := libhwloc-dev pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
+APT_PACKAGES := libhwloc-dev pkg-config patch libopenmpi-dev openmpi-bin libopenblas-dev
 
 .PHONY: train test setup deps starpu install bench clean
 

@@ -63,7 +63,9 @@ features="cpu"
 [ "$cuda" = 1 ] && features="$features-cuda"
 prefix="${NNTILE_STARPU_PREFIX:-$HOME/.cache/nntile/starpu-$version-$features}"
 stamp="$prefix/.nntile-build-stamp"
-stamp_text="starpu=$version mpi=$mpi cuda=$cuda host-memory-fix=1"
+patches_dir="$(cd "$(dirname "$0")" && pwd)/starpu-patches"
+patches=("$patches_dir"/*.patch)
+stamp_text="starpu=$version mpi=$mpi cuda=$cuda host-memory-fix=1 patches=$(cat "${patches[@]}" | cksum | cut -d' ' -f1)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] \
     && [ -f "$prefix/lib/pkgconfig/starpu-1.4.pc" ]; then
@@ -109,6 +111,16 @@ fi
 topology="$src/src/core/topology.c"
 perl -0pi -e 's/(\n\tif \(limit == -1\)\n\t\tlimit = starpu_getenv_number\("STARPU_LIMIT_CPU_NUMA_MEM"\);)/\n\tif (!numa_enabled)\n\t{\n\t\tlong nntile_pages = sysconf(_SC_PHYS_PAGES), nntile_page = sysconf(_SC_PAGE_SIZE);\n\t\tif (nntile_pages > 0 \&\& nntile_page > 0 \&\& (size_t) nntile_pages * nntile_page > global_mem)\n\t\t\tglobal_mem = (size_t) nntile_pages * nntile_page;\n\t}\n$1/' "$topology"
 grep -q nntile_pages "$topology" || die "could not apply the host memory size fix to $topology"
+
+# Our changes to StarPU's sources, one file per change; each file's header says why.
+apply_patch() {
+    if command -v patch >/dev/null; then patch -d "$src" -p1 --forward --quiet <"$1"
+    elif command -v git >/dev/null; then (cd "$src" && git apply -p1 "$1")
+    else die "neither patch nor git is installed (Debian/Ubuntu: apt-get install patch)"; fi
+}
+for p in "${patches[@]}"; do
+    apply_patch "$p" || die "could not apply $p"
+done
 
 config=(
     --prefix="$prefix"
