@@ -117,7 +117,7 @@ class RandomPool:
 
 def show_memory(ctx, say):
     """StarPU's own accounting per memory node, to see which one fills up; returns the host
-    bytes in use (StarPU frees a host buffer only at unregistration: this only grows)."""
+    bytes in use (host memory fills with copies until a GPU needs room: see nntile.memory)."""
     gib = 2 ** 30
     nodes = ctx.memory_nodes()
     say("StarPU memory: " + "; ".join(

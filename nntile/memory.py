@@ -12,13 +12,15 @@ StarPU 1.4 spends memory:
   ``_starpu_cpu_get_global_mem_size``. On a large GPU 10% is far more than the CUDA context and
   cuBLAS need (8 GiB of an 80 GB H100), so ``Context`` sets STARPU_LIMIT_CUDA_MEM to
   ``default_cuda_limit_mib`` unless told otherwise.
-* A tile evicted from the GPU is written back into a host buffer, and that host buffer stays
-  allocated until the tile is unregistered: StarPU evicts host memory only to a disk node
-  (src/datawizard/memalloc.c ``_starpu_mem_chunk_init_last``, ``choose_target``). Without
-  ``STARPU_DISK_SWAP`` host memory must therefore hold every tile, not just what the GPU cannot
-  (with it, host memory and disk together): the GPU adds speed, not capacity (``strict=True``,
-  the default). Past that limit StarPU prints "Not enough memory left on node NUMA 0" and spins
-  retrying the allocation (memalloc.c ``_starpu_memory_reclaim_generic``, data_request.c).
+* A tile evicted from the GPU is written back into a host buffer. Unpatched StarPU keeps that
+  buffer until the tile is unregistered, even once the host copy is stale (main RAM evicts only
+  to a disk node: src/datawizard/memalloc.c ``choose_target``), so host memory had to hold
+  every tile. nntile's StarPU (scripts/starpu-patches/host-drops-stale-copies.patch) drops host
+  copies that are stale or also valid on a GPU when a GPU needs room, so GPU and host memory
+  together hold the run. What moves between them needs free room as it goes: the run plus
+  ``SWAP_SLACK_TILES`` of its largest tiles must fit (with less, StarPU prints "Not enough
+  memory left on node NUMA 0" and spins, memalloc.c ``_starpu_memory_reclaim_generic``).
+  With ``STARPU_DISK_SWAP``, host memory and disk together may hold it instead.
 * Writing weights from numpy allocates every parameter tile in host memory first (plus the
   numpy array of the parameter being written).
 
@@ -45,11 +47,12 @@ SUBALLOC_MAX = 4 << 20             # CHUNK_ALLOC_MAX = 32 MiB / 8 (src/datawizar
 SUBALLOC_BLOCK = 16 << 10          # CHUNK_ALLOC_MIN
 PAGE = 4096                        # unistd_o_direct reads and writes whole pages only
 TASK_TILES = 3                     # a GEMM task holds three tiles on the GPU at once
-# With disk swap, host memory and disk together must hold every tile and then some: a tile
-# moving between them has a copy on both for a while. Measured with StarPU 1.4.10 (CPU
-# workers, training a GPT-2 of 39.2 MiB with tiles of 0.25 to 1 MiB): once both are full
-# StarPU livelocks; a slack of up to 4.8 of the largest tiles livelocked, 5.6 to 7.2 did not.
-# 12 leaves room (docs/performance.md, "Disk swap needs slack").
+# Memory nodes that hold the run between them must hold every tile and then some: a tile
+# moving between them has a copy on both for a while. Measured with StarPU 1.4.10: host and
+# disk (CPU workers, a GPT-2 of 39.2 MiB with tiles of 0.25 to 1 MiB) livelock once both are
+# full with a slack of up to 4.8 of the largest tiles, not with 5.6 to 7.2 (docs/performance.md,
+# "Disk swap needs slack"); GPU and host (H100, 6.07B, 174.9 GiB in tiles of up to 256 MiB)
+# trained with 12 ("Host memory drops its stale copies"). 12 it is.
 SWAP_SLACK_TILES = 12
 DISK_SWAP_MIN = 16 << 20           # StarPU asserts (aborts) on a smaller disk (core/disk.c)
 NUMPY_INIT_BYTES = 8               # float64 (or two float32) temporaries per written element
@@ -420,31 +423,26 @@ def budget(gpu_bytes, host_bytes, limit_cuda_mem=None, limit_cpu_mem=None, disk_
                   gpu_origin=gpu_origin, host_origin=host_origin)
 
 
-def _fits(est, b, strict):
+def _fits(est, b):
     """The first reason the estimate does not fit the budget, or None."""
     total = est.alloc_bytes if b["gpu"] else est.total
     if est.init_host_peak > b["host"]:
         return (f"writing the weights from numpy needs {fmt_bytes(est.init_host_peak)} of host "
                 f"memory (every parameter tile plus the largest numpy array)")
-    if b["disk"]:
-        if strict and total > b["host"] + b["disk"]:
-            return ("host memory and disk swap together hold less than that (every tile the "
-                    "GPU evicts needs a host or disk copy, and StarPU keeps those)")
-        slack = SWAP_SLACK_TILES * est.largest_tile
-        if strict and total + slack > b["host"] + b["disk"]:
-            return (f"host memory and disk swap together must hold that plus "
-                    f"{fmt_bytes(slack)} ({SWAP_SLACK_TILES} of the largest tiles) for tiles "
-                    "on their way between them: when both are full StarPU livelocks")
-        if total > b["gpu"] + b["host"] + b["disk"]:
-            return "GPU, host and disk swap together hold less than that"
-    elif strict or not b["gpu"]:
+    if not b["gpu"] and not b["disk"]:
         if total > b["host"]:
-            why = ("StarPU keeps a host copy of every tile that ever leaves the GPU and evicts "
-                   "host memory only to a disk, so host memory must hold it all"
-                   if b["gpu"] else "without a GPU everything lives in host memory")
-            return why
-    elif total > b["gpu"] + b["host"]:
-        return "GPU and host memory together hold less than that"
+            return "without a GPU or a disk swap everything lives in host memory"
+        return None
+    # the run lives in GPU and host memory, or in host memory and on disk
+    slack = SWAP_SLACK_TILES * est.largest_tile
+    room = b["host"] + max(b["gpu"], b["disk"])
+    where = ("GPU and host memory" if b["gpu"] > b["disk"] else "host memory and disk swap")
+    if total > room:
+        return f"{where} together hold less than that"
+    if total + slack > room:
+        return (f"{where} together must hold that plus {fmt_bytes(slack)} "
+                f"({SWAP_SLACK_TILES} of the largest tiles) for tiles on their way between "
+                "them: when both are full StarPU livelocks")
     if b["gpu"] and TASK_TILES * est.largest_tile > b["gpu"]:
         return (f"one task needs {TASK_TILES} tiles of up to {fmt_bytes(est.largest_tile)} on "
                 "the GPU at once; use smaller tiles")
@@ -460,7 +458,7 @@ def _largest(fits, below):
     return lo or None
 
 
-def _suggestions(est, b, strict):
+def _suggestions(est, b):
     """What would fit: fewer layers, a smaller batch, disk swap."""
     import dataclasses
     args = est.args
@@ -472,7 +470,7 @@ def _suggestions(est, b, strict):
             tiling["batch"] = min(tiling["batch"], new["batch"])
         new["tiling"] = tiling
         try:
-            return _fits(est.with_args(new), b, strict) is None
+            return _fits(est.with_args(new), b) is None
         except ValueError:
             return False
 
@@ -495,23 +493,21 @@ def _suggestions(est, b, strict):
 
 
 def check_fits(estimate, gpu_bytes, host_bytes, limit_cuda_mem=None, limit_cpu_mem=None,
-               disk_bytes=0, ngpu=None, strict=True):
+               disk_bytes=0, ngpu=None):
     """Raise MemoryBudgetError (a MemoryError) when the run cannot fit the memory StarPU may
     use, naming the numbers and what to change; return the Budget otherwise.
 
-    ``strict``: without disk swap, host memory must hold every tile (StarPU never frees a
-    host copy it made to evict a tile from the GPU), with disk swap host + disk must;
-    ``strict=False`` only asks GPU + host (+ disk) to hold everything, which can still hang
-    StarPU once every tile has been evicted once.
+    The run, plus ``SWAP_SLACK_TILES`` of its largest tiles, must fit in GPU and host memory
+    together, or in host memory and disk swap together; without either, in host memory.
     """
     b = budget(gpu_bytes, host_bytes, limit_cuda_mem, limit_cpu_mem, disk_bytes, ngpu)
-    reason = _fits(estimate, b, strict)
+    reason = _fits(estimate, b)
     b["needs"] = estimate.alloc_bytes if b["gpu"] else estimate.total
     if reason is None:
         return b
     message = (f"not enough memory: the run needs {estimate.summary()}, but StarPU may use "
                f"{b.summary()}: {reason}. To fit, use one of: "
-               f"{'; '.join(_suggestions(estimate, b, strict))}")
+               f"{'; '.join(_suggestions(estimate, b))}")
     raise MemoryBudgetError(message, estimate, b)
 
 
@@ -591,7 +587,7 @@ def _agree(refusal):
 
 
 def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimizer="adamw",
-              grad_clip=True, init="full", prog="nntile", quiet_below=GiB, strict=True,
+              grad_clip=True, init="full", prog="nntile", quiet_below=GiB,
               distribution=None, training=True):
     """The check a program runs before StarPU starts: estimate, read the machine (and the
     STARPU_LIMIT_*_MEM / STARPU_DISK_SWAP* variables), print the estimate on stderr when it is
@@ -615,7 +611,7 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     try:
         b = check_fits(est, sum(gpus), _host_memory_of_this_process(),
                        env_int("STARPU_LIMIT_CUDA_MEM"), env_int("STARPU_LIMIT_CPU_MEM"),
-                       disk_swap_bytes(), len(gpus), strict)
+                       disk_swap_bytes(), len(gpus))
     except MemoryBudgetError as exc:
         refusal = str(exc)
     refusal = _agree(refusal)
@@ -628,6 +624,11 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     if est.total >= quiet_below and rank == 0:
         print(f"{prog}: memory: needs {est.summary()}; StarPU may use {b.summary()}",
               file=sys.stderr, flush=True)
+    if b["gpu"] and b["needs"] > b["host"] + b["disk"] and rank == 0:
+        print(f"{prog}: note: host memory cannot hold every tile, so StarPU drops host copies "
+              "to make room for what the GPU evicts: this trains, but measured 10x slower "
+              "than a run whose tiles all fit in host memory (docs/performance.md, \"Host "
+              "memory drops its stale copies\")", file=sys.stderr, flush=True)
     return est
 
 

@@ -243,18 +243,31 @@ def test_check_fits_names_the_numbers_and_what_to_change():
         memory.check_fits(_estimate(n_layer=layers + 1, batch=8), 0, host)
 
 
-def test_host_must_hold_everything_unless_disk_swap_or_not_strict():
+def test_gpu_and_host_together_or_host_and_disk_together_hold_the_run():
     est = _estimate()
-    gpu, host = 10 * est.total, int(0.6 * est.total / 0.9)
-    with pytest.raises(memory.MemoryBudgetError, match="host copy of every tile"):
-        memory.check_fits(est, gpu, host)
-    memory.check_fits(est, gpu, host, strict=False)  # GPU + host hold it
-    memory.check_fits(est, gpu, host, disk_bytes=est.total)
-    with pytest.raises(memory.MemoryBudgetError, match="disk swap together"):
-        memory.check_fits(est, gpu, host, disk_bytes=est.total // 4)
-    memory.check_fits(est, gpu, host, disk_bytes=est.total // 4, strict=False)
-    with pytest.raises(memory.MemoryBudgetError, match="together"):
-        memory.check_fits(est, est.total // 4, host, strict=False)
+    slack = memory.SWAP_SLACK_TILES * est.largest_tile
+    host = int(0.6 * est.alloc_bytes / memory.STARPU_MARGIN)
+    budget_host = memory.budget(0, host)["host"]
+
+    def gpu_for(room):  # a GPU whose budget is `room` or up to 2 MiB more (whole MiB)
+        gpu = int(room / memory.STARPU_MARGIN) + 2 * memory.MiB
+        assert 0 <= memory.budget(gpu, host)["gpu"] - room <= 2 * memory.MiB
+        return gpu
+
+    memory.check_fits(est, gpu_for(est.alloc_bytes + slack - budget_host), host)
+    with pytest.raises(memory.MemoryBudgetError, match="GPU and host memory together must "
+                       "hold that plus .* livelocks"):
+        memory.check_fits(est, gpu_for(est.alloc_bytes - budget_host), host)
+    with pytest.raises(memory.MemoryBudgetError, match="GPU and host memory together hold less"):
+        memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host)
+    # a disk swap larger than the GPU counts instead of it, and never refuses what fits without
+    disk = est.alloc_bytes + slack - budget_host
+    memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk)
+    memory.check_fits(est, gpu_for(est.alloc_bytes + slack - budget_host), host, disk_bytes=1)
+    # with neither, host memory holds it all
+    with pytest.raises(memory.MemoryBudgetError, match="without a GPU or a disk swap"):
+        memory.check_fits(est, 0, host)
+    memory.check_fits(est, 0, int(est.total / memory.STARPU_MARGIN) + 1)
 
 
 def test_weights_written_from_numpy_must_fit_in_host_memory():
