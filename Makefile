@@ -40,5 +40,8 @@ install: starpu
 	$(PIP) install -q setuptools wheel Cython numpy
 	NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) $(PIP) install -q --no-build-isolation -e ".[test]"
 
+# everything setup.py generates or builds (.gitignore lists the same files)
 clean:
-	rm -rf build nntile/_core/core.c nntile/_core/*.so *.egg-info nntile/_core/op_enum.pxi nntile/_core/kernel_args.pxd
+	rm -rf build *.egg-info nntile/_core/core.c nntile/nn/*.c nntile/models/*.c \
+	  nntile/_core/op_enum.pxi nntile/_core/kernel_args.pxd nntile/_core/unary_ops.pxi
+	find nntile -name '*.so' -delete
