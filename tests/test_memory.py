@@ -320,6 +320,22 @@ def test_preflight_refuses_with_one_line_and_can_be_overridden(monkeypatch, caps
     assert capsys.readouterr().err.startswith("x: memory: needs ")
 
 
+def test_preflight_notes_a_run_whose_tiles_do_not_all_fit_in_host_memory(monkeypatch, capsys):
+    config = GPT2Config(vocab_size=1000, n_positions=256, n_embd=512, n_layer=4, n_head=8)
+    est = memory.estimate(config, 4, 256, dict(batch=2), "fp32")
+    monkeypatch.delenv("NNTILE_MEMORY_CHECK", raising=False)
+    monkeypatch.delenv("STARPU_DISK_SWAP", raising=False)
+    for key in ("STARPU_LIMIT_CUDA_MEM", "STARPU_LIMIT_CPU_MEM"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(memory, "_gpus_of_this_process", lambda ncuda: [est.alloc_bytes])
+    notes = []
+    for host in (est.alloc_bytes // 2, 2 * est.alloc_bytes):
+        monkeypatch.setattr(memory, "_host_memory_of_this_process", lambda: host)
+        memory.preflight(config, 4, 256, dict(batch=2), "fp32", prog="x")
+        notes.append("x: note: host memory cannot hold every tile" in capsys.readouterr().err)
+    assert notes == [True, False]
+
+
 def test_train_refuses_a_model_that_cannot_fit_before_starting(tmp_path):
     from nntile.data import prepare, stdlib_files
     data = tmp_path / "data"
