@@ -65,7 +65,7 @@ prefix="${NNTILE_STARPU_PREFIX:-$HOME/.cache/nntile/starpu-$version-$features}"
 stamp="$prefix/.nntile-build-stamp"
 patches_dir="$(cd "$(dirname "$0")" && pwd)/starpu-patches"
 patches=("$patches_dir"/*.patch)
-stamp_text="starpu=$version mpi=$mpi cuda=$cuda host-memory-fix=1 patches=$(cat "${patches[@]}" | cksum | cut -d' ' -f1)"
+stamp_text="starpu=$version mpi=$mpi cuda=$cuda patches=$(cat "${patches[@]}" | cksum | cut -d' ' -f1)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] \
     && [ -f "$prefix/lib/pkgconfig/starpu-1.4.pc" ]; then
@@ -95,24 +95,8 @@ tar -xzf "$tarball" -C "$work"
 src="$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'starpu-*' | head -n 1)"
 [ -n "$src" ] && [ -x "$src/configure" ] || die "$tarball does not hold a StarPU release (no configure script)"
 
-if [ "$cuda" = 1 ]; then
-    # CUDA 13 dropped cudaDeviceProp::computeMode; ask the runtime for the attribute instead.
-    for f in "$src/src/drivers/cuda/driver_cuda.c" "$src/src/drivers/cuda/driver_cuda1.c"; do
-        [ -f "$f" ] || continue
-        perl -0pi -e 's/if \(props\[devid\]\.computeMode == cudaComputeModeExclusive\)/int nntile_compute_mode = 0;\n\tcudaDeviceGetAttribute(&nntile_compute_mode, cudaDevAttrComputeMode, devid);\n\tif (nntile_compute_mode == cudaComputeModeExclusive)/g' "$f"
-        ! grep -q 'computeMode ==' "$f" || die "could not apply the CUDA 13 computeMode fix to $f"
-    done
-fi
-
-# StarPU sizes host memory from hwloc's NUMA nodes. Virtual machines often put part of their
-# memory outside any NUMA node (here: node0 holds 8 of 23 GiB; on the GPU machines too), so
-# StarPU would believe the host is small, refuse to evict GPU tiles into it and livelock
-# ("Not enough memory left on node NUMA 0"). Without STARPU_USE_NUMA, use the physical memory.
-topology="$src/src/core/topology.c"
-perl -0pi -e 's/(\n\tif \(limit == -1\)\n\t\tlimit = starpu_getenv_number\("STARPU_LIMIT_CPU_NUMA_MEM"\);)/\n\tif (!numa_enabled)\n\t{\n\t\tlong nntile_pages = sysconf(_SC_PHYS_PAGES), nntile_page = sysconf(_SC_PAGE_SIZE);\n\t\tif (nntile_pages > 0 \&\& nntile_page > 0 \&\& (size_t) nntile_pages * nntile_page > global_mem)\n\t\t\tglobal_mem = (size_t) nntile_pages * nntile_page;\n\t}\n$1/' "$topology"
-grep -q nntile_pages "$topology" || die "could not apply the host memory size fix to $topology"
-
-# Our changes to StarPU's sources, one file per change; each file's header says why.
+# Our changes to StarPU's sources (scripts/starpu-patches), one file per change; each
+# file's header says why.
 apply_patch() {
     if command -v patch >/dev/null; then patch -d "$src" -p1 --forward --quiet <"$1"
     elif command -v git >/dev/null; then (cd "$src" && git apply -p1 "$1")
