@@ -126,6 +126,8 @@ cdef extern from "starpu.h" nogil:
     void starpu_data_unregister_submit(starpu_data_handle_t handle)
     void starpu_data_invalidate_submit(starpu_data_handle_t handle)
     void starpu_data_wont_use(starpu_data_handle_t handle)
+    void starpu_data_query_status(starpu_data_handle_t handle, int memory_node,
+                                  int *is_allocated, int *is_valid, int *is_requested)
     int starpu_data_acquire(starpu_data_handle_t handle, starpu_data_access_mode mode)
     void starpu_data_release(starpu_data_handle_t handle)
     void starpu_data_set_name(starpu_data_handle_t handle, const char *name)

@@ -337,11 +337,39 @@ cdef class Tensor:
             starpu_data_wont_use(self.handles[i])
 
     def invalidate(self):
-        """Drop the contents (after pending tasks); the tensor stays usable but undefined."""
+        """Drop the contents, after the tasks submitted so far that use them: StarPU may free
+        the tiles' buffers without writing them anywhere. The tensor stays registered, but a
+        task must write it before one reads it again (StarPU aborts otherwise). Under
+        StarPU-MPI every rank calls it at the same point, and the copies that other ranks
+        received are dropped too."""
         self.check_usable("tensor")
         cdef Py_ssize_t i
+        cdef starpu_data_handle_t h
         for i in range(self.traits.ntiles):
-            starpu_data_invalidate_submit(self.handles[i])
+            h = self.handles[i]
+            if _mpi_on:
+                nntile_mpi_cache_flush(h)  # a rank that does not own the tile drops its copy
+                if self.owners is not None and self.owners[i] != _mpi_rank:
+                    continue
+            starpu_data_invalidate_submit(h)
+
+    def valid_tiles(self):
+        """How many of this rank's tiles have valid contents on some memory node (StarPU's
+        view; call it once the tasks that use the tensor are done, e.g. after
+        ``Context.wait``). A tile that was invalidated and not written since has none."""
+        self.check_usable("tensor")
+        cdef Py_ssize_t i, count = 0
+        cdef unsigned node
+        cdef int allocated, valid, requested
+        for i in range(self.traits.ntiles):
+            if not self.is_local(i):
+                continue
+            for node in range(starpu_memory_nodes_get_count()):
+                starpu_data_query_status(self.handles[i], node, &allocated, &valid, &requested)
+                if valid:
+                    count += 1
+                    break
+        return count
 
     def unregister(self):
         """Release every tile now (after the tasks that use them). Safe to call twice."""
