@@ -54,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--no-layer-priorities", dest="layer_priorities", action="store_false",
                    help="tasks without priorities (default: in layer order, "
                         "GPT2LMHead.layer_priorities)")
+    p.add_argument("--keep-activations", dest="free_activations", action="store_false",
+                   help="keep activations valid after backward (default: dropped once read, "
+                        "GPT2LMHead.free_activations)")
     p.add_argument("--optimizer-on", choices=("cpu", "cuda"),
                    help="run the AdamW tasks only on this kind of worker (cpu needs --ncpu)")
     p.add_argument("--disk-swap", metavar="DIR", help="StarPU disk swap directory "
@@ -202,6 +205,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         model = GPT2LMHead(config, tiling, args.dtype)
         model.layer_priorities = args.layer_priorities
+        model.free_activations = args.free_activations
         for index, (name, param) in enumerate(model.named_parameters()):
             shape = param.value.shape
             if name.endswith("weight") and len(shape) > 1:
@@ -261,6 +265,7 @@ def main(argv=None):
                       estimate_gib=whole / 2**30,
                       rank_need_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
                       wont_use=args.wont_use, layer_priorities=args.layer_priorities,
+                      free_activations=args.free_activations,
                       optimizer_on=args.optimizer_on, disk_swap=args.disk_swap, disk_backend=backend,
                       workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
                       distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,

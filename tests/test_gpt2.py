@@ -108,6 +108,40 @@ def test_adamw_with_warmup_and_clipping_matches_torch(ctx):
     model.unregister()
 
 
+def test_backward_drops_what_forward_kept_and_changes_no_number(ctx):
+    """free_activations (the default) invalidates each block's activations once backward has
+    read them: after a step StarPU holds no valid copy of any, and three AdamW steps give the
+    same losses and weights, bit for bit, as a model that keeps them."""
+    hf = hf_model(False, torch.float32)
+    runs = {}
+    for free in (True, False):
+        model = GPT2LMHead.from_transformers(hf, TILINGS["partial everywhere"], "fp32")
+        model.free_activations = free
+        opt = AdamW(model.named_parameters(), lr=1e-3, weight_decay=0.1)
+        losses = []
+        for step in range(3):
+            ids, targets = tokens(200 + step)
+            model.zero_grad()
+            losses.append(model.loss(ids, targets))
+            model.backward()
+            opt.step()
+        ctx.wait()
+        kept = [(name, t) for block in model.blocks for name, t in block.kept_buffers()]
+        # a block keeps x1, out; ln_1's and ln_2's stats, y; q, k, v, both c_proj's and
+        # c_fc's y; attention's p, stats, o; the MLP's g
+        assert len(kept) == 16 * CONFIG["n_layer"]
+        valid = {name: t.valid_tiles() for name, t in kept}
+        if free:
+            assert not any(valid.values()), valid
+        else:
+            assert all(valid[name] == t.ntiles for name, t in kept), valid
+        runs[free] = losses, model.state_dict()
+        model.unregister()
+    assert runs[True][0] == runs[False][0]
+    for name, weights in runs[False][1].items():
+        np.testing.assert_array_equal(runs[True][1][name], weights, err_msg=name)
+
+
 def test_bad_input(ctx):
     with pytest.raises(ValueError, match="divisible"):
         GPT2Config(n_embd=100, n_head=3)

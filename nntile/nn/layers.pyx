@@ -202,6 +202,22 @@ cdef class Module:
                 tensors[s.name] = tensor
         return tensors
 
+    def kept_buffers(self):
+        """What the last forward kept, in this module and its children: (name, tensor)."""
+        for prefix, module in self.named_modules():
+            lead = (<Module> module)._lead
+            if lead is not None:
+                for name, tensor in (<Module> module)._buffers[lead].items():
+                    yield prefix + name, tensor
+
+    def free_buffers(self):
+        """Drop what the last forward kept, in this module and its children, once the backward
+        that reads it has been submitted (``Tensor.invalidate``): past GPU memory StarPU then
+        frees those tiles instead of writing them back to host memory, where they would crowd
+        out the weights. The next forward writes them again; a second backward cannot run."""
+        for _, tensor in self.kept_buffers():
+            (<Tensor> tensor).invalidate()
+
     def unregister(self):
         for tensors in self._buffers.values():
             for tensor in tensors.values():
