@@ -173,16 +173,17 @@ def model_tiling(tiles):
     return {k: v for k, v in tiles.items() if v is not None}
 
 
-def start_context(args, verbose=True, distribution=None):
+def start_context(args, verbose=True, distribution=None, run_bytes=None):
     """Start StarPU with the runtime flags (and StarPU-MPI under mpirun); print its workers
-    and settings on stderr."""
+    and settings on stderr. ``run_bytes``: the pre-check's estimate, which some defaults
+    depend on (nntile.Context)."""
     import nntile
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
     os.environ.setdefault("STARPU_SILENT", "1")
     try:
         ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
-                             distribution=distribution)
+                             distribution=distribution, run_bytes=run_bytes)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CLIError(f"cannot start StarPU: {exc}") from None
     if verbose:
@@ -205,9 +206,10 @@ def checkpoint_tiles(ckpt, args=None, batch=None, seq=None):
 
 def check_inference_memory(ckpt, args, batch, seq, dtype, prog):
     """Before StarPU starts: refuse, with the numbers, a forward pass (and loss) of a
-    checkpoint on [batch, seq] that cannot fit (as nntile-train does for training)."""
+    checkpoint on [batch, seq] that cannot fit (as nntile-train does for training); the
+    estimate."""
     from nntile.memory import preflight
-    preflight(ckpt.config, batch, seq, checkpoint_tiles(ckpt, args, batch, seq),
+    return preflight(ckpt.config, batch, seq, checkpoint_tiles(ckpt, args, batch, seq),
               check_dtype(dtype) if dtype else ckpt.dtype, ncuda=args.ncuda, optimizer=None,
               grad_clip=False, training=False, prog=prog)
 

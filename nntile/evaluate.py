@@ -49,9 +49,9 @@ def eval_main(argv=None):
     batch = args.batch_size or int(train.get("batch_size", 8))
     data.check(config.vocab_size, seq)
     tokens = data.splits[args.split]
-    check_inference_memory(ckpt, args, batch, seq, args.dtype, "nntile-eval")
+    est = check_inference_memory(ckpt, args, batch, seq, args.dtype, "nntile-eval")
     batches = eval_batches(tokens, batch, seq, args.batches)
-    ctx = start_context(args, verbose=args.verbose)
+    ctx = start_context(args, verbose=args.verbose, run_bytes=est.total)
     try:
         model = model_from_checkpoint(ckpt, args, batch, seq, args.dtype)
         losses = [model.loss(x, y) for x, y in batches]

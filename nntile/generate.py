@@ -104,8 +104,8 @@ def generate_main(argv=None):
     if not ids:  # nothing to condition on: start from a newline (or end-of-text)
         ids = [tok.eot] if tok.eot is not None else [int(tok.encode("\n")[0])]
     rng = np.random.default_rng(args.seed)
-    check_inference_memory(ckpt, args, 1, seq, args.dtype, "nntile-generate")
-    ctx = start_context(args, verbose=args.verbose)
+    est = check_inference_memory(ckpt, args, 1, seq, args.dtype, "nntile-generate")
+    ctx = start_context(args, verbose=args.verbose, run_bytes=est.total)
     printer = Printer(tok)
     sys.stdout.write(args.prompt)
     sys.stdout.flush()

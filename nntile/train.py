@@ -437,7 +437,7 @@ def train_main(argv=None):
     s = resolve(args)
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
-    preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
+    est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
               grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution)
     prepare_out(s, args)
     from tqdm import tqdm
@@ -449,7 +449,7 @@ def train_main(argv=None):
 
     stop = StopRequest()
     # described once the state is loaded
-    ctx = start_context(args, verbose=False, distribution=distribution)
+    ctx = start_context(args, verbose=False, distribution=distribution, run_bytes=est.total)
     stop.install()  # after StarPU started: its handlers must not replace ours
     stop.can_abandon = ctx.world_size == 1
     try:

@@ -113,6 +113,23 @@ def test_default_scheduler_follows_the_situation():
     assert "4 GPUs" in _default_sched(4, False)[1]
 
 
+def test_workers_per_gpu_follow_the_situation():
+    """Two per GPU; four on one GPU that cannot hold the run (docs/performance.md,
+    "Activations dropped after backward"); two where the run's size is not known."""
+    from nntile._core.core import _default_workers_per_gpu
+    GiB = 2**30
+    assert _default_workers_per_gpu(1, 50 * GiB, 76 * GiB)[0] == 2
+    assert _default_workers_per_gpu(1, 175 * GiB, 76 * GiB)[0] == 4
+    assert "cannot hold" in _default_workers_per_gpu(1, 175 * GiB, 76 * GiB)[1]
+    assert _default_workers_per_gpu(2, 175 * GiB, 76 * GiB)[0] == 2  # several: not measured
+    assert _default_workers_per_gpu(1, None, 76 * GiB)[0] == 2
+    assert _default_workers_per_gpu(1, 175 * GiB, None)[0] == 2
+    import pytest
+    import nntile
+    with pytest.raises(ValueError, match="run_bytes"):
+        nntile.Context(start=False, run_bytes=-1)
+
+
 def test_cpu_only_build_keeps_cpu_workers_and_lws(monkeypatch):
     import pytest
     import nntile

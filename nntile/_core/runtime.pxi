@@ -120,12 +120,28 @@ _GPU_ONLY_DEFAULT = "nntile default with GPUs: GPU workers only; give ncpu to ad
 # GPT-2, n_embd 8192): 0.53 -> 0.47 s per step in memory, 3.39 -> 2.37-2.63 s at 1.23x its
 # memory; GPT-2 124M 0.90 -> 0.95x PyTorch (docs/performance.md, "Two workers per GPU")
 _TWO_PER_GPU_DEFAULT = "nntile default with GPUs: two workers per GPU overlap transfers and kernels"
+# ... and on one GPU that cannot hold the run (run_bytes): four, so that more tasks wait for
+# their tiles while others compute. H100, 6.07B at batch 16 (174.9 GiB): 9.1-10.7 s per step
+# against 10.6-12.3 s with two, same call; in memory four are no faster and vary more (GPT-2
+# 124M 0.94-1.12x PyTorch against 1.10-1.12x) (docs/performance.md, "Activations dropped
+# after backward")
+_FOUR_PAST_MEMORY_DEFAULT = ("nntile default on one GPU that cannot hold the run: four workers "
+                             "keep more transfers in flight")
 # ... and ncpu, on an MPI rank bound to one core: StarPU-MPI would reserve that core for its
 # progress thread and leave no worker (docs: README, "Several processes")
 _SHARED_CORE_DEFAULT = ("nntile default on an MPI rank with one core: one CPU worker, sharing "
                         "it with the MPI thread")
 # the environment variables nntile sets from its own defaults while a Context runs
-_DEFAULTS_IN_ENV = {_CUDA_LIMIT_DEFAULT: "limit_cuda_mem", _TWO_PER_GPU_DEFAULT: "workers_per_gpu"}
+_DEFAULTS_IN_ENV = {_CUDA_LIMIT_DEFAULT: "limit_cuda_mem", _TWO_PER_GPU_DEFAULT: "workers_per_gpu",
+                    _FOUR_PAST_MEMORY_DEFAULT: "workers_per_gpu"}
+
+
+def _default_workers_per_gpu(int gpus, run_bytes, gpu_bytes):
+    """CUDA workers per GPU when none is given, and why: (number, reason). ``run_bytes``: what
+    the run registers (None: not known); ``gpu_bytes``: what StarPU may use of each GPU."""
+    if gpus == 1 and run_bytes is not None and gpu_bytes is not None and run_bytes > gpu_bytes:
+        return 4, _FOUR_PAST_MEMORY_DEFAULT
+    return 2, _TWO_PER_GPU_DEFAULT
 
 
 def _default_sched(int gpus, bint cpus):
@@ -181,9 +197,10 @@ class Context:
     Arguments left as None fall back to StarPU's environment variables (STARPU_NCPU,
     STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
     STARPU_CALIBRATE, STARPU_NWORKER_PER_CUDA) and then to nntile's defaults, which depend on
-    the machine: on GPUs, GPU workers only, two per GPU, and the scheduler measured fastest for
-    that number of GPUs. Under MPI, a rank bound to one core runs one CPU worker there beside
-    StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default
+    the machine and the run: on GPUs, GPU workers only, two per GPU (four on one GPU that
+    cannot hold ``run_bytes``, the bytes the run registers as nntile.memory estimates them),
+    and the scheduler measured fastest for that number of GPUs. Under MPI, a rank bound to
+    one core runs one CPU worker there beside StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default
     300) is how long a rank may go without progress before the programs' watchdog ends the run.
     ``describe()`` says which defaults were taken and why, and which cores StarPU's threads
     use. Only one Context runs at a time.
@@ -191,13 +208,15 @@ class Context:
 
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
-                 distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None):
+                 distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
+                 run_bytes=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
         self.limit_cpu_mem = _positive_int_or_none("limit_cpu_mem", limit_cpu_mem, False)
         self.calibrate = _positive_int_or_none("calibrate", calibrate, allow_zero=True)
         self.workers_per_gpu = _positive_int_or_none("workers_per_gpu", workers_per_gpu, False)
+        self.run_bytes = _positive_int_or_none("run_bytes", run_bytes, allow_zero=True)
         if sched is not None and (not isinstance(sched, str) or not sched.strip()):
             raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
         self.sched = sched
@@ -269,7 +288,9 @@ class Context:
             cpus = result["ncpu"][0]
             result["sched"] = _default_sched(gpus, cpus is None or int(cpus) > 0)
         if result["workers_per_gpu"][0] is None and gpus:
-            result["workers_per_gpu"] = (2, _TWO_PER_GPU_DEFAULT)
+            limit = result["limit_cuda_mem"][0]
+            gpu_bytes = int(limit) * 2**20 if limit is not None else None
+            result["workers_per_gpu"] = _default_workers_per_gpu(gpus, self.run_bytes, gpu_bytes)
         return result
 
     def _gpu_workers(self, ncuda):
