@@ -146,10 +146,15 @@ def traffic(bus):
     return moved, bandwidth
 
 
-def pcie_floor(need, gpu_total, bandwidth):
-    """Seconds a step must spend on the host<->GPU links at least: what the GPUs cannot hold
-    has to come in and go out once per step, each direction at its calibrated bandwidth."""
-    cross = max(0, need - gpu_total) if gpu_total else 0
+def pcie_floor(live_at_turn, gpu_total, bandwidth):
+    """Bytes that must cross the host<->GPU links each way per step, and the seconds that
+    takes at least at the calibrated bandwidths, with every task on the GPUs. Take the moment
+    backward starts: of the bytes live then (all but backward's scratch, which is written
+    before it is read), those the GPUs cannot hold are on the host. Each was written on a GPU
+    since the same moment of the last step (forward, backward, the optimizer or zero_grad
+    write every such tile once a step), so it went out; and backward or the optimizer reads
+    it, so it comes in."""
+    cross = max(0, live_at_turn - gpu_total) if gpu_total else 0
     if not cross or not bandwidth["h2d"] or not bandwidth["d2h"]:
         return cross, 0.0
     return cross, max(cross / bandwidth["h2d"], cross / bandwidth["d2h"])
@@ -252,12 +257,12 @@ def main(argv=None):
                 f"{100 * busy[-1]:.0f}%", flush=True)
         best = min(times[1:]) if len(times) > 1 else times[0]
         ibest = times.index(best)
-        cross, floor_s = pcie_floor(est.alloc_bytes, gpu_total, bandwidth)
+        cross, floor_s = pcie_floor(est.alloc_bytes - est["workspaces"], gpu_total, bandwidth)
         if floor_s:
-            say(f"PCIe floor: {cross / 2**30:.1f} GiB the GPUs cannot hold, in and out each "
-                f"step at {bandwidth['h2d'] / 1e9:.1f} / {bandwidth['d2h'] / 1e9:.1f} GB/s: "
-                f"{floor_s:.2f} s; best step {best:.2f} s = {best / floor_s:.1f}x the floor",
-                flush=True)
+            say(f"PCIe floor: {cross / 2**30:.1f} GiB live when backward starts that the GPUs "
+                f"cannot hold, out and in each step at {bandwidth['h2d'] / 1e9:.1f} / "
+                f"{bandwidth['d2h'] / 1e9:.1f} GB/s: {floor_s:.2f} s; best step {best:.2f} s "
+                f"= {best / floor_s:.1f}x the floor", flush=True)
         result = dict(n_embd=E, n_layer=args.n_layer, params=nparams, batch=args.batch,
                       seq=args.seq, step_s=best, tokens_per_s=tokens / best,
                       tflops=flops_per_step / best / 1e12, losses=losses,
