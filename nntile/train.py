@@ -537,7 +537,10 @@ def _run(s, args, ctx, stop, echo, tqdm):
         return path
 
     def evaluate():
-        return float(np.mean([model.loss(x, y) for x, y in val_batches]))
+        losses = [model.loss(x, y) for x, y in val_batches]
+        if model.free_activations:  # no backward reads the last loss's activations
+            model.free_buffers()
+        return float(np.mean(losses))
 
     step = start_step
     first_loss = last_loss = val_loss = None

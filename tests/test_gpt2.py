@@ -142,6 +142,32 @@ def test_backward_drops_what_forward_kept_and_changes_no_number(ctx):
         np.testing.assert_array_equal(runs[True][1][name], weights, err_msg=name)
 
 
+def test_free_buffers_after_an_evaluation_loss(ctx):
+    """GPT2LMHead.free_buffers drops what a loss kept (the positions stay): backward then asks
+    for a new loss, and the next training step matches transformers."""
+    hf = hf_model(False, torch.float32)
+    model = GPT2LMHead.from_transformers(hf, TILINGS["regular"], "fp32")
+    ids, targets = tokens(7)
+    model.loss(ids, targets)
+    model.free_buffers()
+    ctx.wait()
+    kept = dict(model.kept_buffers())
+    assert kept["positions"].valid_tiles() == kept["positions"].ntiles
+    inputs = ("ids", "labels", "positions")  # written from the host, left as they are
+    assert not {name: t.valid_tiles() for name, t in kept.items()
+                if name not in inputs and t.valid_tiles()}
+    with pytest.raises(RuntimeError, match="needs a loss"):
+        model.backward()
+    _, ref_loss, ref_grads = hf_loss_and_grads(hf, ids, targets)
+    model.zero_grad()
+    assert abs(model.loss(ids, targets) - ref_loss) / ref_loss < 1e-5
+    model.backward()
+    grads = model.gradients()
+    for name, ref in ref_grads.items():
+        assert rel(grads[name], ref) < 1e-5, name
+    model.unregister()
+
+
 def test_bad_input(ctx):
     with pytest.raises(ValueError, match="divisible"):
         GPT2Config(n_embd=100, n_head=3)

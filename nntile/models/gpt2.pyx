@@ -337,6 +337,23 @@ cdef class GPT2LMHead(Module):
         self._free(None, [ws["x0"], ws["dx"], ws["dx_other"], *self._scratch.values()])
         self._prioritize(0)
 
+    def free_buffers(self):
+        """Drop what the last forward kept for backward (activations, logits, the loss's
+        statistics, backward's scratch), e.g. after an evaluation loss that no backward will
+        read: past GPU memory StarPU would otherwise write them back to host memory. The
+        positions stay; ``backward`` then needs a new ``loss``."""
+        self._ready_for_backward = False
+        if self._ws is None:
+            return
+        cdef dict ws = self._ws
+        for block in self.blocks:
+            (<Block> block).free_buffers()
+        self.ln_f.free_buffers()
+        for name in ("x0", "logits", "dx", "dx_other", "loss/stats", "loss/lse", "loss/picked"):
+            (<Tensor> ws[name]).invalidate()
+        for tensor in self._scratch.values():
+            (<Tensor> tensor).invalidate()
+
     cdef _free(self, Module module, list tensors):
         """With ``free_activations``, drop the buffers of ``module`` and ``tensors``: backward
         has read them for the last time."""
