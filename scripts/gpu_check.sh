@@ -13,6 +13,10 @@
 #              data tensor; extra mpirun options in $NNTILE_MPIRUN_ARGS)
 #   (NNTILE_WIDE_EXTRA: options appended to the wide model's, e.g. "--batch 8 --tile-batch 4")
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
+#   largest    growing n_embd on every GPU ($NNTILE_LARGEST_SIZES, default 30720 32768 36864:
+#              48.4B, 54.9B, 69.0B parameters) until a size fails or the pre-check refuses it
+#   depth      the wide model on every GPU with $NNTILE_DEPTHS layers (default 4 8 16), and
+#              each depth's tokens/s x layers against the first depth's (throughput per layer)
 #   levers     the wide model on one GPU once per variant in $NNTILE_LEVERS (';'-separated
 #              options and NAME=value environment, e.g. ";--no-layer-priorities;--sched lws"), each
 #              after $NNTILE_LEVER_BASE (e.g. "--batch 8"): out-of-core levers side by side
@@ -125,6 +129,27 @@ if want scale; then
             "${wide[@]}" ${NNTILE_SCALE_ARGS:-} || break
     done
 fi
+if want largest; then
+    for e in ${NNTILE_LARGEST_SIZES:-30720 32768 36864}; do
+        step "largest-$e" timeout "$run_limit" python3 bench/scale.py --n-embd "$e" \
+            --ncuda "$ngpu" "${wide[@]}" || break
+    done
+fi
+if want depth; then
+    for layers in ${NNTILE_DEPTHS:-4 8 16}; do
+        step "depth-$layers" timeout "$run_limit" python3 bench/scale.py --n-embd "$wide_embd" \
+            --ncuda "$ngpu" "${wide[@]}" --n-layer "$layers"
+    done
+    for layers in ${NNTILE_DEPTHS:-4 8 16}; do grep -h "^RESULT" "$logs/depth-$layers.log"; done |
+        python3 -c '
+import json, sys
+runs = [json.loads(line.split(" ", 1)[1]) for line in sys.stdin]
+for r in runs:
+    n, tps = r["n_layer"], r["tokens_per_s"]
+    ratio = tps * n / (runs[0]["tokens_per_s"] * runs[0]["n_layer"])
+    print("depth %d: %.0f tokens/s, %.1f TFLOP/s, throughput per layer %.3f of the first depth"
+          % (n, tps, r["tflops"], ratio))' | tee "$logs/depth.txt"
+fi
 if want levers; then
     IFS=";" read -ra variants <<< "${NNTILE_LEVERS:-;--no-layer-priorities}"
     for i in "${!variants[@]}"; do  # a variant's NAME=value words are its environment
@@ -164,6 +189,7 @@ if want node-table; then
     sed -n '/^## Node table/,$p' "$logs/node-table.log"
 fi
 grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/lever-*.log \
+    "$logs"/largest-*.log "$logs"/depth-*.log \
     "$logs"/compare-*.log "$logs"/mixed-*.log "$logs"/ooc-*.log 2>/dev/null
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null
 echo "=== summary ($(cat "$logs/gpu.txt"))"
