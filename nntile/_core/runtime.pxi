@@ -197,11 +197,12 @@ class Context:
     Arguments left as None fall back to StarPU's environment variables (STARPU_NCPU,
     STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
     STARPU_CALIBRATE, STARPU_NWORKER_PER_CUDA) and then to nntile's defaults, which depend on
-    the machine and the run: on GPUs, GPU workers only, two per GPU (four on one GPU that
-    cannot hold ``run_bytes``, the bytes the run registers as nntile.memory estimates them),
-    and the scheduler measured fastest for that number of GPUs. Under MPI, a rank bound to
-    one core runs one CPU worker there beside StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default
-    300) is how long a rank may go without progress before the programs' watchdog ends the run.
+    the machine and the run: on GPUs, GPU workers only, two per GPU (four where a process
+    alone on one GPU cannot hold ``run_bytes``, the bytes the run registers as nntile.memory
+    estimates them), and the scheduler measured fastest for that number of GPUs. Under MPI, a
+    rank bound to one core runs one CPU worker there beside StarPU-MPI's progress thread, and
+    ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default 300) is how long a rank may go
+    without progress before the programs' watchdog ends the run.
     ``describe()`` says which defaults were taken and why, and which cores StarPU's threads
     use. Only one Context runs at a time.
     """
@@ -290,7 +291,9 @@ class Context:
         if result["workers_per_gpu"][0] is None and gpus:
             limit = result["limit_cuda_mem"][0]
             gpu_bytes = int(limit) * 2**20 if limit is not None else None
-            result["workers_per_gpu"] = _default_workers_per_gpu(gpus, self.run_bytes, gpu_bytes)
+            # under MPI other processes share the node's GPUs and host memory: not measured
+            run_bytes = None if self.mpi else self.run_bytes
+            result["workers_per_gpu"] = _default_workers_per_gpu(gpus, run_bytes, gpu_bytes)
         return result
 
     def _gpu_workers(self, ncuda):
