@@ -210,8 +210,8 @@ def check_inference_memory(ckpt, args, batch, seq, dtype, prog):
     estimate."""
     from nntile.memory import preflight
     return preflight(ckpt.config, batch, seq, checkpoint_tiles(ckpt, args, batch, seq),
-              check_dtype(dtype) if dtype else ckpt.dtype, ncuda=args.ncuda, optimizer=None,
-              grad_clip=False, training=False, prog=prog)
+                     check_dtype(dtype) if dtype else ckpt.dtype, ncuda=args.ncuda,
+                     optimizer=None, grad_clip=False, training=False, prog=prog)
 
 
 def model_from_checkpoint(ckpt, args=None, batch=None, seq=None, dtype=None):

@@ -438,7 +438,7 @@ def train_main(argv=None):
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
     est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
-              grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution)
+                    grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution)
     prepare_out(s, args)
     from tqdm import tqdm
     lead, _ = launcher_rank()  # under mpirun only rank 0 talks and writes metrics
