@@ -627,7 +627,7 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     if b["gpu"] and b["needs"] > b["host"] + b["disk"] and rank == 0:
         print(f"{prog}: note: host memory cannot hold every tile, so StarPU drops host copies "
               "to make room for what the GPU evicts: this trains, with a slow first step "
-              "(measured: 60-100 s, then 7.5-12 s, at 6.07B on one H100; docs/performance.md, "
+              "(measured: 60-100 s, then 7.5-13 s, at 6.07B on one H100; docs/performance.md, "
               "\"Activations dropped after backward\")", file=sys.stderr, flush=True)
     return est
 
