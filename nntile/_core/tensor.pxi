@@ -349,9 +349,8 @@ cdef class Tensor:
             h = self.handles[i]
             if _mpi_on:
                 nntile_mpi_cache_flush(h)  # a rank that does not own the tile drops its copy
-                if self.owners is not None and self.owners[i] != _mpi_rank:
-                    continue
-            starpu_data_invalidate_submit(h)
+            if self.is_local(i):
+                starpu_data_invalidate_submit(h)
 
     def valid_tiles(self):
         """How many of this rank's tiles have valid contents on some memory node (StarPU's

@@ -12,6 +12,12 @@ from nntile.nn.layers cimport Block, Embedding, LayerNorm, Module, Parameter
 from nntile.precision import PRECISIONS
 
 
+# The model's own buffers that backward reads for the last time once ln_f's backward is
+# submitted, and once the embeddings' is (the positions are written once and kept).
+_HEAD_BUFFERS = ("logits", "loss/stats", "loss/lse", "loss/picked")
+_STREAM_BUFFERS = ("x0", "dx", "dx_other")
+
+
 cdef class GPT2LMHead(Module):
     """GPT-2 language model over tiles.
 
@@ -325,16 +331,18 @@ cdef class GPT2LMHead(Module):
         # StarPU orders the reuse of dx_other after ln_f has read it (data dependencies).
         ops.gemm(1.0, dlogits, "N", self.lm_head.compute, "N", 0.0, other)
         self.ln_f.backward(other, dx, 0.0)
-        self._free(self.ln_f, [dlogits, ws["loss/stats"], ws["loss/lse"], ws["loss/picked"]])
+        if self.free_activations:
+            self._drop([self.ln_f], _HEAD_BUFFERS)
         for i in reversed(range(len(self.blocks))):
             self._prioritize(i + 1)
             (<Block> self.blocks[i]).backward(dx, other)
-            # block i's output was read by block i+1's backward, submitted before
-            self._free(self.blocks[i], [])
+            if self.free_activations:  # block i's output was read by block i+1's backward
+                self._drop([self.blocks[i]], ())
             dx, other = other, dx
         self.wte.backward(dx)
         self.wpe.backward(dx)
-        self._free(None, [ws["x0"], ws["dx"], ws["dx_other"], *self._scratch.values()])
+        if self.free_activations:
+            self._drop([], _STREAM_BUFFERS, scratch=True)
         self._prioritize(0)
 
     def free_buffers(self):
@@ -343,26 +351,19 @@ cdef class GPT2LMHead(Module):
         read: past GPU memory StarPU would otherwise write them back to host memory. The
         positions stay; ``backward`` then needs a new ``loss``."""
         self._ready_for_backward = False
-        if self._ws is None:
-            return
-        cdef dict ws = self._ws
-        for block in self.blocks:
-            (<Block> block).free_buffers()
-        self.ln_f.free_buffers()
-        for name in ("x0", "logits", "dx", "dx_other", "loss/stats", "loss/lse", "loss/picked"):
-            (<Tensor> ws[name]).invalidate()
-        for tensor in self._scratch.values():
-            (<Tensor> tensor).invalidate()
+        if self._ws is not None:
+            self._drop(self.blocks + [self.ln_f], _HEAD_BUFFERS + _STREAM_BUFFERS, scratch=True)
 
-    cdef _free(self, Module module, list tensors):
-        """With ``free_activations``, drop the buffers of ``module`` and ``tensors``: backward
-        has read them for the last time."""
-        if not self.free_activations:
-            return
-        if module is not None:
-            module.free_buffers()
-        for tensor in tensors:
-            (<Tensor> tensor).invalidate()
+    cdef _drop(self, list modules, tuple names, bint scratch=False):
+        """Invalidate the buffers of ``modules``, the model's buffers ``names`` of the last
+        forward and, with ``scratch``, backward's scratch (Tensor.invalidate)."""
+        for module in modules:
+            (<Module> module).free_buffers()
+        for name in names:
+            (<Tensor> self._ws[name]).invalidate()
+        if scratch:
+            for tensor in self._scratch.values():
+                (<Tensor> tensor).invalidate()
 
     def unregister(self):
         if self.loss_value is not None:
