@@ -65,7 +65,29 @@ prefix="${NNTILE_STARPU_PREFIX:-$HOME/.cache/nntile/starpu-$version-$features}"
 stamp="$prefix/.nntile-build-stamp"
 patches_dir="$(cd "$(dirname "$0")" && pwd)/starpu-patches"
 patches=("$patches_dir"/*.patch)
-stamp_text="starpu=$version mpi=$mpi cuda=$cuda patches=$(cat "${patches[@]}" | cksum | cut -d' ' -f1)"
+config=(
+    --prefix="$prefix"
+    --disable-build-examples --disable-build-tests --disable-build-doc
+    --disable-fortran --disable-opencl --disable-socl --disable-starpupy
+    --disable-openmp --disable-fxt --disable-mlr --disable-starpurm --disable-julia
+    --disable-starpufft --disable-max-fpga --disable-hip
+    --enable-maxcudadev=8
+    # fused attention's backward reads and writes 9 tiles in one task (StarPU's default: 8)
+    --enable-maxbuffers=16
+)
+if [ "$mpi" = 1 ]; then
+    config+=(--enable-mpi --with-mpicc="$(command -v mpicc)")
+else
+    config+=(--disable-mpi)
+fi
+if [ "$cuda" = 1 ]; then
+    config+=(--enable-cuda --with-cuda-dir="$cuda_home")
+else
+    config+=(--disable-cuda)
+fi
+
+# a change of version, configuration or patches rebuilds
+stamp_text="starpu=$version configure=${config[*]} patches=$(cat "${patches[@]}" | cksum | cut -d' ' -f1)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] \
     && [ -f "$prefix/lib/pkgconfig/starpu-1.4.pc" ]; then
@@ -105,25 +127,6 @@ apply_patch() {
 for p in "${patches[@]}"; do
     apply_patch "$p" || die "could not apply $p"
 done
-
-config=(
-    --prefix="$prefix"
-    --disable-build-examples --disable-build-tests --disable-build-doc
-    --disable-fortran --disable-opencl --disable-socl --disable-starpupy
-    --disable-openmp --disable-fxt --disable-mlr --disable-starpurm --disable-julia
-    --disable-starpufft --disable-max-fpga --disable-hip
-    --enable-maxcudadev=8
-)
-if [ "$mpi" = 1 ]; then
-    config+=(--enable-mpi --with-mpicc="$(command -v mpicc)")
-else
-    config+=(--disable-mpi)
-fi
-if [ "$cuda" = 1 ]; then
-    config+=(--enable-cuda --with-cuda-dir="$cuda_home")
-else
-    config+=(--disable-cuda)
-fi
 
 (
     cd "$src"

@@ -19,6 +19,8 @@
 #define BUFS_6 BUFS_5, BUF(5)
 #define BUFS_7 BUFS_6, BUF(6)
 #define BUFS_8 BUFS_7, BUF(7)
+#define BUFS_9 BUFS_8, BUF(8)
+#define BUFS_10 BUFS_9, BUF(9)
 
 /* A CPU wrapper unpacks the task's tile pointers and calls the kernel with the op's args. */
 #define CPU_WRAPPER(op, dtype, nbuf)                                                            \

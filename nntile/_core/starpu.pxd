@@ -94,8 +94,9 @@ cdef extern from "starpu.h" nogil:
         starpu_codelet *cl
         int32_t where
         int nbuffers
-        starpu_data_handle_t handles[8]
-        starpu_data_access_mode modes[8]
+        # STARPU_NMAXBUFS entries (scripts/install_starpu.sh configures 16)
+        starpu_data_handle_t handles[16]
+        starpu_data_access_mode modes[16]
         void *cl_arg
         size_t cl_arg_size
         unsigned cl_arg_free
