@@ -4,10 +4,20 @@ PIP := $(PYTHON) -m pip
 STAMP := build/.stamps
 APT_PACKAGES := libhwloc-dev pkg-config patch libopenmpi-dev openmpi-bin libopenblas-dev
 
-.PHONY: train test setup deps starpu install bench clean
+CHECKPOINTS ?= checkpoints
+TRAIN_ARGS ?=
 
-train: setup
-	$(PYTHON) -m nntile.train --overwrite
+.PHONY: train train-run test setup deps starpu install bench clean
+
+train: setup train-run
+
+# each run in a directory of its own, $(CHECKPOINTS)/latest naming the newest: no run
+# replaces an earlier one
+train-run:
+	@mkdir -p $(CHECKPOINTS)
+	@run=$$(mktemp -d $(CHECKPOINTS)/run-$$(date +%Y%m%d-%H%M%S)-XXXX) && \
+	  $(PYTHON) -m nntile.train --out $$run $(TRAIN_ARGS) && \
+	  ln -sfn $$(basename $$run) $(CHECKPOINTS)/latest
 
 test: setup
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests

@@ -88,12 +88,15 @@ def latest(directory):
     return found[-1][1] if found else None
 
 
-def prune(directory, keep):
-    """Delete all but the newest ``keep`` checkpoints (keep <= 0 keeps them all)."""
+def prune(directory, keep, keep_path=None):
+    """Delete all but the newest ``keep`` checkpoints (keep <= 0 keeps them all), and never
+    ``keep_path`` (the one just saved)."""
     if not keep or keep <= 0:
         return []
     removed = []
     for _, path in list_checkpoints(directory)[:-keep]:
+        if keep_path is not None and os.path.abspath(path) == os.path.abspath(keep_path):
+            continue
         try:
             os.unlink(path)
             removed.append(path)

@@ -45,6 +45,8 @@ def build_parser():
     exp.add_argument("hf_dir", metavar="HF_DIR")
     add_runtime_args(exp)
     for sp in (imp, exp):
+        sp.add_argument("--overwrite", action="store_true",
+                        help="replace what the output already holds")
         sp.error = p.error  # one-line errors from the sub-commands too
     return p
 
@@ -126,6 +128,12 @@ def import_main(args):
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise CLIError(f"directory {out_dir} of {args.out} does not exist")
+    if os.path.isdir(args.out):
+        raise CLIError(f"{args.out} is a directory: name the checkpoint file to write, "
+                       f"e.g. {os.path.join(args.out, 'model.h5')}")
+    if os.path.exists(args.out) and not args.overwrite:
+        raise CLIError(f"{args.out} already exists: replace it with --overwrite, or choose "
+                       "another name")
     config = _read_hf_config(args.hf_dir)
     tiles = resolve_tiling(tiling_from_args(args), config, None, None)
     if args.tokenizer:
@@ -209,6 +217,11 @@ def export_main(args):
             from None
     if os.path.exists(args.hf_dir) and not os.path.isdir(args.hf_dir):
         raise CLIError(f"{args.hf_dir} exists and is not a directory")
+    present = [f for f in ("config.json",) + WEIGHT_FILES
+               if os.path.exists(os.path.join(args.hf_dir, f))]
+    if present and not args.overwrite:
+        raise CLIError(f"{args.hf_dir} already holds a model ({', '.join(present)}): replace "
+                       "it with --overwrite, or choose another directory")
     ctx = start_context(args, verbose=False)
     try:
         model = model_from_checkpoint(ckpt)
@@ -230,6 +243,9 @@ def export_main(args):
             with open(path, "w") as f:
                 json.dump(hf_config_dict(config, torch_dtype), f, indent=2)
         _atomic_write(os.path.join(args.hf_dir, "config.json"), write_config)
+        for stale in present:  # --overwrite: weights in other files would shadow ours
+            if stale in WEIGHT_FILES and stale != "model.safetensors":
+                os.unlink(os.path.join(args.hf_dir, stale))
     except OSError as exc:
         raise CLIError(f"cannot write {args.hf_dir}: {exc.strerror or exc}") from None
     note = ""

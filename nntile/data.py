@@ -89,7 +89,13 @@ def get_tokenizer(spec, path=None):
 
 # ---- preparing data ----------------------------------------------------------------------
 
-def _input_files(inputs):
+OUTPUTS = ("train.bin", "val.bin", "meta.json")
+
+
+def _input_files(inputs, out_dir=None):
+    """The files to tokenize; a directory is walked in sorted order, leaving out hidden
+    entries and the data set that ``out_dir`` holds (its own outputs are not text)."""
+    outputs = {os.path.realpath(os.path.join(out_dir, n)) for n in OUTPUTS} if out_dir else ()
     files = []
     for item in inputs:
         if os.path.isdir(item):
@@ -98,10 +104,14 @@ def _input_files(inputs):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 # regular files only: reading a FIFO or a device would block or never end
                 found += [os.path.join(root, n) for n in names if not n.startswith(".")
-                          and os.path.isfile(os.path.join(root, n))]
+                          and os.path.isfile(os.path.join(root, n))
+                          and os.path.realpath(os.path.join(root, n)) not in outputs]
             if not found:
                 raise CLIError(f"input directory {item} holds no files")
             files += sorted(found)
+        elif os.path.realpath(item) in outputs:
+            raise CLIError(f"input {item} is an output of --out {out_dir}: tokenize the text "
+                           "it was made from")
         elif os.path.isfile(item):
             files.append(item)
         elif os.path.exists(item):
@@ -119,34 +129,42 @@ def _read_file(path):
         raise CLIError(f"cannot read input {path}: {exc.strerror or exc}") from None
 
 
-def _atomic_write_array(path, array):
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(np.ascontiguousarray(array, dtype=TOKEN_DTYPE).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+# meta.json while a data set is being replaced: a reader refuses the directory until the
+# new meta.json replaces it, so that an interrupted nntile-prepare never leaves old and new
+# files that load as one data set
+INCOMPLETE = {"incomplete": "an nntile-prepare into this directory was interrupted"}
+
+
+def _write_file(path, write):
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_dataset(out_dir, train, val, meta):
-    """Write train.bin, val.bin and meta.json (each file atomically)."""
+    """Write train.bin, val.bin and meta.json: first into a temporary directory inside
+    ``out_dir``, then renamed into place under the INCOMPLETE marker, meta.json last."""
+    meta = dict(meta, train_tokens=int(len(train)), val_tokens=int(len(val)), dtype="uint16")
+    contents = {"train.bin": lambda f: f.write(np.ascontiguousarray(train, TOKEN_DTYPE)),
+                "val.bin": lambda f: f.write(np.ascontiguousarray(val, TOKEN_DTYPE)),
+                "meta.json": lambda f: f.write(json.dumps(meta, indent=1).encode())}
+    tmp = None
     try:
         os.makedirs(out_dir, exist_ok=True)
-        _atomic_write_array(os.path.join(out_dir, "train.bin"), train)
-        _atomic_write_array(os.path.join(out_dir, "val.bin"), val)
-        meta = dict(meta, train_tokens=int(len(train)), val_tokens=int(len(val)),
-                    dtype="uint16")
-        tmp = os.path.join(out_dir, "meta.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(meta, f, indent=1)
-        os.replace(tmp, os.path.join(out_dir, "meta.json"))
+        tmp = tempfile.mkdtemp(prefix=".nntile-prepare-", dir=out_dir)
+        for name, write in contents.items():
+            _write_file(os.path.join(tmp, name), write)
+        _write_file(os.path.join(tmp, "incomplete"),
+                    lambda f: f.write(json.dumps(INCOMPLETE).encode()))
+        os.replace(os.path.join(tmp, "incomplete"), os.path.join(out_dir, "meta.json"))
+        for name in OUTPUTS:  # meta.json last
+            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
     except OSError as exc:
         raise CLIError(f"cannot write data to {out_dir}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def split_tokens(tokens, val_fraction):
@@ -158,12 +176,20 @@ def split_tokens(tokens, val_fraction):
     return tokens[:-n_val], tokens[-n_val:]
 
 
-def prepare(inputs, out_dir, tokenizer="byte", val_fraction=DEFAULT_VAL_FRACTION):
-    """Tokenize files (directories are walked in sorted order) into ``out_dir``."""
+def prepare(inputs, out_dir, tokenizer="byte", val_fraction=DEFAULT_VAL_FRACTION,
+            overwrite=False):
+    """Tokenize files (directories are walked in sorted order) into ``out_dir``; a data set
+    already there is replaced only with ``overwrite``."""
     if not 0 < val_fraction < 1:
         raise CLIError(f"--val-fraction {val_fraction} must be between 0 and 1")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise CLIError(f"--out {out_dir} exists and is not a directory")
+    existing = [n for n in OUTPUTS if os.path.exists(os.path.join(out_dir, n))]
+    if existing and not overwrite:
+        raise CLIError(f"--out {out_dir} already holds a data set ({', '.join(existing)}): "
+                       "replace it with --overwrite, or choose another --out")
     tok = get_tokenizer(tokenizer)
-    files = _input_files(inputs)
+    files = _input_files(inputs, out_dir)
     pieces = []
     for path in files:
         ids = tok.encode(_read_file(path))
@@ -273,6 +299,8 @@ class TokenData:
             vocab = meta.get("vocab_size", 1)
             if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
                 raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
+            if "incomplete" in meta:
+                raise ValueError(f"{meta['incomplete']}: run it again")
             if meta.get("dtype", TOKEN_DTYPE.name) != TOKEN_DTYPE.name:
                 raise ValueError(f"dtype {meta['dtype']!r}: nntile reads {TOKEN_DTYPE.name} "
                                  "token files only")
@@ -399,11 +427,13 @@ def prepare_main(argv=None):
                              "local tokenizer directory")
     parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
                         help="share of the tokens (taken from the end) for val.bin")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the data set that --out already holds")
     args = parser.parse_args(argv)
     inputs = args.inputs
     if not inputs:
         inputs = stdlib_files()[1]
-    info = prepare(inputs, args.out, args.tokenizer, args.val_fraction)
+    info = prepare(inputs, args.out, args.tokenizer, args.val_fraction, args.overwrite)
     print(f"nntile-prepare: {info['files']} files -> {info['train_tokens']:,} train + "
           f"{info['val_tokens']:,} val tokens ({info['tokenizer']}, vocabulary "
           f"{info['vocab_size']}) in {args.out}")

@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -98,7 +99,8 @@ def build_parser():
     g.add_argument("--init", metavar="CKPT", help="start from a checkpoint's weights (e.g. "
                    "one made by nntile-convert import) with a fresh optimizer")
     g.add_argument("--overwrite", action="store_true", help="start afresh in an --out that "
-                   "holds checkpoints (deleting them)")
+                   "holds checkpoints (deleting them); with --resume of an earlier checkpoint, "
+                   "delete the later ones instead of keeping them aside")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_runtime_args(p)
     return p
@@ -213,6 +215,15 @@ def resolve(args):
         data_dir = default_data_dir(fallback_parent=s.out)
     s.data = TokenData(data_dir)
     s.data_dir = os.path.abspath(data_dir)
+    s.warnings = []
+    was = (s.ckpt.get("data") or {}) if s.ckpt else {}
+    now = {split: len(s.data.splits[split]) for split in ("train", "val")}
+    if was and any(was.get(f"{split}_tokens", n) != n for split, n in now.items()):
+        s.warnings.append(
+            f"the data differs from the checkpoint's: {s.data_dir} holds "
+            f"{now['train']:,} train and {now['val']:,} val tokens, {s.ckpt.path} was trained "
+            f"on {was.get('train_tokens', 0):,} and {was.get('val_tokens', 0):,} (in "
+            f"{was.get('path', '?')}); training goes on with other batches than the first run")
     if config is None:
         vocab = args.vocab_size or s.data.vocab_hint
         try:
@@ -256,12 +267,52 @@ def prepare_out(s, args):
         os.unlink(probe)
     except OSError as exc:
         raise CLIError(f"--out {out} is not writable: {exc.strerror or exc}") from None
+    if launcher_rank()[0] == 0:  # under MPI, rank 0 writes what --out holds
+        s.lock = OutLock(out)  # before anything in --out is read or changed
     from nntile.checkpoint import list_checkpoints
     existing = list_checkpoints(out)
-    if s.ckpt is None and existing and not args.overwrite:
-        raise CLIError(f"--out {out} already holds checkpoints (newest "
-                       f"{os.path.basename(existing[-1][1])}): continue with --resume "
-                       "latest, or start afresh with --overwrite or another --out")
+    if existing and not args.overwrite:
+        newest = os.path.basename(existing[-1][1])
+        if s.ckpt is None:
+            raise CLIError(f"--out {out} already holds checkpoints (newest {newest}): continue "
+                           "with --resume latest, or start afresh with --overwrite or another "
+                           "--out")
+        if not os.path.samefile(os.path.dirname(os.path.abspath(s.ckpt.path)), out):
+            raise CLIError(f"--out {out} holds checkpoints of another run (newest {newest}) "
+                           f"than {s.ckpt.path}: resume into that checkpoint's own directory, "
+                           "another --out, or delete them with --overwrite")
+
+
+class OutLock:
+    """One run at a time in an --out directory: an flock on the directory itself (nothing is
+    written; the kernel releases it when the process ends, however it ends). A second run
+    is refused, naming the holder's process (Linux's /proc/locks)."""
+
+    def __init__(self, out):
+        import fcntl
+        self.fd = os.open(out, os.O_RDONLY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise CLIError(f"--out {out} is in use by {self.holder(out)}: wait for it to end, "
+                           "or use another --out") from None
+        except OSError:  # a file system without flock on directories: no lock to take
+            pass
+
+    @staticmethod
+    def holder(out):
+        st = os.stat(out)
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        try:
+            with open("/proc/locks") as f:
+                pids = [line.split()[4] for line in f
+                        if " FLOCK " in line and line.split()[5] == inode]
+            with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            return f"process {pids[0]} ({command[:80]})"
+        except (OSError, IndexError):
+            return "another process"
 
 
 @contextlib.contextmanager
@@ -274,22 +325,49 @@ def output_errors(path):
         raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def start_outputs(s):
+def start_outputs(s, overwrite, echo):
     """Once the run's state is loaded: drop what an earlier run left in --out (a fresh run
-    with --overwrite), or the metrics logged after the resumed checkpoint, and the partial
-    files of saves that a killed run left behind."""
+    with --overwrite) and the partial files of saves that a killed run left behind. Resuming
+    an earlier checkpoint starts a new line of work: the checkpoints after it, and the
+    metrics and plot that go with them, move to a directory of their own (deleted with
+    --overwrite), so that neither pruning nor the new line's saves replace them."""
     from nntile.checkpoint import list_checkpoints, remove_partial
     metrics = os.path.join(s.out, METRICS)
     with output_errors(s.out):
         remove_partial(s.out)
-        if s.ckpt is None:
-            for _, path in list_checkpoints(s.out):
+        own = s.ckpt is not None and os.path.samefile(
+            os.path.dirname(os.path.abspath(s.ckpt.path)), s.out)
+        start = s.ckpt.step if own else -1
+        later = [path for step, path in list_checkpoints(s.out) if step > start]
+        if later and own and not overwrite:
+            aside = _new_dir(os.path.join(s.out, f"abandoned-after-step-{start}"))
+            for path in later:
+                os.rename(path, os.path.join(aside, os.path.basename(path)))
+            for name in (METRICS, "loss.png"):
+                if os.path.exists(os.path.join(s.out, name)):
+                    shutil.copy2(os.path.join(s.out, name), aside)
+            echo(f"nntile-train: resuming at step {start}: the {len(later)} later checkpoints "
+                 f"of the run it continued are kept in {aside}")
+        else:
+            for path in later:
                 os.unlink(path)
     with output_errors(metrics):
         if s.ckpt is None and os.path.exists(metrics):
             os.unlink(metrics)
         elif s.ckpt is not None:
             _truncate_metrics(metrics, s.ckpt.step)
+
+
+def _new_dir(base):
+    """base, or base-2, base-3, ...: the first that does not exist, created."""
+    path, n = base, 1
+    while True:
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            n += 1
+            path = f"{base}-{n}"
 
 
 def _truncate_metrics(path, step):
@@ -447,6 +525,9 @@ def train_main(argv=None):
         if lead == 0:
             tqdm.write(text, file=sys.stderr)
 
+    for warning in s.warnings:
+        echo(f"nntile-train: warning: {warning}")
+
     stop = StopRequest()
     # described once the state is loaded
     ctx = start_context(args, verbose=False, distribution=distribution, run_bytes=est.total)
@@ -491,7 +572,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     else:
         init_weights(model, config, s.seed)
     if ctx.rank == 0:
-        start_outputs(s)
+        start_outputs(s, args.overwrite, echo)
     echo(ctx.describe())
     if ctx.world_size > 1:
         echo(f"nntile-train: {ctx.world_size} MPI ranks, distribution "
@@ -532,7 +613,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
         with watchdog.paused():
             save(path, model, opt, checkpoint_meta(step))  # collective under MPI
         if ctx.rank == 0:
-            prune(s.out, s.keep)
+            prune(s.out, s.keep, keep_path=path)
         saved.update(step=step, path=path)
         return path
 

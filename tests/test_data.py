@@ -57,7 +57,7 @@ def test_prepare_cli(tmp_path):
                        "--val-fraction")
     assert_clean_error(cli("data", src, "--out", tmp_path / "o5", "--tokenizer",
                            tmp_path / "no-tokenizer"), "cannot be loaded from local files")
-    assert_clean_error(cli("data", src, "--out", empty), "cannot write")
+    assert_clean_error(cli("data", src, "--out", empty), "not a directory")
     for name in ("o2", "o3", "o4", "o5"):
         assert not (tmp_path / name).exists()
 

@@ -1,0 +1,200 @@
+"""Nothing is lost or replaced without asking (issue 26, first section): resuming from an
+earlier checkpoint, re-running nntile-prepare and nntile-convert into existing outputs, two
+runs into one --out, resuming on other data, and `make train` run twice."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from nntile.data import TokenData, prepare, stdlib_files
+from tests.test_train_cli import ROOT, assert_clean_error, cli, data_dir, read_metrics, train  # noqa: F401
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def ckpts(out):
+    return sorted(int(p.name[5:-3]) for p in out.glob("ckpt-*.h5"))
+
+
+def test_resuming_an_earlier_checkpoint_keeps_both_lines_of_work(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    first = train(out, data_dir, "--steps", "20", "--save-every", "5", "--keep", "0")
+    assert first.returncode == 0, first.stderr
+    assert ckpts(out) == [5, 10, 15, 20]
+    old_metrics = read_metrics(out / "metrics.jsonl")
+    old_10 = (out / "ckpt-10.h5").read_bytes()
+
+    again = train(out, data_dir, "--resume", out / "ckpt-5.h5", "--steps", "12", "--keep", "2",
+                  "--save-every", "5")
+    assert again.returncode == 0, again.stderr
+    # the new line: its newest two checkpoints, and what the summary names exists
+    assert ckpts(out) == [10, 12]
+    assert "checkpoint " + str(out / "ckpt-12.h5") in again.stdout
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 13))
+    # the abandoned line (steps 10, 15, 20 after step 5) is kept aside, with its metrics
+    aside = [p for p in out.iterdir() if p.is_dir()]
+    assert len(aside) == 1, list(out.iterdir())
+    assert str(aside[0]) in again.stderr  # and the run says where
+    assert ckpts(aside[0]) == [10, 15, 20]
+    assert (aside[0] / "ckpt-10.h5").read_bytes() == old_10
+    assert read_metrics(aside[0] / "metrics.jsonl") == old_metrics
+
+    # --overwrite deletes the abandoned line instead
+    third = train(out, data_dir, "--resume", out / "ckpt-10.h5", "--steps", "11", "--overwrite")
+    assert third.returncode == 0, third.stderr
+    assert ckpts(out) == [10, 11]
+    assert len([p for p in out.iterdir() if p.is_dir()]) == 1
+
+
+def test_resuming_into_another_runs_directory_is_refused(tmp_path, data_dir):  # noqa: F811
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert train(a, data_dir, "--steps", "4", "--save-every", "2").returncode == 0
+    assert train(b, data_dir, "--steps", "3").returncode == 0
+    result = train(b, data_dir, "--resume", a / "ckpt-2.h5", "--steps", "4")
+    assert_clean_error(result, str(b), "another run", "--overwrite")
+    assert ckpts(b) == [3]
+
+
+def test_a_second_run_into_a_busy_out_is_refused_at_once(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    from tests.test_train_cli import TINY, cli_env
+    first = subprocess.Popen([sys.executable, "-m", "nntile.train", *TINY, "--data",
+                              str(data_dir), "--out", str(out), "--steps", "100000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=cli_env())
+    try:
+        deadline = time.time() + 120
+        while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        start = time.time()
+        second = train(out, data_dir, "--steps", "3", "--overwrite")
+        line = assert_clean_error(second, str(out), "in use", str(first.pid))
+        assert time.time() - start < 60, line
+        assert first.poll() is None  # the first goes on training
+    finally:
+        first.terminate()
+        first.communicate(timeout=120)
+    assert first.returncode == 143
+    assert ckpts(out)  # it saved on SIGTERM, untouched by the second
+
+
+def test_resuming_on_other_data_warns_with_both_sizes(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    assert train(out, data_dir, "--steps", "3").returncode == 0
+    bigger = tmp_path / "bigger"
+    prepare(stdlib_files()[1][:60], str(bigger))
+    old, new = len(TokenData(str(data_dir))), len(TokenData(str(bigger)))
+    result = train(out, bigger, "--resume", "latest", "--steps", "4")
+    assert result.returncode == 0, result.stderr
+    warning = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warning) == 1, result.stderr
+    assert f"{old:,}" in warning[0] and f"{new:,}" in warning[0], warning[0]
+    same = train(out, bigger, "--resume", "latest", "--steps", "5")
+    assert "warning" not in same.stderr  # the checkpoint now records the new data
+
+
+def test_prepare_refuses_to_replace_a_data_set(tmp_path):
+    files = stdlib_files()[1]
+    out = tmp_path / "data"
+    assert cli("data", files[0], files[1], "--out", out).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = cli("data", files[2], "--out", out)
+    assert_clean_error(result, str(out), "--overwrite")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    result = cli("data", files[2], "--out", out, "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert (out / "train.bin").read_bytes() != before["train.bin"]
+
+
+def test_prepare_never_reads_its_own_outputs(tmp_path):
+    src = tmp_path / "corpus"
+    src.mkdir()
+    (src / "a.py").write_text("print('hello world')\n" * 50)
+    assert cli("data", src, "--out", src).returncode == 0
+    meta = json.loads((src / "meta.json").read_text())
+    # run again over the same directory: the data set's files are not text to tokenize
+    result = cli("data", src, "--out", src, "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((src / "meta.json").read_text())["train_tokens"] == meta["train_tokens"]
+    result = cli("data", src / "train.bin", "--out", src, "--overwrite")
+    assert_clean_error(result, "train.bin", "output")
+
+
+def test_an_interrupted_prepare_leaves_no_mixed_data_set(tmp_path, monkeypatch):
+    """A kill between the files' renames: the old set, or a set that refuses to load."""
+    import nntile.data as data
+    out = tmp_path / "data"
+    files = stdlib_files()[1]
+    prepare(files[:2], str(out))
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    renames = []
+    real_replace = os.replace
+
+    def killed_after(n):
+        def replace(src, dst):
+            if len(renames) == n:
+                raise KeyboardInterrupt  # the process dies here
+            renames.append(dst)
+            real_replace(src, dst)
+        return replace
+
+    for n in range(4):
+        renames.clear()
+        monkeypatch.setattr(data.os, "replace", killed_after(n))
+        with pytest.raises(KeyboardInterrupt):
+            prepare(files[2:5], str(out), overwrite=True)
+        monkeypatch.setattr(data.os, "replace", real_replace)
+        now = {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".")}
+        if now == old:
+            continue
+        with pytest.raises(Exception, match="interrupted"):
+            TokenData(str(out))
+        prepare(files[:2], str(out), overwrite=True)  # a new run repairs it
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == old
+
+
+def _save_tiny_gpt2(path):
+    config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=16, n_layer=1,
+                                     n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+
+
+def test_convert_refuses_to_replace_a_checkpoint_or_a_model_directory(tmp_path):
+    _save_tiny_gpt2(tmp_path / "hf")
+    ckpt = tmp_path / "model.h5"
+    assert cli("convert", "import", tmp_path / "hf", ckpt).returncode == 0
+    stamp = ckpt.read_bytes()
+    result = cli("convert", "import", tmp_path / "hf", ckpt)
+    assert_clean_error(result, str(ckpt), "--overwrite")
+    assert ckpt.read_bytes() == stamp
+    assert cli("convert", "import", tmp_path / "hf", ckpt, "--overwrite").returncode == 0
+
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    result = cli("convert", "export", ckpt, tmp_path / "hf")
+    assert_clean_error(result, "config.json", "--overwrite")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
+    result = cli("convert", "export", ckpt, tmp_path / "hf", "--overwrite")
+    assert result.returncode == 0, result.stderr
+
+
+def test_make_train_keeps_earlier_runs(tmp_path, data_dir):  # noqa: F811
+    """`make train` twice: two run directories, `latest` naming the second."""
+    from tests.test_train_cli import TINY
+    args = " ".join(TINY + ["--data", str(data_dir), "--steps", "2"])
+    runs = tmp_path / "checkpoints"
+    for _ in range(2):
+        result = subprocess.run(["make", "-s", "-C", str(ROOT), "train-run",
+                                 f"CHECKPOINTS={runs}", f"TRAIN_ARGS={args}",
+                                 f"PYTHON={sys.executable}"],
+                                capture_output=True, text=True, timeout=300,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert result.returncode == 0, result.stderr
+    dirs = sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink())
+    assert len(dirs) == 2 and all(ckpts(d) == [2] for d in dirs)
+    assert (runs / "latest").resolve() == dirs[-1].resolve()
