@@ -19,6 +19,44 @@ def gpt2(vocab_size, n_positions, n_embd, n_layer, n_head, seed=0):
         bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1))
 
 
+def llama(vocab_size, hidden, inner, n_layer, n_head, n_kv_head, seq, tied, seed=0,
+          head_dim=None, rope_theta=500000.0):
+    """transformers' LlamaForCausalLM with random weights (sdpa attention), the model our
+    Llama computes."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inner,
+        num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_kv_head,
+        head_dim=head_dim or hidden // n_head, max_position_embeddings=seq,
+        rope_theta=rope_theta, tie_word_embeddings=tied, attention_dropout=0.0,
+        bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    config._attn_implementation = "sdpa"
+    return transformers.LlamaForCausalLM(config)
+
+
+def gpt2_params(vocab_size, n_positions, n_embd, n_layer):
+    """Parameters of gpt2()'s model (untied head, inner 4 n_embd) without building it."""
+    E = n_embd
+    return 2 * vocab_size * E + n_positions * E + n_layer * (12 * E * E + 13 * E) + 2 * E
+
+
+# The shapes the issues measure: (hidden, inner, layers, heads, kv heads, vocabulary, tied)
+LLAMA_SHAPES = {
+    "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True),
+    "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False),
+    "tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000, False),
+    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, True),
+}
+
+
+def llama_params(hidden, inner, n_layer, n_head, n_kv_head, vocab, tied, head_dim=None):
+    """Parameters of a Llama shape without building it."""
+    d = head_dim or hidden // n_head
+    attn = hidden * d * (2 * n_head + 2 * n_kv_head)
+    per_layer = attn + 3 * hidden * inner + 2 * hidden
+    return vocab * hidden * (1 if tied else 2) + n_layer * per_layer + hidden
+
+
 def is_oom(exc):
     """PyTorch reports a failed allocation as OutOfMemoryError on CUDA and as a plain
     RuntimeError on the CPU."""
