@@ -81,5 +81,5 @@ cdef class Block(Module):
     cdef readonly LayerNorm ln_1, ln_2
     cdef readonly Attention attn
     cdef readonly MLP mlp
-    cpdef Tensor forward(self, Tensor x)
+    cpdef Tensor forward(self, Tensor x, Tensor positions=*)
     cpdef backward(self, Tensor dy, Tensor dx)

@@ -465,7 +465,9 @@ cdef class Block(Module):
                 self.scratch_spec("dx1", x, x_tiles, self.master),
                 self.scratch_spec("dh", x, x_tiles, self.master)]
 
-    cpdef Tensor forward(self, Tensor x):
+    cpdef Tensor forward(self, Tensor x, Tensor positions=None):
+        """The block's output; ``positions`` (what every family's block is given) are not
+        used: GPT-2's embeddings added them."""
         cdef dict buffers = self.buffers(x)
         cdef Tensor x1 = buffers["x1"], out = buffers["out"]
         cdef Tensor h = self.attn.forward(self.ln_1.forward(x))
