@@ -4,7 +4,8 @@ torch where it can be done without.
 Reading: ``config.json`` (its ``model_type`` picks the family, nntile.models.FAMILIES) and the
 weights of ``model.safetensors``, or of the shards that ``model.safetensors.index.json`` lists,
 in fp32, fp16, bf16 or fp64: safetensors files are parsed here (an 8-byte header length, a JSON
-header, the raw tensors) and bf16 is widened by its bits, since numpy has no bfloat16.
+header, the raw tensors) and bf16 is converted by its bits (``float_to_bf16_bits``, as the
+tensors do), since numpy has no bfloat16.
 ``pytorch_model.bin`` (and its sharded index) need torch. Writing: ``config.json`` and one
 ``model.safetensors`` in fp32, fp64 or bf16 (rounded to nearest even), which
 ``AutoModelForCausalLM.from_pretrained`` loads; a tied model's file has no ``lm_head.weight``,
@@ -18,6 +19,7 @@ import shutil
 
 import numpy as np
 
+from nntile._core.core import bf16_bits_to_float, float_to_bf16_bits
 from nntile.cli_common import CLIError
 
 CONFIG_FILE = "config.json"
@@ -44,24 +46,6 @@ class TransformersDirError(CLIError):
 def _first_line(exc):
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-# ---- bf16 by its bits ------------------------------------------------------------------------
-
-def bf16_to_float32(bits):
-    """float32 values of bf16 bit patterns (uint16): exact, bf16 is float32's upper half."""
-    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def float32_to_bf16(values):
-    """bf16 bit patterns (uint16) of float values, rounded to nearest even as torch does
-    (NaN stays NaN)."""
-    bits = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(values)
-    if nan.any():
-        rounded[nan] = (bits[nan] >> 16).astype(np.uint16) | 0x0040
-    return rounded
 
 
 # ---- safetensors -----------------------------------------------------------------------------
@@ -105,7 +89,7 @@ def read_safetensors(path, dtype=np.float32):
                       "the file (truncated?)")
         array = data[begin:end].view(item).reshape(shape)
         if kind == "BF16":
-            array = bf16_to_float32(array)
+            array = bf16_bits_to_float(array)
         if array.dtype.kind == "f":
             array = array.astype(dtype, copy=False)
         out[name] = array
@@ -118,9 +102,10 @@ def write_safetensors(path, arrays, weights="fp32"):
     kind, _ = WRITE_DTYPES[weights]
     header, offset, parts = {}, 0, []
     for name, array in arrays.items():
-        array = (float32_to_bf16(array) if kind == "BF16" else
-                 np.ascontiguousarray(array, SAFETENSORS_DTYPES[kind]))
-        header[name] = {"dtype": kind, "shape": list(array.shape),
+        shape = list(np.shape(array))
+        array = (float_to_bf16_bits(array) if kind == "BF16" else
+                 np.ascontiguousarray(array, SAFETENSORS_DTYPES[kind])).reshape(-1)
+        header[name] = {"dtype": kind, "shape": shape,
                         "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
         parts.append(array)
@@ -132,7 +117,7 @@ def write_safetensors(path, arrays, weights="fp32"):
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
         for array in parts:
-            f.write(memoryview(array.reshape(-1)).cast("B"))
+            f.write(memoryview(array).cast("B"))
     _atomic_write(path, write, "wb")
 
 

@@ -13,9 +13,8 @@ transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
 from nntile.models import GPT2Config, LlamaConfig
-from nntile.transformers_io import (TransformersDirError, bf16_to_float32, float32_to_bf16,
-                                    read_config, read_safetensors, read_state,
-                                    write_safetensors, write_dir)
+from nntile.transformers_io import (TransformersDirError, read_config, read_safetensors,
+                                    read_state, write_safetensors, write_dir)
 
 TORCH = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
          "fp16": torch.float16}
@@ -31,17 +30,6 @@ def awkward_floats(rng, n=4000):
                         0xFF800000, 0x7FC00000, 0x7F7F8000, 0x3F808000, 0x3F818000],
                        dtype=np.uint32)
     return np.concatenate([bits, ties, special]).view(np.float32)
-
-
-def test_bf16_bits_round_and_widen_as_torch(rng):
-    values = awkward_floats(rng)
-    ours = float32_to_bf16(values)
-    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy()
-    nan = np.isnan(values)
-    np.testing.assert_array_equal(ours[~nan], theirs.view(np.uint16)[~nan])
-    assert np.isnan(bf16_to_float32(ours[nan])).all()  # NaN stays NaN (payloads aside)
-    widened = torch.from_numpy(ours.view(np.int16)).view(torch.bfloat16).float().numpy()
-    np.testing.assert_array_equal(bf16_to_float32(ours)[~nan], widened[~nan])
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "fp64"])
@@ -63,8 +51,9 @@ def test_read_safetensors_written_by_the_library(tmp_path, rng, dtype):
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # NaN to float64
 @pytest.mark.parametrize("weights", ["fp32", "bf16", "fp64"])
 def test_written_safetensors_read_by_the_library(tmp_path, rng, weights):
-    arrays = {"a": rng.standard_normal((4, 6)), "b": awkward_floats(rng, 99).reshape(2, -1),
-              "c": np.float32(rng.standard_normal(5))}
+    # float32, as the masters are (torch rounds float64 to bf16 through float32)
+    arrays = {"a": rng.standard_normal((4, 6)).astype(np.float32),
+              "b": awkward_floats(rng, 99).reshape(2, -1), "c": np.float32(7.0)}
     path = str(tmp_path / "w.safetensors")
     write_safetensors(path, arrays, weights)
     got = safetensors_torch.load_file(path)

@@ -14,6 +14,7 @@ cdef class Module:
     cdef dict _params
     cdef dict _children
     cdef dict _scratch
+    cdef dict _constants
     cdef dict _declared
     cdef dict _buffers
     cdef tuple _lead
