@@ -5,7 +5,8 @@ Layout::
     params/<parameter name>               one dataset per parameter, chunks = its tile shape
     optim/<parameter name>/<state name>   the optimizer's state tensors (Adam moments, ...)
     attrs: format, format_version, config, tiling, dtype, step, schedule, optimizer,
-           rng, data, train, tokenizer (JSON), checksum; strings of fixed length
+           rng, data, train, tokenizer (JSON), checksum; strings of fixed length.
+           config holds the family's model_type (nntile.models.FAMILIES; none: gpt2)
 
 Tensors are written tile by tile (one HDF5 chunk per tile, with a Fletcher-32 checksum), so
 no whole tensor, let alone the whole model, is gathered in memory. Loading reads, for each
@@ -455,9 +456,11 @@ class Checkpoint:
 
     @property
     def config(self):
-        from nntile.models import GPT2Config
+        """The model's config, of the family its model_type names (none: gpt2, what
+        checkpoints held before nntile had families)."""
+        from nntile.models import config_from_dict
         try:
-            return GPT2Config.from_dict(self.meta["config"])
+            return config_from_dict(self.meta["config"])
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.path}: attribute 'config' is invalid: "
                                   f"{exc}") from None

@@ -123,7 +123,8 @@ def resolve_distribution(args, batch_size=None, tiles=None, config=None):
             batch_tile = tiles.get("batch") or batch_size
             dist.check_batch_tiles(-(-batch_size // batch_tile))
         if config is not None and tiles is not None and size > 1:
-            weight_tiles = (-(-config.n_embd // tiles["embd"])) * (-(-config.inner // tiles["inner"]))
+            weight_tiles = ((-(-config.hidden_size // tiles["embd"]))
+                            * (-(-config.intermediate_size // tiles["inner"])))
             if weight_tiles < dist.tensor:
                 raise ValueError(f"{dist.tensor} tensor-parallel ranks but an MLP weight has "
                                  f"only {weight_tiles} tile(s) to share: use smaller "
@@ -147,12 +148,12 @@ def check_dtype(dtype):
 
 
 def resolve_tiling(tiling, config, batch=None, seq=None):
-    """Tile sizes, each checked against its dimension; a full dict for the checkpoint."""
+    """Tile sizes, each checked against its dimension and the family's rules
+    (config.check_tiles); a full dict for the checkpoint."""
     dims = dict(config.sizes(), batch=(batch, batch))  # one tile by default, as the model
     if seq is not None:
         dims["seq"] = (seq, seq)
-    what = {"batch": "the batch size", "seq": "the sequence length", "embd": "n_embd",
-            "head": "n_head", "inner": "the MLP width", "vocab": "the vocabulary size"}
+    what = config.dimension_names()
     sizes = {key: size for key, (size, _) in dims.items()}
     out = {}
     for key in TILE_FLAGS:
@@ -165,11 +166,15 @@ def resolve_tiling(tiling, config, batch=None, seq=None):
         if sizes[key] is not None and value > sizes[key]:
             raise CLIError(f"--tile-{key} {value} is larger than {what[key]} ({sizes[key]})")
         out[key] = value
+    try:
+        config.check_tiles(out)
+    except ValueError as exc:
+        raise CLIError(f"--tile-head {out['head']}: {exc}") from None
     return out
 
 
 def model_tiling(tiles):
-    """The tiling argument of GPT2LMHead (batch and seq tiles are clipped to the data)."""
+    """The tiling argument of a model (batch and seq tiles are clipped to the data)."""
     return {k: v for k, v in tiles.items() if v is not None}
 
 
@@ -209,27 +214,43 @@ def check_inference_memory(ckpt, args, batch, seq, dtype, prog):
     checkpoint on [batch, seq] that cannot fit (as nntile-train does for training); the
     estimate."""
     from nntile.memory import preflight
+    family_model(ckpt.config)
     return preflight(ckpt.config, batch, seq, checkpoint_tiles(ckpt, args, batch, seq),
                      check_dtype(dtype) if dtype else ckpt.dtype, ncuda=args.ncuda,
                      optimizer=None, grad_clip=False, training=False, prog=prog)
 
 
+def family_model(config):
+    """The model class of a config's family, or a one-line CLIError for a family whose layers
+    are not written yet (before StarPU starts)."""
+    from nntile.models import model_class
+    try:
+        return model_class(config.model_type)
+    except NotImplementedError as exc:
+        raise CLIError(f"{config.model_type}: {exc}") from None
+
+
 def model_from_checkpoint(ckpt, args=None, batch=None, seq=None, dtype=None):
-    """A GPT2LMHead holding a checkpoint's weights, in checkpoint_tiles."""
-    from nntile.models import GPT2LMHead
+    """The model of a checkpoint's family holding its weights, in checkpoint_tiles."""
     tiles = checkpoint_tiles(ckpt, args, batch, seq)
     dtype = check_dtype(dtype) if dtype else ckpt.dtype
-    model = GPT2LMHead(ckpt.config, tiling=model_tiling(tiles), dtype=dtype)
+    model = family_model(ckpt.config)(ckpt.config, tiling=model_tiling(tiles), dtype=dtype)
     ckpt.load_params(model)
     return model
 
 
 def checkpoint_seq_len(ckpt, requested=None):
-    """The sequence length to run a checkpoint at: asked, else its training one, else
-    n_positions; checked against n_positions."""
+    """The sequence length to run a checkpoint at: asked, else its training one, else the
+    model's positions; checked against them."""
     config = ckpt.config
-    seq = requested or (ckpt.get("train") or {}).get("seq_len") or config.n_positions
-    if seq > config.n_positions:
-        raise CLIError(f"--seq-len {seq} is larger than the model's n_positions "
-                       f"({config.n_positions})")
+    return check_seq_len(config, requested or (ckpt.get("train") or {}).get("seq_len")
+                         or config.max_position_embeddings)
+
+
+def check_seq_len(config, seq):
+    """``seq``, or a CLIError when the model has fewer positions."""
+    if seq > config.max_position_embeddings:
+        raise CLIError(f"--seq-len {seq} is larger than the model's "
+                       f"{config.field_name('max_position_embeddings')} "
+                       f"({config.max_position_embeddings})")
     return int(seq)

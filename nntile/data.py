@@ -80,11 +80,58 @@ class HFTokenizer:
         return self.tok.decode([int(i) for i in ids])
 
 
+class TokenizerFile:
+    """A directory's ``tokenizer.json``, read by the tokenizers library: the tokenizer of any
+    family that transformers saves (Llama's, SmolLM's, GPT-2's). Text is encoded with the
+    tokenizer's own special tokens (a Llama tokenizer starts each text with its BOS); the
+    end-of-text token is tokenizer_config.json's ``eos_token``."""
+    name = "tokenizer.json"
+
+    def __init__(self, directory):
+        self.path = os.path.abspath(directory)
+        file = os.path.join(self.path, "tokenizer.json")
+        try:
+            from tokenizers import Tokenizer
+            self.tok = Tokenizer.from_file(file)
+        except Exception as exc:  # ImportError, or the library's own for a bad file
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CLIError(f"the tokenizer {file} cannot be loaded ({reason})") from None
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        if self.vocab_size > 65536:
+            raise CLIError(f"tokenizer {file} has {self.vocab_size} tokens: more than uint16 "
+                           "data files can hold")
+        self.eot = self._end_of_text()
+
+    def _end_of_text(self):
+        try:
+            with open(os.path.join(self.path, "tokenizer_config.json")) as f:
+                eos = json.load(f).get("eos_token")
+        except (OSError, ValueError, AttributeError):
+            return None
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        return self.tok.token_to_id(eos) if isinstance(eos, str) else None
+
+    def encode(self, data):
+        if isinstance(data, bytes):
+            data = data.decode("utf-8", errors="replace")
+        return np.asarray(self.tok.encode(data).ids, dtype=TOKEN_DTYPE)
+
+    def decode(self, ids):
+        return self.tok.decode([int(i) for i in ids])
+
+
 def get_tokenizer(spec, path=None):
-    """``byte``, ``gpt2`` (transformers' cached files) or a local tokenizer directory."""
+    """``byte``, ``gpt2`` (transformers' cached files), or a local directory: its
+    tokenizer.json where it has one (recorded as ``tokenizer.json``), else a GPT-2 tokenizer
+    that transformers saved there."""
     if spec in (None, "byte"):
         return ByteTokenizer()
-    return HFTokenizer(path or spec)
+    target = path or spec
+    if spec == TokenizerFile.name or (spec != "gpt2" and
+                                      os.path.isfile(os.path.join(target, "tokenizer.json"))):
+        return TokenizerFile(target)
+    return HFTokenizer(target)
 
 
 # ---- preparing data ----------------------------------------------------------------------
@@ -194,7 +241,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction=DEFAULT_VAL_FRACTION
     for path in files:
         ids = tok.encode(_read_file(path))
         pieces.append(ids)
-        if tok.eot is not None:
+        if tok.eot is not None and not (len(ids) and ids[-1] == tok.eot):
             pieces.append(np.array([tok.eot], dtype=TOKEN_DTYPE))
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, TOKEN_DTYPE)
     if len(tokens) == 0:
@@ -362,6 +409,23 @@ class TokenData:
                 raise CLIError(f"data file {file} holds token id {top}, outside the model's "
                                f"vocabulary of {vocab_size} (wrong --vocab-size or tokenizer?)")
 
+    def check_vocabulary(self, vocab_size, tokenizer=None, source="the model"):
+        """Raise CLIError when the data's vocabulary (meta.json) is not the model's: larger
+        than its embedding, or (``tokenizer``: the model's own, where it comes with one)
+        another tokenizer's."""
+        if "vocab_size" not in self.meta:
+            return  # bare token files: check() still looks at every id
+        have = int(self.meta["vocab_size"])
+        made = self.meta.get("tokenizer", "?")
+        if tokenizer is not None and have != tokenizer.vocab_size:
+            raise CLIError(f"data {self.path} was tokenized with {made} ({have} tokens) but "
+                           f"{source} comes with a tokenizer of {tokenizer.vocab_size}: "
+                           f"prepare the data with nntile-prepare --tokenizer "
+                           f"{getattr(tokenizer, 'path', tokenizer.name)}")
+        if have > vocab_size:
+            raise CLIError(f"data {self.path} was tokenized with {made} ({have} tokens), more "
+                           f"than the vocabulary of {source} ({vocab_size})")
+
     def __len__(self):
         return len(self.splits["train"])
 
@@ -424,7 +488,9 @@ def prepare_main(argv=None):
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--tokenizer", default="byte",
                         help="byte (default), gpt2 (transformers' cached GPT-2 tokenizer) or a "
-                             "local tokenizer directory")
+                             "local directory: its tokenizer.json (a transformers model's, "
+                             "read by the tokenizers library), else a GPT-2 tokenizer saved "
+                             "there")
     parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
                         help="share of the tokens (taken from the end) for val.bin")
     parser.add_argument("--overwrite", action="store_true",

@@ -25,7 +25,7 @@ def build_parser():
     p.add_argument("--batch-size", type=positive_int, help="sequences per batch (the "
                    "checkpoint's training batch size, else 8)")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (the checkpoint's "
-                   "training length, else n_positions)")
+                   "training length, else the model's positions)")
     p.add_argument("--dtype", help="compute in fp32, tf32 or fp64 (default: the checkpoint's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--verbose", action="store_true", help="print StarPU's workers")
@@ -47,6 +47,7 @@ def eval_main(argv=None):
     data = TokenData(data_dir)
     seq = checkpoint_seq_len(ckpt, args.seq_len)
     batch = args.batch_size or int(train.get("batch_size", 8))
+    data.check_vocabulary(config.vocab_size, None, f"checkpoint {args.checkpoint}")
     data.check(config.vocab_size, seq)
     tokens = data.splits[args.split]
     est = check_inference_memory(ckpt, args, batch, seq, args.dtype, "nntile-eval")

@@ -28,7 +28,7 @@ def build_parser():
     p.add_argument("--greedy", action="store_true", help="always take the likeliest token")
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--seq-len", type=positive_int, help="window length (the checkpoint's "
-                   "training length, else n_positions)")
+                   "training length, else the model's positions)")
     p.add_argument("--tokenizer", help="byte, gpt2 or a local tokenizer directory (default: "
                    "what the checkpoint was trained with)")
     p.add_argument("--dtype", help="compute in fp32, tf32 or fp64 (default: the checkpoint's)")

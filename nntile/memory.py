@@ -1,7 +1,7 @@
-"""How much memory a GPT-2 run needs, what the machine offers, and whether it fits.
+"""How much memory a run needs, what the machine offers, and whether it fits.
 
 ``estimate`` sums the tensors a run registers for a config, a tiling and a [batch, seq]
-shape, as ``GPT2LMHead``, its layers and the optimizer declare them (nntile.declare: this
+shape, as the family's model (nntile.models), its layers and the optimizer declare them (nntile.declare: this
 module holds no list of its own), with the tile shapes StarPU will allocate. ``available``
 reads the GPU and host memory of this machine, and ``check_fits`` compares the two the way
 StarPU 1.4 spends memory:
@@ -98,8 +98,9 @@ def unaligned_tiles(spec):
 
 def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw",
                  grad_clip=True, training=True, nranks=1, model=None):
-    """Every tensor a run of ``model`` (GPT2LMHead or a subclass) registers, as the model and
-    the optimizer declare them: the model's, the optimizer's, then the first step's.
+    """Every tensor a run of ``model`` (the config's family's model class, or a subclass)
+    registers, as the model and the optimizer declare them: the model's, the optimizer's,
+    then the first step's.
 
     ``training``: forward, loss and backward have run once for [batch, seq] (forward only
     creates the forward buffers). ``optimizer``: "adamw" (two states per parameter), "sgd"
@@ -108,12 +109,12 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     precision: under bf16-mixed, tensors are fp32 or bf16 as the layers make them, and every
     GEMM weight has a bf16 copy ("compute_copies").
     """
-    from nntile.models.gpt2 import GPT2LMHead
+    from nntile.models import model_class
     from nntile.optim import BY_NAME
     if optimizer is not None and optimizer not in BY_NAME:
         raise ValueError(f"optimizer {optimizer!r}: use 'adamw', 'sgd' or None")
-    declared = (model or GPT2LMHead)(config, {k: v for k, v in (tiling or {}).items()
-                                              if v is not None}, dtype, create=False)
+    declared = (model or model_class(config.model_type))(
+        config, {k: v for k, v in (tiling or {}).items() if v is not None}, dtype, create=False)
     specs = declared.tensor_specs()
     if optimizer is not None:
         specs += BY_NAME[optimizer].tensor_specs(declared.named_parameters(), grad_clip, nranks)
@@ -265,13 +266,13 @@ class RankEstimate(Estimate):
 
 def estimate(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw", grad_clip=True,
              training=True, init="full", distribution=None, rank=None, model=None):
-    """Bytes a GPT2LMHead run registers for ``config`` and a [batch, seq] input: parameters,
+    """Bytes a run of ``config``'s model registers for a [batch, seq] input: parameters,
     gradients, optimizer states, activations kept for backward, workspaces (inputs, backward
     buffers, gradient ping-pong) and logits. ``init``: how weights are written from numpy
     ("full" arrays, per "tiles", or None when they come from GPU tasks).
 
     With a ``distribution`` of several ranks (nntile.distributed), what ``rank`` holds: a
-    RankEstimate. ``model``: a subclass of GPT2LMHead to estimate instead."""
+    RankEstimate. ``model``: a subclass of the family's model class to estimate instead."""
     if init not in ("full", "tiles", None):
         raise ValueError(f"init {init!r}: use 'full', 'tiles' or None")
     nranks = distribution.nranks if distribution is not None else 1
@@ -460,7 +461,6 @@ def _largest(fits, below):
 
 def _suggestions(est, b):
     """What would fit: fewer layers, a smaller batch, disk swap."""
-    import dataclasses
     args = est.args
 
     def fits(**change):
@@ -476,14 +476,14 @@ def _suggestions(est, b):
 
     config = args["config"]
     out = []
-    layers = _largest(lambda n: fits(config=dataclasses.replace(config, n_layer=n)),
-                      config.n_layer)
+    layers = _largest(lambda n: fits(config=config.replace(num_hidden_layers=n)),
+                      config.num_hidden_layers)
     if layers:
-        out.append(f"n_layer <= {layers}")
+        out.append(f"{config.field_name('num_hidden_layers')} <= {layers}")
     batch = _largest(lambda n: fits(batch=n), args["batch"])
     if batch:
         out.append(f"batch <= {batch}")
-    out.append("a smaller n_embd")
+    out.append(f"a smaller {config.field_name('hidden_size')}")
     if isinstance(est, RankEstimate):
         out.append("more ranks (each then owns a smaller share of the gradients and "
                    "optimizer states)")

@@ -1,8 +1,9 @@
-"""nntile-train: train a GPT-2 on tiles scheduled by StarPU, with HDF5 checkpoints.
+"""nntile-train: train a language model on tiles scheduled by StarPU, with HDF5 checkpoints.
 
-    nntile-train                          # small byte-level model on the Python stdlib sources
+    nntile-train                          # small byte-level GPT-2 on the Python stdlib sources
     nntile-train --data DIR --n-layer 6 --n-embd 384 --seq-len 256 --steps 5000
     nntile-train --resume latest          # continue the run in --out (bit for bit on CPU)
+    nntile-train --init-from HF_DIR --data DIR   # fine-tune a transformers model
 
 Flags left out fall back, in order, to the checkpoint being resumed and then to the defaults.
 Ctrl-C or SIGTERM ends the current step, saves a checkpoint and exits with 130 or 143; a second
@@ -22,17 +23,21 @@ import time
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_dtype, launcher_rank, model_tiling, nonneg_int,
-                               positive_int, resolve_distribution, resolve_tiling, run_cli,
-                               start_context, tiling_from_args)
+                               check_dtype, check_seq_len, family_model, launcher_rank,
+                               model_tiling, nonneg_int, positive_int, resolve_distribution,
+                               resolve_tiling, run_cli, start_context, tiling_from_args)
+from nntile.models import FAMILIES
 
-MODEL_DEFAULTS = dict(n_layer=4, n_head=4, n_embd=128, seq_len=128)
+DEFAULT_SEQ_LEN = 128
 TRAIN_DEFAULTS = dict(batch_size=8, grad_accum=1, steps=1500, lr=2e-3, min_lr=2e-4, warmup=100,
                       weight_decay=0.01, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0,
                       eval_every=250, eval_batches=4, save_every=500, keep=3, seed=1337)
 # Tiles of the default run: two batch tiles keep two CPU workers busy.
 DEFAULT_TILES = dict(batch=4)
-CONFIG_FLAGS = ("n_layer", "n_head", "n_embd", "vocab_size")
+# the model flags, and the canonical config attribute each one sets (CausalLMConfig)
+CONFIG_FLAGS = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+                "n_kv_head": "num_key_value_heads", "n_embd": "hidden_size",
+                "vocab_size": "vocab_size"}
 METRICS = "metrics.jsonl"
 
 
@@ -58,14 +63,18 @@ def nonneg_float(text):
 
 def build_parser():
     p = ArgumentParser(prog="nntile-train", description=__doc__.split("\n\n")[0])
-    g = p.add_argument_group("model (default: 4 layers, 4 heads, n_embd 128, seq 128, the "
-                             "data's vocabulary)")
-    g.add_argument("--config", help="model config JSON: nntile's or transformers' config.json")
+    g = p.add_argument_group("model (default: a GPT-2 of 4 layers, 4 heads, n_embd 128, seq "
+                             "128, the data's vocabulary)")
+    g.add_argument("--model", choices=list(FAMILIES), help="the family of a fresh model "
+                   "(gpt2; llama: 4 layers, hidden 128, 4 heads sharing 2 key/value heads)")
+    g.add_argument("--config", help="model config JSON: nntile's or transformers' config.json "
+                   "(its model_type picks the family)")
     g.add_argument("--n-layer", type=positive_int)
     g.add_argument("--n-head", type=positive_int)
+    g.add_argument("--n-kv-head", type=positive_int, help="key/value heads (llama)")
     g.add_argument("--n-embd", type=positive_int)
     g.add_argument("--seq-len", type=positive_int, help="training sequence length "
-                   "(also n_positions when the model comes from flags)")
+                   "(also the model's positions when it comes from flags)")
     g.add_argument("--vocab-size", type=positive_int)
     g.add_argument("--precision", "--dtype", dest="dtype",
                    help="fp32 (default), tf32, bf16 (bf16 storage, fp32 arithmetic), fp64, "
@@ -98,6 +107,9 @@ def build_parser():
     g.add_argument("--resume", metavar="PATH|latest", help="continue from a checkpoint")
     g.add_argument("--init", metavar="CKPT", help="start from a checkpoint's weights (e.g. "
                    "one made by nntile-convert import) with a fresh optimizer")
+    g.add_argument("--init-from", metavar="HF_DIR", help="start from a transformers "
+                   "directory (save_pretrained: config.json and the weights) with a fresh "
+                   "optimizer; its tokenizer is recorded for generation")
     g.add_argument("--overwrite", action="store_true", help="start afresh in an --out that "
                    "holds checkpoints (deleting them); with --resume of an earlier checkpoint, "
                    "delete the later ones instead of keeping them aside")
@@ -114,14 +126,48 @@ def _given(args, key):
     return getattr(args, key, None) is not None
 
 
+def _read_config_file(path):
+    """The config of a --config file: nntile's or transformers' config.json, of the family
+    its model_type names."""
+    from nntile.models import config_from_dict
+    if not os.path.isfile(path):  # a FIFO would block the read
+        raise CLIError(f"--config {path}: " + ("not a regular file" if os.path.exists(path)
+                                               else "no such file"))
+    try:
+        with open(path) as f:
+            return config_from_dict(json.load(f))
+    except (OSError, ValueError, TypeError) as exc:
+        raise CLIError(f"--config {path}: {exc}") from None
+
+
+def _fresh_config(args, vocab_size, seq_len):
+    """The config of a fresh model: the family's small default (``small``), changed by the
+    model flags."""
+    import inspect
+    from nntile.models import config_class
+    family = config_class(args.model or "gpt2")
+    flags = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_kv_head", "n_embd")
+             if _given(args, k)}
+    for key in flags:
+        if key not in inspect.signature(family.small).parameters:
+            raise CLIError(f"--{key.replace('_', '-')} does not apply to a {family.name} model")
+    try:
+        return family.small(vocab_size, seq_len, **flags)
+    except ValueError as exc:
+        raise CLIError(str(exc).replace(f"{family.__name__}.", "")) from None
+
+
 def resolve(args):
     from nntile.checkpoint import Checkpoint, latest
-    from nntile.models import GPT2Config
     s = Setup()
     s.ckpt = None
     s.init = None
-    if args.resume and args.init:
-        raise CLIError("--resume and --init conflict: pick one")
+    s.init_from = None
+    s.notes = []
+    given = [f"--{k.replace('_', '-')}" for k in ("resume", "init", "init_from")
+             if getattr(args, k)]
+    if len(given) > 1:
+        raise CLIError(f"{' and '.join(given)} conflict: pick one")
     if args.resume:
         if args.resume == "latest":
             out = args.out or "checkpoints"
@@ -142,30 +188,37 @@ def resolve(args):
     s.out = args.out or (os.path.dirname(os.path.abspath(args.resume))
                          if args.resume and args.resume != "latest" else "checkpoints")
 
-    # model configuration
+    # model configuration: of a checkpoint, a transformers directory, a config file or flags
+    if base is not None:
+        known, source = base.config, f"checkpoint {base.path}"
+    elif args.init_from:
+        from nntile.transformers_io import read_config
+        s.init_from = args.init_from
+        known, s.notes = read_config(args.init_from)
+        source = args.init_from
+    else:
+        known = source = None
     if args.config is not None:
         given = [f"--{k.replace('_', '-')}" for k in CONFIG_FLAGS if _given(args, k)]
         if given:
             raise CLIError(f"--config and {', '.join(given)} conflict: the model comes from "
                            "the config file")
-        if not os.path.isfile(args.config):  # a FIFO would block the read
-            raise CLIError(f"--config {args.config}: " + ("not a regular file" if
-                           os.path.exists(args.config) else "no such file"))
-        try:
-            config = GPT2Config.from_json(args.config)
-        except (OSError, ValueError, TypeError) as exc:
-            raise CLIError(f"--config {args.config}: {exc}") from None
-        if base is not None and config.to_dict() != base.config.to_dict():
-            raise CLIError(f"--config {args.config} differs from the model of checkpoint "
-                           f"{base.path}")
-    elif base is not None:
-        config = base.config
-        for key in CONFIG_FLAGS:
-            if _given(args, key) and getattr(args, key) != getattr(config, key):
+        config = _read_config_file(args.config)
+        if known is not None and config.to_dict() != known.to_dict():
+            raise CLIError(f"--config {args.config} differs from the model of {source}")
+    elif known is not None:
+        config = known
+        for key, name in CONFIG_FLAGS.items():
+            if _given(args, key) and getattr(args, key) != getattr(config, name):
                 raise CLIError(f"--{key.replace('_', '-')} {getattr(args, key)} conflicts with "
-                               f"checkpoint {base.path} ({key} = {getattr(config, key)})")
+                               f"{source} ({config.field_name(name)} = {getattr(config, name)})")
     else:
         config = None  # built once the vocabulary is known (from the data)
+    if config is not None:
+        if args.model and args.model != config.model_type:
+            raise CLIError(f"--model {args.model} conflicts with the {config.model_type} model "
+                           f"of {source or args.config}")
+        family_model(config)
     train_prev = (s.ckpt.get("train") or {}) if s.ckpt else {}
     init_prev = (base.get("train") or {}) if base else {}
     if _given(args, "seq_len"):
@@ -173,12 +226,11 @@ def resolve(args):
     elif "seq_len" in train_prev or "seq_len" in init_prev:
         s.seq_len = int(train_prev.get("seq_len", init_prev.get("seq_len")))
     elif config is not None:
-        s.seq_len = min(config.n_positions, 1024)
+        s.seq_len = min(config.max_position_embeddings, 1024)
     else:
-        s.seq_len = MODEL_DEFAULTS["seq_len"]
-    if config is not None and s.seq_len > config.n_positions:
-        raise CLIError(f"--seq-len {s.seq_len} is larger than the model's n_positions "
-                       f"({config.n_positions})")
+        s.seq_len = DEFAULT_SEQ_LEN
+    if config is not None:
+        check_seq_len(config, s.seq_len)
 
     # training settings: flag, else the resumed checkpoint, else the default
     for key, default in TRAIN_DEFAULTS.items():
@@ -225,20 +277,24 @@ def resolve(args):
             f"on {was.get('train_tokens', 0):,} and {was.get('val_tokens', 0):,} (in "
             f"{was.get('path', '?')}); training goes on with other batches than the first run")
     if config is None:
-        vocab = args.vocab_size or s.data.vocab_hint
-        try:
-            config = GPT2Config(vocab_size=vocab, n_positions=s.seq_len,
-                                n_embd=args.n_embd or MODEL_DEFAULTS["n_embd"],
-                                n_layer=args.n_layer or MODEL_DEFAULTS["n_layer"],
-                                n_head=args.n_head or MODEL_DEFAULTS["n_head"])
-        except ValueError as exc:
-            raise CLIError(str(exc).replace("GPT2Config.", "")) from None
+        config = _fresh_config(args, args.vocab_size or s.data.vocab_hint, s.seq_len)
+        family_model(config)
     s.config = config
+    # the model's own tokenizer, where it comes with one: the data must be made with it
+    model_tokenizer = None
+    if s.init_from:
+        from nntile.data import get_tokenizer
+        from nntile.transformers_io import tokenizer_info
+        model_tokenizer = tokenizer_info(s.init_from)
+        if model_tokenizer is not None:
+            loaded = get_tokenizer(model_tokenizer["name"], model_tokenizer["path"])
+            s.data.check_vocabulary(config.vocab_size, loaded, source)
+    s.data.check_vocabulary(config.vocab_size, None, source or "the model")
     s.data.check(config.vocab_size, s.seq_len)
     tok_prev = (base.get("tokenizer") if base else None) or {}
-    s.tokenizer = {"name": s.data.meta.get("tokenizer") or tok_prev.get("name")
-                   or s.data.tokenizer,
-                   "path": s.data.meta.get("tokenizer_path", tok_prev.get("path"))}
+    s.tokenizer = model_tokenizer or {
+        "name": s.data.meta.get("tokenizer") or tok_prev.get("name") or s.data.tokenizer,
+        "path": s.data.meta.get("tokenizer_path", tok_prev.get("path"))}
 
     # tiling: flags, else the checkpoint's, else the defaults of the default run
     given = tiling_from_args(args)
@@ -401,23 +457,6 @@ def read_metrics(path):
     return records
 
 
-def init_weights(model, config, seed):
-    """GPT-2's initialisation from a seeded numpy Generator (same seed, same weights)."""
-    rng = np.random.Generator(np.random.PCG64(seed))
-    proj_std = 0.02 / math.sqrt(2 * config.n_layer)
-    for name, param in model.named_parameters():
-        shape = param.value.shape
-        if name.endswith(".bias"):
-            array = np.zeros(shape)
-        elif ".ln_" in name or name.startswith("transformer.ln_f"):
-            array = np.ones(shape)
-        elif name.endswith("c_proj.weight"):
-            array = rng.normal(0.0, proj_std, shape)
-        else:
-            array = rng.normal(0.0, 0.02, shape)
-        param.write(array)
-
-
 class StopRequest:
     """SIGINT/SIGTERM: the first ends the run after the current step, a second abandons it."""
 
@@ -465,13 +504,6 @@ class StopRequest:
     @property
     def exit_code(self):
         return 128 + self.signum if self.signum else 0
-
-
-def flops_per_token(config, seq_len):
-    """Model FLOPs per trained token: 6 x the parameters that multiply (all but the position
-    embeddings) plus attention's 12 * n_layer * n_embd * seq."""
-    params = config.num_parameters() - config.n_positions * config.n_embd
-    return 6 * params + 12 * config.n_layer * config.n_embd * seq_len
 
 
 def plot_losses(records, path):
@@ -543,11 +575,10 @@ def _run(s, args, ctx, stop, echo, tqdm):
     from nntile.checkpoint import CheckpointError, checkpoint_name, prune, save
     from nntile.data import BatchSampler, eval_batches
     from nntile.distributed import Watchdog
-    from nntile.models import GPT2LMHead
     from nntile.optim import AdamW, LRSchedule
 
     config = s.config
-    model = GPT2LMHead(config, tiling=model_tiling(s.tiles), dtype=s.dtype)
+    model = family_model(config)(config, tiling=model_tiling(s.tiles), dtype=s.dtype)
     opt = AdamW(model.named_parameters(), lr=LRSchedule(s.lr, s.warmup, s.steps, s.min_lr),
                 betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay,
                 max_grad_norm=s.grad_clip or None)
@@ -569,8 +600,12 @@ def _run(s, args, ctx, stop, echo, tqdm):
             raise CheckpointError(f"checkpoint {s.ckpt.path}: attribute 'rng': {exc}") from None
     elif s.init is not None:
         s.init.load_params(model)
+    elif s.init_from is not None:
+        from nntile.transformers_io import read_state
+        model.load_state_dict(read_state(s.init_from, np.float64 if s.dtype == "fp64"
+                                         else np.float32))
     else:
-        init_weights(model, config, s.seed)
+        model.init_weights(s.seed)
     if ctx.rank == 0:
         start_outputs(s, args.overwrite, echo)
     echo(ctx.describe())
@@ -580,12 +615,14 @@ def _run(s, args, ctx, stop, echo, tqdm):
     val_batches = eval_batches(s.data.splits["val"], s.batch_size, s.seq_len, s.eval_batches)
     metrics_path = os.path.join(s.out, METRICS)
     tokens_per_step = s.batch_size * s.seq_len * s.grad_accum
-    flops_tok = flops_per_token(config, s.seq_len)
-    what = "resuming " + s.ckpt.path + f" at step {start_step}" if s.ckpt else \
-        ("weights of " + s.init.path if s.init else "fresh weights")
-    echo(f"nntile-train: GPT-2 {config.num_parameters() / 1e6:.2f}M parameters "
-         f"({config.n_layer} layers, {config.n_head} heads, n_embd {config.n_embd}, vocabulary "
-         f"{config.vocab_size}), {s.dtype}, tiles {s.tiles}; {s.batch_size}x{s.seq_len} tokens "
+    flops_tok = config.flops_per_token(s.seq_len)
+    what = ("resuming " + s.ckpt.path + f" at step {start_step}" if s.ckpt else
+            "weights of " + s.init.path if s.init else
+            "weights of " + s.init_from if s.init_from else "fresh weights")
+    for note in s.notes:
+        echo(f"nntile-train: note: {note}")
+    echo(f"nntile-train: {config.name} {config.num_parameters() / 1e6:.2f}M parameters "
+         f"({config.describe()}), {s.dtype}, tiles {s.tiles}; {s.batch_size}x{s.seq_len} tokens "
          f"x {s.grad_accum} per step, {s.steps} steps; data {s.data_dir} "
          f"({len(s.data.splits['train']):,} train tokens); {what}; out {s.out}")
 
@@ -604,7 +641,9 @@ def _run(s, args, ctx, stop, echo, tqdm):
                       val_tokens=len(s.data.splits["val"])),
             train={**{k: getattr(s, k) for k in TRAIN_DEFAULTS}, "seq_len": s.seq_len,
                    "data": s.data_dir},
-            tokenizer=s.tokenizer)
+            tokenizer=s.tokenizer,
+            **({"source": {"transformers": os.path.abspath(s.init_from)}} if s.init_from
+               else {}))
 
     saved = {"step": start_step if s.ckpt else None, "path": s.ckpt.path if s.ckpt else None}
 

@@ -77,7 +77,8 @@ def test_prepare_with_a_local_gpt2_tokenizer(tmp_path):
     result = cli("data", src, "--out", tmp_path / "out", "--tokenizer", tmp_path / "tok")
     assert result.returncode == 0, result.stderr
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 257
+    # transformers saved a tokenizer.json beside vocab.json: the tokenizers library reads it
+    assert meta["tokenizer"] == "tokenizer.json" and meta["vocab_size"] == 257
     ids = np.concatenate([np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16)
                           for s in ("train", "val")])
     assert (ids == 256).sum() == 3  # one end-of-text after each of the three files

@@ -123,12 +123,14 @@ def test_estimate_equals_the_tensors_a_training_step_registers(ctx, case):
 
 class ProbedBlock(Block):
     """A block with one tensor more of each kind a layer declares, each added in one place:
-    a parameter ``gain`` [n_embd] (with its gradient and optimizer states), a buffer
-    ``probe`` [batch, seq, 3] and a backward scratch ``dprobe`` [batch, seq, 5]."""
+    a parameter ``gain`` [n_embd] (with its gradient and optimizer states), a constant
+    ``scale`` [7], a buffer ``probe`` [batch, seq, 3] and a backward scratch ``dprobe``
+    [batch, seq, 5]."""
 
     def __init__(self, config, tiles, dtype):
         super().__init__(config, tiles, dtype)
         self.gain = self.add_param("gain", (config.n_embd,), (tiles["embd"],))
+        self.add_constant("scale", np.arange(7) / 8)
 
     def declare(self, lead, tiles):
         return super().declare(lead, tiles) + [
@@ -152,16 +154,20 @@ def test_a_tensor_added_to_a_layer_is_registered_and_estimated(ctx, dtype):
     assert probed["gradients"] - base["gradients"] == L * 12 * 4
     assert probed["optimizer_states"] - base["optimizer_states"] == L * 2 * 12 * 4  # AdamW
     assert probed["activations"] - base["activations"] == L * B * T * 3 * 4  # one per layer
-    assert probed["workspaces"] - base["workspaces"] == B * T * 5 * 4  # shared by the layers
+    # the scratch is shared by the layers, each layer has its constant
+    assert probed["workspaces"] - base["workspaces"] == B * T * 5 * 4 + L * 7 * 4
     assert probed["compute_copies"] == base["compute_copies"]
-    assert probed.ntensors - base.ntensors == L * (4 + 1) + 1
+    assert probed.ntensors - base.ntensors == L * (4 + 1 + 1) + 1
     names = {s.name for s in probed.specs} - {s.name for s in base.specs}
     assert {"transformer.h.2.gain/exp_avg_sq", "transformer.h.0.probe",
-            "scratch.dprobe"} <= names
+            "transformer.h.1.scale", "scratch.dprobe"} <= names
     # and the model built from the subclass registers exactly what the estimate lists
     with _one_training_step(config, B, T, tiling, dtype, "adamw", ProbedGPT2) as (model, _,
                                                                                  tensors):
         assert model.blocks[1].gain.value.shape == (12,)
+        assert model.blocks[1].constant("scale").to_array().tolist() == [i / 8 for i in
+                                                                          range(7)]
+        assert not any(name.endswith("scale") for name, _ in model.named_parameters())
         _same_tensors(tensors, probed)
 
 

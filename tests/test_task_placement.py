@@ -17,7 +17,7 @@ def train(ctx, layer_priorities, optimizer_on, steps=2):
     model = GPT2LMHead(CONFIG, TILING)
     model.layer_priorities = layer_priorities
     model.load_state_dict({name: 0.2 * rng.standard_normal(shape)
-                           for name, shape, _ in model._hf_views()})
+                           for name, shape in model.name_map.hf_shapes().items()})
     opt = AdamW(model.named_parameters(), lr=1e-2, max_grad_norm=1.0)
     ids, targets = rng.integers(0, CONFIG.vocab_size, (2, 2, 16))
     losses = []

@@ -1,42 +1,107 @@
-"""GPT-2 configuration (the fields of transformers' GPT2Config that matter)."""
+"""What the configs of every model family share: the tiling keys, the vocabulary's default
+tile, and ``CausalLMConfig``, the base of each family's config dataclass.
+
+A family's config (``GPT2Config``, ``LlamaConfig``) holds the fields of its transformers
+config that matter, checked, and says everything the shared skeleton (models/causal_lm.pyx)
+and the programs need to know about the family: its sizes for tiling, its parameter count and
+FLOPs, its initialisation, and its name map to transformers' state dict (nntile.models.name_map).
+Code shared by every family reads a config through transformers' canonical names
+(``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
+``head_dim``, ``intermediate_size``, ``max_position_embeddings``, ``vocab_size``,
+``tie_word_embeddings``) and ``norm_eps``; a family whose fields are named otherwise maps them
+in ``ATTRIBUTE_MAP``, as transformers' own ``attribute_map`` does.
+"""
 import dataclasses
 import json
-
+import math
 
 TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
-# the default width of the vocabulary's tiles, where it is larger (GPT2Config.sizes)
+# the default width of the vocabulary's tiles, where it is larger (CausalLMConfig.sizes)
 DEFAULT_VOCAB_TILE = 8192
 
 
-@dataclasses.dataclass
-class GPT2Config:
-    vocab_size: int = 50257
-    n_positions: int = 1024
-    n_embd: int = 768
-    n_layer: int = 12
-    n_head: int = 12
-    n_inner: int = None
-    layer_norm_epsilon: float = 1e-5
-    activation_function: str = "gelu_new"
-    tie_word_embeddings: bool = True
+class CausalLMConfig:
+    """The base of the families' config dataclasses (not a dataclass itself).
 
-    def __post_init__(self):
-        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+    A family sets ``model_type`` (transformers' name, the key of nntile.models.FAMILIES),
+    ``name`` (what the programs print), ``ATTRIBUTE_MAP`` (canonical name -> its field or
+    property) and ``DROPOUT_FIELDS`` (read and ignored: nntile trains without dropout), and
+    writes ``flops_per_token``, ``name_map``, ``initial``, ``describe``,
+    ``to_transformers_dict`` and ``small``.
+    """
+    model_type = None
+    name = None
+    ATTRIBUTE_MAP = {}
+    DROPOUT_FIELDS = ()
+
+    def __getattr__(self, name):  # only called for names that are not attributes
+        field = type(self).ATTRIBUTE_MAP.get(name)
+        if field is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(self, field)
+
+    @classmethod
+    def field_name(cls, name):
+        """The family's name of a canonical attribute (GPT-2: hidden_size -> n_embd), for
+        messages that name what the user gave."""
+        return cls.ATTRIBUTE_MAP.get(name, name)
+
+    def replace(self, **changes):
+        """A copy with some fields changed, given by canonical or own names."""
+        return dataclasses.replace(self, **{self.field_name(k): v for k, v in changes.items()})
+
+    def _check_positive(self, *names):
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPT2Config.{name}={value!r} must be a positive integer")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"GPT2Config: n_embd={self.n_embd} is not divisible by "
-                             f"n_head={self.n_head}")
-        if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner < 1):
-            raise ValueError(f"GPT2Config.n_inner={self.n_inner!r} must be a positive integer")
-        if self.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"GPT2Config.activation_function={self.activation_function!r}: "
-                             "only the tanh approximation of GELU (gelu_new) is implemented")
+                raise ValueError(f"{type(self).__name__}.{name}={value!r} must be a positive "
+                                 "integer")
 
-    @property
-    def inner(self):
-        return self.n_inner or 4 * self.n_embd
+    # ---- reading and writing ------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data):
+        """From our own config dict (a checkpoint's, config.json of nntile-train --config) or a
+        transformers ``config.json``: the fields we know are taken, the rest ignored."""
+        model_type = data.get("model_type") or "gpt2"  # checkpoints before families: gpt2
+        if model_type != cls.model_type:
+            raise ValueError(f"model_type {model_type!r} is not {cls.model_type}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+    @classmethod
+    def from_json(cls, path):
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} does not hold a JSON object")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_transformers(cls, hf_config):
+        return cls.from_dict(hf_config.to_dict())
+
+    @classmethod
+    def ignored(cls, data):
+        """What a transformers config asks for that nntile leaves out, as notes for the
+        programs to print: dropout (nntile trains without it; at inference it does nothing)."""
+        return [f"{key}={data[key]} ignored (nntile trains without dropout)"
+                for key in cls.DROPOUT_FIELDS
+                if isinstance(data.get(key), (int, float)) and data[key] > 0]
+
+    def to_dict(self):
+        """Our config as a JSON-able dict, ``model_type`` first (checkpoints record it)."""
+        return {"model_type": self.model_type, **dataclasses.asdict(self)}
+
+    def to_transformers(self):
+        """transformers' config object of this model (for tests and ``to_transformers``)."""
+        import transformers
+        data = self.to_transformers_dict("float32")
+        return transformers.AutoConfig.for_model(
+            data.pop("model_type"), **{k: v for k, v in data.items()
+                                       if k not in ("architectures", "torch_dtype", "dtype")})
+
+    # ---- tiles ----------------------------------------------------------------------------
 
     def sizes(self):
         """{tiling key: (the dimension's size, its default tile)}; the batch has neither.
@@ -44,34 +109,48 @@ class GPT2Config:
         tiles: a GEMM whose rows are not a multiple of 8 elements long (GPT-2's 50257) falls
         off cuBLAS's tensor-core kernels, and the head's three GEMMs ran 5x slower (GPT-2
         124M bf16-mixed on an H100: 63 -> 51 ms of kernels per step)."""
-        return {"batch": (None, None), "seq": (self.n_positions, self.n_positions),
-                "embd": (self.n_embd, self.n_embd), "head": (self.n_head, self.n_head),
-                "inner": (self.inner, self.inner),
-                "vocab": (self.vocab_size, min(self.vocab_size, DEFAULT_VOCAB_TILE))}
+        P, E, H, I, V = (self.max_position_embeddings, self.hidden_size,
+                         self.num_attention_heads, self.intermediate_size, self.vocab_size)
+        return {"batch": (None, None), "seq": (P, P), "embd": (E, E), "head": (H, H),
+                "inner": (I, I), "vocab": (V, min(V, DEFAULT_VOCAB_TILE))}
 
-    @classmethod
-    def from_dict(cls, data):
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+    def dimension_names(self):
+        """What each tiling key's size is called in messages."""
+        return {"batch": "the batch size", "seq": "the sequence length",
+                "embd": self.field_name("hidden_size"),
+                "head": self.field_name("num_attention_heads"), "inner": "the MLP width",
+                "vocab": "the vocabulary size"}
 
-    @classmethod
-    def from_json(cls, path):
-        """Reads our own config or a transformers GPT-2 ``config.json``."""
-        with open(path) as f:
-            data = json.load(f)
-        if data.get("model_type", "gpt2") != "gpt2":
-            raise ValueError(f"{path}: model_type {data['model_type']!r} is not gpt2")
-        return cls.from_dict(data)
+    def check_tiles(self, tiles):
+        """Raise ValueError for tiles (each already within its dimension) that the family
+        cannot run; grouped-query attention's head tiles, for one."""
+        group = self.num_attention_heads // self.num_key_value_heads
+        if tiles.get("head") is not None and tiles["head"] % group:
+            raise ValueError(
+                f"a tile of {tiles['head']} query heads splits a group of {group} heads "
+                f"sharing one key/value head ({self.field_name('num_attention_heads')} "
+                f"{self.num_attention_heads} / {self.field_name('num_key_value_heads')} "
+                f"{self.num_key_value_heads}): give a multiple of {group} (the key/value "
+                f"tile is then that divided by {group})")
 
-    @classmethod
-    def from_transformers(cls, hf_config):
-        return cls.from_dict(hf_config.to_dict())
+    # ---- what the family computes ---------------------------------------------------------
 
-    def to_dict(self):
-        return dataclasses.asdict(self)
+    def attention_flops_per_token(self, seq):
+        """Attention's score and value GEMMs, forward and backward: 12 x layers x the width of
+        the heads x the sequence (no causal discount, as is usual)."""
+        return 12 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * seq
+
+    def init_weights(self, parameters, seed):
+        """Initial values of ``parameters`` ((name, shape) pairs, in order), from a seeded
+        numpy Generator (same seed, same weights); ``initial(name)`` gives each one's
+        (mean, standard deviation), and a deviation of 0 draws nothing."""
+        import numpy as np
+        rng = np.random.Generator(np.random.PCG64(seed))
+        for name, shape in parameters:
+            mean, std = self.initial(name)
+            yield name, (rng.normal(mean, std, shape) if std else np.full(shape, float(mean)))
 
     def num_parameters(self):
-        E, V, P, L, I = self.n_embd, self.vocab_size, self.n_positions, self.n_layer, self.inner
-        per_layer = 4 * E + (3 * E * E + 3 * E) + (E * E + E) + (E * I + I) + (I * E + E)
-        head = 0 if self.tie_word_embeddings else V * E
-        return V * E + P * E + L * per_layer + 2 * E + head
+        """The parameter count: what the name map gives our parameters (a tied head counts
+        once, as in transformers' ``num_parameters``)."""
+        return sum(math.prod(shape) for shape in self.name_map().params().values())

@@ -14,6 +14,7 @@ cdef class Module:
     cdef dict _params
     cdef dict _children
     cdef dict _scratch
+    cdef dict _constants
     cdef dict _declared
     cdef dict _buffers
     cdef tuple _lead
@@ -81,5 +82,5 @@ cdef class Block(Module):
     cdef readonly LayerNorm ln_1, ln_2
     cdef readonly Attention attn
     cdef readonly MLP mlp
-    cpdef Tensor forward(self, Tensor x)
+    cpdef Tensor forward(self, Tensor x, Tensor positions=*)
     cpdef backward(self, Tensor dy, Tensor dx)

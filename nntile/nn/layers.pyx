@@ -17,6 +17,8 @@ kernels with bf16 data and fp32 accumulators.
 """
 import math
 
+import numpy as np
+
 from nntile._core.core cimport Tensor
 from nntile import ops
 from nntile.declare import TensorSpec
@@ -78,6 +80,7 @@ cdef class Module:
         self._declared = {}   # input [batch, seq] and tiles -> what declare() lists for it
         self._buffers = {}    # input [batch, seq] and tiles -> {name: buffer}
         self._scratch = {}    # shared_key -> tensor, one pool for the whole model
+        self._constants = {}  # name -> [TensorSpec, values, tensor once created]
         self._lead = None     # the input [batch, seq] and tiles of the last forward
 
     cpdef Parameter add_param(self, str name, tuple shape, tuple basetile, bint gemm=False):
@@ -86,6 +89,19 @@ cdef class Module:
         cdef Parameter param = Parameter(name, shape, basetile, self.master, self.compute, gemm)
         self._params[name] = param
         return param
+
+    def add_constant(self, str name, values):
+        """Declare a tensor computed once from the config and never trained (the inverse
+        frequencies of rotary positions): one tile in the master dtype, created and written
+        by ``create``; no gradient, not a parameter, so neither optimized nor saved in
+        checkpoints. ``constant(name)`` gives it."""
+        values = np.asarray(values)
+        spec = TensorSpec(name, values.shape, values.shape, self.master, "workspaces")
+        self._constants[name] = [spec, values, None]
+
+    def constant(self, str name):
+        """A constant's tensor (``add_constant``), once ``create`` has run."""
+        return self._constants[name][2]
 
     cpdef Module add_child(self, str name, Module module):
         self._children[name] = module
@@ -111,9 +127,14 @@ cdef class Module:
             yield from (<Module> child).named_parameters(f"{prefix}{name}.")
 
     def create(self):
-        """Create the tensors of every parameter of this module and its children."""
+        """Create the tensors of every parameter and constant of this module and its
+        children."""
         for _, param in self.named_parameters():
             (<Parameter> param).create()
+        for _, module in self.named_modules():
+            for entry in (<Module> module)._constants.values():
+                entry[2] = entry[0].create()
+                (<Tensor> entry[2]).write(entry[1])
 
     def zero_grad(self):
         for _, param in self.named_parameters():
@@ -152,7 +173,8 @@ cdef class Module:
 
     def declaration(self, lead=None, tiles=None, bint training=True):
         """The TensorSpecs of this module and its children, named by their place in it.
-        Without ``lead``: what ``create`` makes (parameters, gradients, compute copies). With
+        Without ``lead``: what ``create`` makes (parameters, gradients, compute copies,
+        constants). With
         it: what running on such an input adds, every module's buffers and, when
         ``training``, backward's scratch, once per shared key."""
         cdef list specs = [], scratch = []
@@ -161,6 +183,8 @@ cdef class Module:
             if lead is None:
                 for param in (<Module> module)._params.values():
                     specs += [s.renamed(prefix + s.name) for s in (<Parameter> param).specs]
+                specs += [entry[0].renamed(prefix + entry[0].name)
+                          for entry in (<Module> module)._constants.values()]
                 continue
             for s in module.declare(lead, tiles):
                 if not s.shared:
@@ -228,6 +252,10 @@ cdef class Module:
         self._scratch.clear()
         for param in self._params.values():
             (<Parameter> param).unregister()
+        for entry in self._constants.values():
+            if entry[2] is not None:
+                (<Tensor> entry[2]).unregister()
+                entry[2] = None
         for child in self._children.values():
             (<Module> child).unregister()
 
@@ -465,7 +493,9 @@ cdef class Block(Module):
                 self.scratch_spec("dx1", x, x_tiles, self.master),
                 self.scratch_spec("dh", x, x_tiles, self.master)]
 
-    cpdef Tensor forward(self, Tensor x):
+    cpdef Tensor forward(self, Tensor x, Tensor positions=None):
+        """The block's output; ``positions`` (what every family's block is given) are not
+        used: GPT-2's embeddings added them."""
         cdef dict buffers = self.buffers(x)
         cdef Tensor x1 = buffers["x1"], out = buffers["out"]
         cdef Tensor h = self.attn.forward(self.ln_1.forward(x))

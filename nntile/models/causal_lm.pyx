@@ -1,0 +1,399 @@
+# cython: language_level=3
+"""The causal language model, written once for every family: embeddings -> blocks -> final
+norm -> head -> loss, on tiled tensors.
+
+A family (models/gpt2.pyx, models/llama.pyx) subclasses ``CausalLM`` with data and its
+embeddings:
+
+* ``config_type``: its config class (nntile.models.config), which gives the sizes, the
+  tiling rules and the name map to transformers' state dict;
+* ``block_type``: its transformer block, built as ``block_type(config, tiles, dtype)`` under
+  the name ``f"{block_prefix}.{i}"``; ``forward(x, positions) -> out`` and
+  ``backward(dy, dx)`` on the residual stream (master dtype, [batch, seq, hidden]);
+  ``positions`` is the int64 [batch, seq] tensor of token positions;
+* ``norm_type``: its final norm, built as ``norm_type(hidden, hidden_tile, norm_eps, dtype)``
+  under ``norm_name``; ``forward(x) -> y`` (compute dtype) and ``backward(dy, dx, beta)``;
+* ``_build_embeddings``, ``_embed``, ``_embed_backward``: its embeddings, which write the
+  residual stream from the token ids (and positions), and their backward.
+
+The head is the token embedding's weight in a tied model, else ``lm_head.weight`` [vocab,
+hidden]. Parameter names are those of the family's name map, which the model checks at
+construction; ``state_dict``, ``load_state_dict``, ``gradients``, ``from_transformers`` and
+``to_transformers`` go through it.
+"""
+import numpy as np
+
+from nntile._core.core cimport Tensor
+from nntile import ops
+from nntile.declare import TensorSpec
+from nntile.models.config import TILING_KEYS
+from nntile.nn.layers cimport Embedding, Module, Parameter
+from nntile.precision import PRECISIONS
+
+
+# The model's own buffers that backward reads for the last time once the final norm's
+# backward is submitted, and once the embeddings' is (the positions are written once and kept).
+_HEAD_BUFFERS = ("logits", "loss/stats", "loss/lse", "loss/picked")
+_STREAM_BUFFERS = ("x0", "dx", "dx_other")
+
+
+cdef class CausalLM(Module):
+    """A causal language model over tiles (subclassed by each family, see the module).
+
+    ``tiling`` gives tile sizes for keys batch, seq, embd, head (query heads per tile; under
+    grouped-query attention a multiple of the group, the key/value tile being that divided
+    by the group), inner (MLP) and vocab; a missing key means one tile for that dimension
+    (the vocabulary: tiles of 8192 where it is larger, CausalLMConfig.sizes). Batch and seq
+    tiles are clipped to the data's shape, so any [batch, seq] with seq <= the model's
+    positions can be used. ``dtype`` is a precision (nntile.precision): fp32, tf32, fp64,
+    bf16 or bf16-mixed.
+
+    ``create=False`` builds the layers and their declarations only, and no tensor: what
+    ``tensor_specs`` (and nntile.memory) read before StarPU starts.
+    """
+    config_type = None
+    block_type = None
+    norm_type = None
+    block_prefix = None
+    norm_name = None
+
+    def __init__(self, config, tiling=None, str dtype="fp32", bint create=True):
+        name = type(self).__name__
+        if dtype not in PRECISIONS:
+            raise ValueError(f"{name}: dtype {dtype!r}; use {', '.join(PRECISIONS)}")
+        if not isinstance(config, self.config_type):
+            raise TypeError(f"{name} needs a {self.config_type.__name__}, got "
+                            f"{type(config).__name__}")
+        if self.block_type is None or self.norm_type is None:
+            raise NotImplementedError(f"{name}: the {config.name} block is not implemented yet")
+        super().__init__(dtype)
+        self.config = config
+        self.tiles = self.check_tiling(tiling or {}, config)
+        cdef dict t = self.tiles
+        cdef int E = config.hidden_size
+        self.embedding = self._build_embeddings()
+        self.blocks = [self.add_child(f"{self.block_prefix}.{i}",
+                                      self.block_type(config, t, dtype))
+                       for i in range(config.num_hidden_layers)]
+        self.norm = self.add_child(self.norm_name, self.norm_type(E, t["embd"], config.norm_eps,
+                                                                  dtype))
+        if config.tie_word_embeddings:
+            self.lm_head = self.embedding.weight
+        else:
+            self.lm_head = self.add_param("lm_head.weight", (config.vocab_size, E),
+                                          (t["vocab"], t["embd"]), gemm=True)
+        self.name_map = config.name_map()
+        self._check_name_map()
+        self._loss_spec = TensorSpec("loss_value", (1,), (1,), self.master, "workspaces")
+        self._ready_for_backward = False
+        # on by default: 2.80 vs 3.33 s per step at 1.23x an H100's memory, no loss in memory
+        # (docs/performance.md, "Past GPU memory on one GPU")
+        self.layer_priorities = True
+        # on by default: backward drops each block's activations once it has read them
+        # (Module.free_buffers), so that past GPU memory StarPU does not write them back to
+        # host memory: 81 -> 10.6-12.3 s per step at 6.07B, batch 16, on an H100 whose host
+        # memory is full (docs/performance.md, "Activations dropped after backward")
+        self.free_activations = True
+        if create:
+            self.create()
+
+    def _check_name_map(self):
+        """Every parameter of the name map is one of ours, of the same shape: what a family's
+        layers name otherwise fails here, not in a conversion."""
+        ours = {name: (<Parameter> p).specs[0].shape for name, p in self.named_parameters()}
+        for param, shape in self.name_map.params().items():
+            if param not in ours:
+                raise RuntimeError(f"{type(self).__name__} has no parameter {param}, which its "
+                                   "name map lists")
+            if ours[param] != shape:
+                raise RuntimeError(f"{type(self).__name__}: {param} has shape {ours[param]}, "
+                                   f"its name map says {shape}")
+
+    def create(self):
+        """Create the parameters' tensors and the loss."""
+        Module.create(self)
+        self.loss_value = self._loss_spec.create()
+
+    @staticmethod
+    def check_tiling(tiling, config):
+        """Tile sizes for every key: given ones checked against the config's sizes and its
+        rules (config.check_tiles), the others its defaults."""
+        unknown = set(tiling) - set(TILING_KEYS)
+        if unknown:
+            raise ValueError(f"tiling: unknown keys {sorted(unknown)}; use {list(TILING_KEYS)}")
+        sizes = {key: size for key, (size, _) in config.sizes().items()}
+        defaults = {key: tile for key, (_, tile) in config.sizes().items()}
+        tiles = {}
+        for key in TILING_KEYS:
+            value = tiling.get(key, defaults[key])
+            if value is None:  # batch: one tile for the whole batch unless told otherwise
+                tiles[key] = None
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"tiling[{key!r}]={value!r} must be an integer")
+            if value < 1 or (sizes[key] is not None and value > sizes[key]):
+                limit = f"between 1 and the {key} size {sizes[key]}" if sizes[key] else ">= 1"
+                raise ValueError(f"tiling[{key!r}]={value} must be {limit}")
+            tiles[key] = int(value)
+        config.check_tiles(tiles)
+        return tiles
+
+    # ---- the family's embeddings ----------------------------------------------------------
+
+    cdef Embedding _build_embeddings(self):
+        """Add the embeddings as children; return the token embedding (a tied head's weight)."""
+        raise NotImplementedError
+
+    cdef Tensor _embed(self, dict ws):
+        """Write the residual stream ws["x0"] from ws["ids"] (and ws["positions"])."""
+        raise NotImplementedError
+
+    cdef _embed_backward(self, Tensor dx):
+        """Accumulate the embeddings' gradients from the stream's gradient dx."""
+        raise NotImplementedError
+
+    # ---- what the model holds, declared -------------------------------------------------
+
+    cdef tuple _lead_for(self, int B, int T):
+        """[batch, seq] and their tiles (clipped to the data's shape)."""
+        return (B, T), (min(self.tiles["batch"] or B, B), min(self.tiles["seq"], T))
+
+    def declare(self, tuple lead, tuple tiles):
+        """The tensors of a [batch, seq] shape of the data: token ids, targets and positions,
+        the residual stream x0 and its gradient (ping-pong with dx_other), the logits and
+        the loss's statistics. The stream and the statistics are in the master dtype, the
+        logits (a GEMM's output) in the compute dtype."""
+        cdef tuple x = lead + (self.config.hidden_size,), x_tiles = tiles + (self.tiles["embd"],)
+        return [self.buffer_spec("ids", lead, tiles, "int64", "workspaces"),
+                self.buffer_spec("labels", lead, tiles, "int64", "workspaces"),
+                self.buffer_spec("positions", lead, tiles, "int64", "workspaces"),
+                self.buffer_spec("x0", x, x_tiles, self.master),
+                self.buffer_spec("dx", x, x_tiles, self.master, "workspaces"),
+                self.buffer_spec("dx_other", x, x_tiles, self.master, "workspaces"),
+                self.buffer_spec("logits", lead + (self.config.vocab_size,),
+                                 tiles + (self.tiles["vocab"],), category="logits"),
+                self.buffer_spec("loss/stats", lead + (2,), tiles + (2,), self.master,
+                                 "workspaces"),
+                self.buffer_spec("loss/lse", lead, tiles, self.master, "workspaces"),
+                self.buffer_spec("loss/picked", lead, tiles, self.master, "workspaces")]
+
+    def tensor_specs(self, batch=None, seq=None, bint training=True):
+        """What this model registers, as TensorSpecs. Without a shape: what the constructor
+        creates (parameters, gradients, compute copies, the loss). For [batch, seq]: what
+        the first step on data of that shape adds (buffers; with ``training``, backward's
+        scratch too)."""
+        if batch is None:
+            return self.declaration() + [self._loss_spec]
+        P = self.config.max_position_embeddings
+        if not 1 <= seq <= P or batch < 1:
+            raise ValueError(f"[batch, seq] = [{batch}, {seq}]: need batch >= 1 and "
+                             f"1 <= seq <= {self.config.field_name('max_position_embeddings')} "
+                             f"({P})")
+        return self.declaration(*self._lead_for(batch, seq), training)
+
+    @property
+    def dtype_name(self):
+        return self.dtype
+
+    # ---- parameters in transformers' layout, through the name map -------------------------
+
+    def _mapped_parameters(self):
+        """{name: Parameter}, once every parameter is known to the name map."""
+        params = dict(self.named_parameters())
+        extra = sorted(set(params) - set(self.name_map.params()))
+        if extra:
+            raise ValueError(f"{type(self).__name__}: parameter {extra[0]} has no place in "
+                             f"transformers' {self.config.name} state dict (the name map)")
+        return params
+
+    def load_state_dict(self, state):
+        """Load numpy arrays keyed by transformers' names (into the master weights, and their
+        compute copies); every tensor is checked before any is written."""
+        params = self._mapped_parameters()
+        for name, array in self.name_map.to_ours(state):
+            (<Parameter> params[name]).write(array)
+
+    def _collect(self, str which):
+        params = self._mapped_parameters()
+        return self.name_map.to_hf(lambda name: getattr(params[name], which).to_array())
+
+    def state_dict(self):
+        """Parameters (the master weights) as numpy arrays keyed by transformers' names."""
+        return self._collect("value")
+
+    def gradients(self):
+        """Gradients as numpy arrays keyed by transformers' names."""
+        return self._collect("grad")
+
+    def init_weights(self, seed):
+        """The family's initialisation (config.initial), from a seeded numpy Generator."""
+        params = dict(self.named_parameters())
+        shapes = [(name, (<Parameter> p).specs[0].shape) for name, p in params.items()]
+        for name, array in self.config.init_weights(shapes, seed):
+            (<Parameter> params[name]).write(array)
+
+    @classmethod
+    def from_transformers(cls, hf_model, tiling=None, dtype="fp32"):
+        """A model holding the weights of a transformers model of this family."""
+        import torch
+        model = cls(cls.config_type.from_transformers(hf_model.config), tiling, dtype)
+        state = {}
+        for name, tensor in hf_model.state_dict().items():
+            tensor = tensor.detach().cpu()
+            if tensor.dtype in (torch.bfloat16, torch.float16):  # numpy has no bfloat16
+                tensor = tensor.float()
+            state[name] = tensor.numpy()
+        model.load_state_dict(state)
+        return model
+
+    def to_transformers(self):
+        """A transformers model of this family holding a copy of the weights (fp64 for an
+        fp64 model, else fp32)."""
+        import torch
+        import transformers
+        hf = transformers.AutoModelForCausalLM.from_config(self.config.to_transformers())
+        hf = hf.to(torch.float64 if self.dtype == "fp64" else torch.float32)
+        state = self.state_dict()
+        with torch.no_grad():
+            for name, tensor in hf.state_dict().items():
+                if name in state:
+                    tensor.copy_(torch.from_numpy(state[name]))
+        return hf
+
+    # ---- forward, loss, backward ---------------------------------------------------------
+
+    def _check_tokens(self, array, str what):
+        array = np.asarray(array)
+        P = self.config.max_position_embeddings
+        if array.ndim != 2:
+            raise ValueError(f"{what} must be [batch, seq], got shape {array.shape}")
+        if array.shape[0] == 0:
+            raise ValueError(f"{what} has shape {array.shape}: the batch is empty")
+        if not 1 <= array.shape[1] <= P:
+            raise ValueError(f"{what} has shape {array.shape}: the sequence length must be "
+                             f"between 1 and "
+                             f"{self.config.field_name('max_position_embeddings')}={P}")
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"{what} must hold integers, got {array.dtype}")
+        if array.min() < 0 or array.max() >= self.config.vocab_size:
+            bad = array[(array < 0) | (array >= self.config.vocab_size)][0]
+            raise ValueError(f"{what} holds token id {bad}, outside the vocabulary "
+                             f"[0, {self.config.vocab_size})")
+        return array
+
+    cdef dict _workspace(self, int B, int T):
+        lead = self._lead_for(B, T)
+        new = lead not in self._buffers
+        cdef dict ws = self._buffers_for(lead)
+        if new:
+            ws["positions"].write(np.broadcast_to(np.arange(T), (B, T)))
+        return ws
+
+    cdef _prioritize(self, int distance):
+        """With ``layer_priorities``, tasks submitted next get their distance from the end of
+        the step as priority (forward of block i: 2L+2-i, loss: L+2, backward of block i:
+        i+1, the optimizer after it: 0), so that where several tasks are ready the scheduler
+        runs the one on the critical path, and fetches its tiles, first."""
+        if self.layer_priorities:
+            ops.set_task_priority(distance)
+
+    cdef Tensor _forward(self, input_ids):
+        if self.loss_value is None:
+            raise RuntimeError(f"{type(self).__name__}(create=False) declares its tensors but "
+                               "holds none; call create() before running it")
+        ids = self._check_tokens(input_ids, "input_ids")
+        cdef dict ws = self._workspace(ids.shape[0], ids.shape[1])
+        self._ws = ws
+        ws["ids"].write(ids)
+        cdef int L = len(self.blocks), i
+        self._prioritize(2 * L + 3)
+        cdef Tensor x = self._embed(ws), positions = ws["positions"]
+        for i in range(L):
+            self._prioritize(2 * L + 2 - i)
+            x = self.blocks[i].forward(x, positions)
+        self._prioritize(L + 2)
+        self._h = self.norm.forward(x)
+        ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws["logits"])
+        return ws["logits"]
+
+    def forward(self, input_ids):
+        """Logits [batch, seq, vocab] as a numpy array."""
+        self._ready_for_backward = False
+        logits = self._forward(input_ids)
+        self._prioritize(0)
+        return logits.to_array()
+
+    def loss(self, input_ids, targets):
+        """Mean cross-entropy of next-token targets (already shifted) as a float; activations
+        are kept for ``backward``."""
+        self.submit_loss(input_ids, targets)
+        return float(self.loss_value.to_array()[0])
+
+    def submit_loss(self, input_ids, targets):
+        """Submit forward and loss without waiting; the loss lands in ``loss_value``."""
+        input_ids = self._check_tokens(input_ids, "input_ids")
+        targets = self._check_tokens(targets, "targets")
+        if targets.shape != input_ids.shape:
+            raise ValueError(f"targets have shape {targets.shape} but input_ids {input_ids.shape}")
+        cdef Tensor logits = self._forward(input_ids)
+        cdef dict ws = self._ws
+        ws["labels"].write(targets)
+        ops.cross_entropy(logits, ws["labels"], ws["loss/stats"], ws["loss/lse"],
+                          ws["loss/picked"], self.loss_value, 1.0 / input_ids.size)
+        self._prioritize(0)
+        self._ready_for_backward = True
+
+    def backward(self, double scale=1.0):
+        """Accumulate every parameter's gradient of the last loss, times ``scale`` (for
+        gradient accumulation over micro-batches, pass 1/number of micro-batches)."""
+        if not self._ready_for_backward:
+            raise RuntimeError("backward() needs a loss() first (forward() alone keeps no loss)")
+        self._ready_for_backward = False
+        cdef dict ws = self._ws
+        cdef Tensor dlogits = ws["logits"], ids = ws["ids"]
+        cdef int i
+        self._prioritize(len(self.blocks) + 1)
+        ops.cross_entropy_backward(dlogits, ws["labels"], ws["loss/stats"],
+                                   scale / ids.traits.size)
+        ops.gemm(1.0, dlogits, "T", self._h, "N", 1.0, self.lm_head.grad, ndim=2)
+        cdef Tensor dx = ws["dx"], other = ws["dx_other"]
+        # StarPU orders the reuse of dx_other after the norm has read it (data dependencies).
+        ops.gemm(1.0, dlogits, "N", self.lm_head.compute, "N", 0.0, other)
+        self.norm.backward(other, dx, 0.0)
+        if self.free_activations:
+            self._drop([self.norm], _HEAD_BUFFERS)
+        for i in reversed(range(len(self.blocks))):
+            self._prioritize(i + 1)
+            self.blocks[i].backward(dx, other)
+            if self.free_activations:  # block i's output was read by block i+1's backward
+                self._drop([self.blocks[i]], ())
+            dx, other = other, dx
+        self._embed_backward(dx)
+        if self.free_activations:
+            self._drop([], _STREAM_BUFFERS, scratch=True)
+        self._prioritize(0)
+
+    def free_buffers(self):
+        """Drop what the last forward kept for backward (activations, logits, the loss's
+        statistics, backward's scratch), e.g. after an evaluation loss that no backward will
+        read: past GPU memory StarPU would otherwise write them back to host memory. The
+        positions stay; ``backward`` then needs a new ``loss``."""
+        self._ready_for_backward = False
+        if self._ws is not None:
+            self._drop(self.blocks + [self.norm], _HEAD_BUFFERS + _STREAM_BUFFERS, scratch=True)
+
+    cdef _drop(self, list modules, tuple names, bint scratch=False):
+        """Invalidate the buffers of ``modules``, the model's buffers ``names`` of the last
+        forward and, with ``scratch``, backward's scratch (Tensor.invalidate)."""
+        for module in modules:
+            (<Module> module).free_buffers()
+        for name in names:
+            (<Tensor> self._ws[name]).invalidate()
+        if scratch:
+            for tensor in self._scratch.values():
+                (<Tensor> tensor).invalidate()
+
+    def unregister(self):
+        if self.loss_value is not None:
+            self.loss_value.unregister()
+        Module.unregister(self)
