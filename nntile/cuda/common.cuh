@@ -729,7 +729,8 @@ NNTILE_CUDA_END
 #define NNTILE_CUDA_DEFINE(T, ACC, S, op, fn)                                \
     extern "C" NNTILE_CUDA_SIGNATURE(op, T, ACC, S)                          \
     {                                                                        \
-        fn(args, stream NNTILE_BUFFERS_##op(NNTILE_CUDA_PASS, T, ACC));      \
+        fn(args, stream NNTILE_BUFFERS_##op(NNTILE_CUDA_PASS, NNTILE_CUDA_PASS,  \
+                                        T, ACC));                    \
     }
 #define NNTILE_CUDA_EXPORT_AS(op, fn)                                        \
     NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op, fn)

@@ -46,7 +46,7 @@ typedef struct cublasContext *cublasHandle_t;
  * so, for bf16_fp32 (mixed precision: bf16 data, float accumulators). */
 #define NNTILE_CUDA_SIGNATURE(op, T, ACC, S) \
     void nntile_cuda_##op##_##S(const struct nntile_##op##_args *args, \
-        cudaStream_t stream NNTILE_BUFFERS_##op(NNTILE_PARAM, T, ACC))
+        cudaStream_t stream NNTILE_BUFFERS_##op(NNTILE_PARAM, NNTILE_PARAM, T, ACC))
 #define NNTILE_CUDA_DECLARE_ONE(T, ACC, S, op) \
     NNTILE_CUDA_SIGNATURE(op, T, ACC, S);
 #define NNTILE_CUDA_DECLARE(op, nbuf, columns) \
@@ -59,7 +59,8 @@ typedef struct cublasContext *cublasHandle_t;
  * (float storage, TF32 tensor-core math); gemm.cu defines them by hand. */
 #define NNTILE_CUDA_DECLARE_BLAS_ONE(T, ACC, S, op) \
     void nntile_cuda_##op##_##S(const struct nntile_##op##_args *args, \
-        cublasHandle_t handle NNTILE_BUFFERS_##op(NNTILE_PARAM, T, ACC));
+        cublasHandle_t handle NNTILE_BUFFERS_##op(NNTILE_PARAM, NNTILE_PARAM, T, \
+            ACC));
 #define NNTILE_CUDA_DECLARE_BLAS(op, nbuf, columns) \
     NNTILE_CUDA_DECLARE_EACH(NNTILE_CUDA_DECLARE_BLAS_ONE, op, columns) \
     NNTILE_CUDA_DECLARE_BLAS_ONE(float, float, tf32, op)

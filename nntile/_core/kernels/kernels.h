@@ -152,71 +152,82 @@ struct nntile_sgd_step_args {
 #define NNTILE_IF_MIXED_MIXED_ONLY(...) __VA_ARGS__
 
 /* ---- buffers ----
- * NNTILE_BUFFERS_<op>(P, T, ACC): the op's buffers in order, P(type, name)
- * each, for data type T and accumulator type ACC (the type of the buffers
- * that hold statistics, reductions, accumulating GEMM outputs, optimizer
- * masters). The CPU kernels follow them, and so do their CUDA twins
- * (cuda/cuda_kernels.h). */
-#define NNTILE_BUFFERS_fill(P, T, ACC) P(T *, dst)
-#define NNTILE_BUFFERS_copy(P, T, ACC) P(const T *, src) P(T *, dst)
-#define NNTILE_BUFFERS_subcopy(P, T, ACC) P(const T *, src) P(T *, dst)
-#define NNTILE_BUFFERS_add(P, T, ACC) P(const T *, src) P(ACC *, dst)
-#define NNTILE_BUFFERS_cast(P, T, ACC) P(const ACC *, src) P(T *, dst)
-#define NNTILE_BUFFERS_scal(P, T, ACC) P(T *, dst)
-#define NNTILE_BUFFERS_prod(P, T, ACC) \
-    P(const T *, src1) P(const T *, src2) P(T *, dst)
-#define NNTILE_BUFFERS_gelu(P, T, ACC) P(const T *, src) P(T *, dst)
-#define NNTILE_BUFFERS_gelu_backward(P, T, ACC) \
-    P(const T *, x) P(const T *, dy) P(T *, dx)
-#define NNTILE_BUFFERS_gelutanh(P, T, ACC) P(const T *, src) P(T *, dst)
-#define NNTILE_BUFFERS_gelutanh_backward(P, T, ACC) \
-    P(const T *, x) P(const T *, dy) P(T *, dx)
-#define NNTILE_BUFFERS_add_fiber(P, T, ACC) P(const ACC *, fiber) P(T *, dst)
-#define NNTILE_BUFFERS_prod_fiber(P, T, ACC) P(const ACC *, fiber) P(T *, dst)
-#define NNTILE_BUFFERS_sum_fiber(P, T, ACC) P(const T *, src) P(ACC *, fiber)
-#define NNTILE_BUFFERS_sumprod_fiber(P, T, ACC) \
-    P(const T *, src1) P(const T *, src2) P(ACC *, fiber)
-#define NNTILE_BUFFERS_sum_slice(P, T, ACC) P(const T *, src) P(ACC *, dst)
-#define NNTILE_BUFFERS_sumprod_slice(P, T, ACC) \
-    P(const T *, src1) P(const T *, src2) P(ACC *, dst)
-#define NNTILE_BUFFERS_add_slice(P, T, ACC) P(const ACC *, src) P(T *, dst)
-#define NNTILE_BUFFERS_prod_slice(P, T, ACC) P(const ACC *, src) P(T *, dst)
-#define NNTILE_BUFFERS_maxsumexp(P, T, ACC) P(const T *, src) P(ACC *, stats)
-#define NNTILE_BUFFERS_softmax_inplace(P, T, ACC) \
+ * NNTILE_BUFFERS_<op>(P, W, T, ACC): the op's buffers in order, one
+ * P(type, name) or W(type, name) each, for data type T and accumulator type
+ * ACC (the type of the buffers that hold statistics, reductions,
+ * accumulating GEMM outputs, optimizer masters). The CPU kernels follow
+ * them, and so do their CUDA twins (cuda/cuda_kernels.h). A task's access
+ * mode of each buffer follows from them too (submit in ../ops.pxi):
+ *   P(const ...)  read;
+ *   P(...)        read and written (the kernel updates what is there);
+ *   W(...)        written: the kernel overwrites it, so StarPU need not
+ *                 fetch the tile, unless the task accumulates into it (a
+ *                 kernel with beta != 0, a later tile of a reduction), when
+ *                 it is read too. */
+#define NNTILE_BUFFERS_fill(P, W, T, ACC) W(T *, dst)
+#define NNTILE_BUFFERS_copy(P, W, T, ACC) P(const T *, src) W(T *, dst)
+#define NNTILE_BUFFERS_subcopy(P, W, T, ACC) P(const T *, src) W(T *, dst)
+#define NNTILE_BUFFERS_add(P, W, T, ACC) P(const T *, src) W(ACC *, dst)
+#define NNTILE_BUFFERS_cast(P, W, T, ACC) P(const ACC *, src) W(T *, dst)
+#define NNTILE_BUFFERS_scal(P, W, T, ACC) P(T *, dst)
+#define NNTILE_BUFFERS_prod(P, W, T, ACC) \
+    P(const T *, src1) P(const T *, src2) W(T *, dst)
+#define NNTILE_BUFFERS_gelu(P, W, T, ACC) P(const T *, src) W(T *, dst)
+#define NNTILE_BUFFERS_gelu_backward(P, W, T, ACC) \
+    P(const T *, x) P(const T *, dy) W(T *, dx)
+#define NNTILE_BUFFERS_gelutanh(P, W, T, ACC) P(const T *, src) W(T *, dst)
+#define NNTILE_BUFFERS_gelutanh_backward(P, W, T, ACC) \
+    P(const T *, x) P(const T *, dy) W(T *, dx)
+#define NNTILE_BUFFERS_add_fiber(P, W, T, ACC) P(const ACC *, fiber) W(T *, dst)
+#define NNTILE_BUFFERS_prod_fiber(P, W, T, ACC) P(const ACC *, fiber) P(T *, dst)
+#define NNTILE_BUFFERS_sum_fiber(P, W, T, ACC) P(const T *, src) W(ACC *, fiber)
+#define NNTILE_BUFFERS_sumprod_fiber(P, W, T, ACC) \
+    P(const T *, src1) P(const T *, src2) W(ACC *, fiber)
+#define NNTILE_BUFFERS_sum_slice(P, W, T, ACC) P(const T *, src) W(ACC *, dst)
+#define NNTILE_BUFFERS_sumprod_slice(P, W, T, ACC) \
+    P(const T *, src1) P(const T *, src2) W(ACC *, dst)
+#define NNTILE_BUFFERS_add_slice(P, W, T, ACC) P(const ACC *, src) W(T *, dst)
+#define NNTILE_BUFFERS_prod_slice(P, W, T, ACC) P(const ACC *, src) P(T *, dst)
+#define NNTILE_BUFFERS_maxsumexp(P, W, T, ACC) \
+    P(const T *, src) W(ACC *, stats)
+#define NNTILE_BUFFERS_softmax_inplace(P, W, T, ACC) \
     P(const ACC *, stats) P(T *, dst)
-#define NNTILE_BUFFERS_softmax_backward(P, T, ACC) \
+#define NNTILE_BUFFERS_softmax_backward(P, W, T, ACC) \
     P(const T *, p) P(const ACC *, sums) P(T *, dp)
-#define NNTILE_BUFFERS_mask_causal(P, T, ACC) P(T *, dst)
-#define NNTILE_BUFFERS_logsumexp(P, T, ACC) P(const T *, stats) P(T *, dst)
-#define NNTILE_BUFFERS_xent_picked(P, T, ACC) \
-    P(const T *, logits) P(const int64_t *, labels) P(ACC *, picked)
-#define NNTILE_BUFFERS_xent_loss(P, T, ACC) \
-    P(const T *, lse) P(const T *, picked) P(T *, loss)
-#define NNTILE_BUFFERS_xent_grad_inplace(P, T, ACC) \
+#define NNTILE_BUFFERS_mask_causal(P, W, T, ACC) P(T *, dst)
+#define NNTILE_BUFFERS_logsumexp(P, W, T, ACC) \
+    P(const T *, stats) W(T *, dst)
+#define NNTILE_BUFFERS_xent_picked(P, W, T, ACC) \
+    P(const T *, logits) P(const int64_t *, labels) W(ACC *, picked)
+#define NNTILE_BUFFERS_xent_loss(P, W, T, ACC) \
+    P(const T *, lse) P(const T *, picked) W(T *, loss)
+#define NNTILE_BUFFERS_xent_grad_inplace(P, W, T, ACC) \
     P(const ACC *, stats) P(const int64_t *, labels) P(T *, logits)
-#define NNTILE_BUFFERS_embedding(P, T, ACC) \
+#define NNTILE_BUFFERS_embedding(P, W, T, ACC) \
     P(const int64_t *, ids) P(const T *, table) P(T *, dst)
-#define NNTILE_BUFFERS_embedding_backward(P, T, ACC) \
+#define NNTILE_BUFFERS_embedding_backward(P, W, T, ACC) \
     P(const int64_t *, ids) P(const T *, dy) P(T *, dtable)
-#define NNTILE_BUFFERS_layernorm_stats(P, T, ACC) P(const T *, x) P(T *, stats)
-#define NNTILE_BUFFERS_layernorm_forward(P, T, ACC) \
+#define NNTILE_BUFFERS_layernorm_stats(P, W, T, ACC) \
+    P(const T *, x) W(T *, stats)
+#define NNTILE_BUFFERS_layernorm_forward(P, W, T, ACC) \
     P(const ACC *, x) P(const ACC *, stats) P(const ACC *, gamma) \
-    P(const ACC *, beta_) P(T *, y)
-#define NNTILE_BUFFERS_layernorm_backward_reduce(P, T, ACC) \
+    P(const ACC *, beta_) W(T *, y)
+#define NNTILE_BUFFERS_layernorm_backward_reduce(P, W, T, ACC) \
     P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, gamma) \
-    P(T *, rowacc) P(T *, dgamma) P(T *, dbeta)
-#define NNTILE_BUFFERS_layernorm_backward(P, T, ACC) \
+    W(T *, rowacc) P(T *, dgamma) P(T *, dbeta)
+#define NNTILE_BUFFERS_layernorm_backward(P, W, T, ACC) \
     P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, gamma) \
-    P(const T *, rowacc) P(T *, dx)
-#define NNTILE_BUFFERS_gemm(P, T, ACC) P(const T *, A) P(const T *, B) P(ACC *, C)
-#define NNTILE_BUFFERS_sumsq(P, T, ACC) P(const T *, src) P(T *, dst)
-#define NNTILE_BUFFERS_adam_step(P, T, ACC) \
+    P(const T *, rowacc) W(T *, dx)
+#define NNTILE_BUFFERS_gemm(P, W, T, ACC) \
+    P(const T *, A) P(const T *, B) W(ACC *, C)
+#define NNTILE_BUFFERS_sumsq(P, W, T, ACC) P(const T *, src) W(T *, dst)
+#define NNTILE_BUFFERS_adam_step(P, W, T, ACC) \
     P(ACC *, p) P(const ACC *, g) P(ACC *, m) P(ACC *, v) P(const ACC *, normsq)
-#define NNTILE_BUFFERS_adam_step_refresh(P, T, ACC) \
-    P(ACC *, p) P(const ACC *, g) P(ACC *, m) P(ACC *, v) P(T *, copy) \
+#define NNTILE_BUFFERS_adam_step_refresh(P, W, T, ACC) \
+    P(ACC *, p) P(const ACC *, g) P(ACC *, m) P(ACC *, v) W(T *, copy) \
     P(const ACC *, normsq)
-#define NNTILE_BUFFERS_sgd_step(P, T, ACC) \
-    P(ACC *, p) P(const ACC *, g) P(ACC *, buf) P(const ACC *, normsq)
+#define NNTILE_BUFFERS_sgd_step(P, W, T, ACC) \
+    P(ACC *, p) P(const ACC *, g) W(ACC *, buf) P(const ACC *, normsq)
 
 /* ---- prototypes ----
  * void nntile_kernel_<op>_<S>(const struct nntile_<op>_args *args, <buffers>)
@@ -232,7 +243,7 @@ struct nntile_sgd_step_args {
 #define NNTILE_PARAM(type, name) , type name
 #define NNTILE_KERNEL_PROTO(T, ACC, S, op) \
     void nntile_kernel_##op##_##S(const struct nntile_##op##_args *args \
-        NNTILE_BUFFERS_##op(NNTILE_PARAM, T, ACC));
+        NNTILE_BUFFERS_##op(NNTILE_PARAM, NNTILE_PARAM, T, ACC));
 #define NNTILE_KERNEL_PROTOS(op, nbuf, columns) \
     NNTILE_FOR_EACH_DTYPE(NNTILE_KERNEL_PROTO, op)
 NNTILE_OPS(NNTILE_KERNEL_PROTOS, NNTILE_KERNEL_PROTOS, NNTILE_KERNEL_PROTOS)
