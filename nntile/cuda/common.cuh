@@ -106,11 +106,15 @@ __device__ __forceinline__ double vexp(double x)
     return x > 709.43 ? CUDART_INF : (x < -708.39 ? 0.0 : r);
 }
 
-/* Shift before exponentiation: the max, or 0 when it is -inf. */
-template <typename C> __device__ __forceinline__ C exp_shift(C m)
-{
-    return m == ninf<C>() ? (C)0 : m;
-}
+/* The formulas shared with the CPU kernels (gelu, exp_shift, adam, ...), as
+ * templates over the compute type, with the math of that type. */
+#define VEXP vexp
+#define ERF m_erf
+#define SQRT m_sqrt
+#include "../_core/kernels/formulas.h"
+#undef VEXP
+#undef ERF
+#undef SQRT
 
 /* ---------------------------------------------------------------- launch */
 

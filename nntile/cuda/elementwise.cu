@@ -78,30 +78,21 @@ void prod(const nntile_prod_args *a, cudaStream_t s, const T *s1,
     launch_elementwise(a->n, ProdOp<T>{(C_t<T>)a->alpha}, s, s1, s2, dst);
 }
 
-/* GELU (exact): 0.5 x (1 + erf(x/sqrt(2))) */
+/* GELU (exact, formulas.h) */
 struct GeluOp {
     template <typename T>
     __device__ void operator()(int64_t i, const T *src, T *dst) const
     {
-        typedef C_t<T> C;
-        const C inv_sqrt2 = (C)0.70710678118654752440;
-        const C x = ld(src[i]);
-        dst[i] = st<T>((C)0.5 * x * ((C)1 + m_erf(x * inv_sqrt2)));
+        dst[i] = st<T>(gelu(ld(src[i])));
     }
 };
 
-/* GELU, tanh approximation: x * sigmoid(2u),
- * u = sqrt(2/pi) (x + 0.044715 x^3) */
+/* GELU, tanh approximation (formulas.h) */
 struct GeluTanhOp {
     template <typename T>
     __device__ void operator()(int64_t i, const T *src, T *dst) const
     {
-        typedef C_t<T> C;
-        const C k2 = (C)(-2 * 0.79788456080286535588);
-        const C k1 = (C)0.044715;
-        const C x = ld(src[i]);
-        const C e = vexp(k2 * (x + k1 * x * x * x));
-        dst[i] = st<T>(x / ((C)1 + e));
+        dst[i] = st<T>(gelutanh(ld(src[i])));
     }
 };
 
@@ -125,33 +116,18 @@ void chain_rule(const Args *a, cudaStream_t s, const T *x, const T *dy, T *dx)
 }
 
 template <typename T> struct GeluBackwardOp : ChainRule<T> {
-    __device__ void operator()(int64_t i, const T *x_, const T *dy,
+    __device__ void operator()(int64_t i, const T *x, const T *dy,
                                T *dx) const
     {
-        typedef C_t<T> C;
-        const C inv_sqrt2 = (C)0.70710678118654752440;
-        const C inv_sqrt2pi = (C)0.39894228040143267794;
-        const C x = ld(x_[i]);
-        const C d = (C)0.5 * ((C)1 + m_erf(x * inv_sqrt2))
-                  + x * inv_sqrt2pi * vexp((C)-0.5 * x * x);
-        this->store(i, d, dy, dx);
+        this->store(i, gelu_deriv(ld(x[i])), dy, dx);
     }
 };
 
 template <typename T> struct GeluTanhBackwardOp : ChainRule<T> {
-    __device__ void operator()(int64_t i, const T *x_, const T *dy,
+    __device__ void operator()(int64_t i, const T *x, const T *dy,
                                T *dx) const
     {
-        typedef C_t<T> C;
-        const C k0 = (C)0.79788456080286535588;
-        const C k2 = (C)(-2 * 0.79788456080286535588);
-        const C k1 = (C)0.044715;
-        const C k3 = (C)(3 * 0.044715);
-        const C x = ld(x_[i]);
-        const C x2 = x * x;
-        const C sg = (C)1 / ((C)1 + vexp(k2 * (x + k1 * x2 * x)));
-        const C d = sg + (C)2 * x * sg * ((C)1 - sg) * k0 * ((C)1 + k3 * x2);
-        this->store(i, d, dy, dx);
+        this->store(i, gelutanh_deriv(ld(x[i])), dy, dx);
     }
 };
 
