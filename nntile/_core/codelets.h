@@ -12,7 +12,10 @@
 #include "kernels/kernels.h"
 
 #define NNTILE_OP_ENUM(op, nbuf, columns) NNTILE_OP_##op,
-enum nntile_op { NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM) NNTILE_OP_COUNT };
+enum nntile_op {
+    NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_ACT_OPS)
+    NNTILE_OP_COUNT
+};
 #undef NNTILE_OP_ENUM
 
 /* Storage types of tiles, and the columns of the op table. tf32 stores fp32 and differs only

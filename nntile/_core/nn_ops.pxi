@@ -159,7 +159,7 @@ cdef _unary(str name, int op, Tensor src, Tensor dst):
     _float_same(name, [(src, "src"), (dst, "dst")])
     _same_traits(name, src, "src", dst, "dst")
     _distinct(name, [(src, "src"), (dst, "dst")])
-    cdef nntile_gelu_args args  # every unary op's args are {n} (kernel_header.unary_ops)
+    cdef nntile_gelu_args args  # every activation's args are {n} (NNTILE_ACT_ARGS)
     cdef starpu_data_handle_t h[2]
     cdef Py_ssize_t i
     for i in range(dst.traits.ntiles):
@@ -175,7 +175,7 @@ cdef _unary_backward(str name, int op, Tensor x, Tensor dy, beta, Tensor dx):
     _same_traits(name, dy, "dy", dx, "dx")
     _distinct(name, [(x, "x"), (dx, "dx")])
     _distinct(name, [(dy, "dy"), (dx, "dx")])
-    cdef nntile_gelu_backward_args args  # same layout as gelutanh_backward: {n, beta}
+    cdef nntile_gelu_backward_args args  # every activation's backward: {n, beta}
     cdef starpu_data_handle_t h[3]
     args.beta = beta
     cdef Py_ssize_t i
@@ -187,19 +187,10 @@ cdef _unary_backward(str name, int op, Tensor x, Tensor dy, beta, Tensor dx):
         submit(op, dx.dtype_id, 3, h, &args, sizeof(args), args.beta != 0)
 
 
-# The tensor ops of the op table's unary ops (gelu, gelutanh, ...: def op(Tensor src,
-# Tensor dst) calling _unary), written by setup.py from kernels.h.
-include "unary_ops.pxi"
-
-
-def gelu_backward(Tensor x, Tensor dy, beta, Tensor dx):
-    """dx = dy * gelu'(x) + beta * dx."""
-    _unary_backward("gelu_backward", NNTILE_OP_gelu_backward, x, dy, beta, dx)
-
-
-def gelutanh_backward(Tensor x, Tensor dy, beta, Tensor dx):
-    """dx = dy * gelutanh'(x) + beta * dx."""
-    _unary_backward("gelutanh_backward", NNTILE_OP_gelutanh_backward, x, dy, beta, dx)
+# The tensor ops of the op table's activations (gelu, gelutanh, silu, ...: def act(Tensor
+# src, Tensor dst) calling _unary, def act_backward(x, dy, beta, dx) calling
+# _unary_backward), written by setup.py from kernels.h.
+include "activations.pxi"
 
 
 # ---- fibers: 1-D tensors along one axis ------------------------------------------------------

@@ -104,6 +104,22 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles, cons
     return check(ret, "starpu_task_submit")
 
 
+def _codelet_kernels(str op, str dtype):
+    """The addresses of the CPU and CUDA functions (0 where none) that the codelet of op
+    (its name) runs for dtype (a tile dtype, or "bf16_fp32"), or None where the op has no
+    kernel for it: what the op table's columns and kinds give each dtype (for tests)."""
+    cdef int i, column = NNTILE_BF16_FP32 if dtype == "bf16_fp32" else DTYPES[dtype][0]
+    for i in range(NNTILE_OP_COUNT):
+        if nntile_op_name(i).decode() == op:
+            break
+    else:
+        raise ValueError(f"no op {op!r} in the op table")
+    cdef starpu_codelet *cl = nntile_codelet(i, column)
+    if cl == NULL:
+        return None
+    return <size_t> cl.cpu_funcs[0], <size_t> cl.cuda_funcs[0]
+
+
 _DTYPE_NAMES = {v[0]: k for k, v in DTYPES.items() if k != "tf32"}
 _DTYPE_NAMES[NNTILE_TF32] = "tf32"
 _DTYPE_NAMES[NNTILE_BF16_FP32] = "bf16 with fp32 accumulators"

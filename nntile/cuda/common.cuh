@@ -730,14 +730,17 @@ NNTILE_CUDA_END
  * another template with a parameter of its own
  * (nntile_cuda::add_bcast<true>, nntile_cuda::map<nntile_cuda::Gelu>). */
 #define NNTILE_CUDA_PASS(type, name) , nntile_cuda::storage(name)
-#define NNTILE_CUDA_DEFINE(T, ACC, S, op, fn)                                \
-    extern "C" NNTILE_CUDA_SIGNATURE(op, T, ACC, S)                          \
+#define NNTILE_CUDA_DEFINE(T, ACC, S, op, fn, BUFFERS)                       \
+    extern "C" NNTILE_CUDA_SIGNATURE(op, T, ACC, S, BUFFERS)                 \
     {                                                                        \
-        fn(args, stream NNTILE_BUFFERS_##op(NNTILE_CUDA_PASS, NNTILE_CUDA_PASS,  \
-                                        T, ACC));                    \
+        fn(args, stream BUFFERS(NNTILE_CUDA_PASS, NNTILE_CUDA_PASS, T, ACC)); \
     }
+/* NNTILE_CUDA_EXPORT_AS with the buffers of the list BUFFERS (an
+ * activation's: NNTILE_ACT_BUFFERS) */
+#define NNTILE_CUDA_EXPORT_BUFFERS(op, fn, BUFFERS)                          \
+    NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op, fn, BUFFERS)
 #define NNTILE_CUDA_EXPORT_AS(op, fn)                                        \
-    NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op, fn)
+    NNTILE_CUDA_EXPORT_BUFFERS(op, fn, NNTILE_BUFFERS_##op)
 #define NNTILE_CUDA_EXPORT(op) NNTILE_CUDA_EXPORT_AS(op, nntile_cuda::op)
 
 #endif /* NNTILE_CUDA_COMMON_CUH */

@@ -78,58 +78,49 @@ void prod(const nntile_prod_args *a, cudaStream_t s, const T *s1,
     launch_elementwise(a->n, ProdOp<T>{(C_t<T>)a->alpha}, s, s1, s2, dst);
 }
 
-/* GELU (exact, formulas.h) */
-struct GeluOp {
+/* The activations of the op table (X_ACT): Act_<act> holds f and f' (the
+ * formulas act and act_deriv); ActOp<F> stores dst = f(src) and
+ * ActBackwardOp<F> dx = dy * f'(x) + beta*dx (dx not read when beta == 0). */
+#define NNTILE_CUDA_ACT(X, act, columns)                                    \
+    struct Act_##act {                                                      \
+        template <typename C> __device__ C f(C x) const { return act(x); }  \
+        template <typename C> __device__ C df(C x) const                    \
+        {                                                                   \
+            return act##_deriv(x);                                          \
+        }                                                                   \
+    };
+NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
+           NNTILE_CUDA_ACT)
+#undef NNTILE_CUDA_ACT
+
+template <typename F> struct ActOp {
     template <typename T>
     __device__ void operator()(int64_t i, const T *src, T *dst) const
     {
-        dst[i] = st<T>(gelu(ld(src[i])));
+        dst[i] = st<T>(F().f(ld(src[i])));
     }
 };
 
-/* GELU, tanh approximation (formulas.h) */
-struct GeluTanhOp {
-    template <typename T>
-    __device__ void operator()(int64_t i, const T *src, T *dst) const
-    {
-        dst[i] = st<T>(gelutanh(ld(src[i])));
-    }
-};
-
-/* The backward ops compute f'(x) and store dx = dy * f'(x) + beta*dx (dx
- * not read when beta == 0) with ChainRule::store. */
-template <typename T> struct ChainRule {
+template <typename F, typename T> struct ActBackwardOp {
     C_t<T> beta;
     int accumulate;
-    __device__ void store(int64_t i, C_t<T> d, const T *dy, T *dx) const
+    __device__ void operator()(int64_t i, const T *x, const T *dy,
+                               T *dx) const
     {
+        const C_t<T> d = F().df(ld(x[i]));
         const C_t<T> g = ld(dy[i]) * d;
         dx[i] = st<T>(accumulate ? g + beta * ld(dx[i]) : g);
     }
 };
 
-template <template <typename> class Op, typename Args, typename T>
-void chain_rule(const Args *a, cudaStream_t s, const T *x, const T *dy, T *dx)
+template <typename F, typename Args, typename T>
+void act_backward(const Args *a, cudaStream_t s, const T *x, const T *dy,
+                  T *dx)
 {
-    launch_elementwise(a->n, Op<T>{{(C_t<T>)a->beta, a->beta != 0.0}}, s, x,
-                       dy, dx);
+    launch_elementwise(a->n,
+                       ActBackwardOp<F, T>{(C_t<T>)a->beta, a->beta != 0.0},
+                       s, x, dy, dx);
 }
-
-template <typename T> struct GeluBackwardOp : ChainRule<T> {
-    __device__ void operator()(int64_t i, const T *x, const T *dy,
-                               T *dx) const
-    {
-        this->store(i, gelu_deriv(ld(x[i])), dy, dx);
-    }
-};
-
-template <typename T> struct GeluTanhBackwardOp : ChainRule<T> {
-    __device__ void operator()(int64_t i, const T *x, const T *dy,
-                               T *dx) const
-    {
-        this->store(i, gelutanh_deriv(ld(x[i])), dy, dx);
-    }
-};
 
 /* dst[0] = sum src^2 + beta*dst[0] */
 template <typename T> struct SumsqTerm {
@@ -166,10 +157,13 @@ NNTILE_CUDA_EXPORT(copy)
 NNTILE_CUDA_EXPORT(add)
 NNTILE_CUDA_EXPORT(scal)
 NNTILE_CUDA_EXPORT(prod)
-NNTILE_CUDA_EXPORT_AS(gelu, nntile_cuda::over_n<nntile_cuda::GeluOp>)
-NNTILE_CUDA_EXPORT_AS(gelu_backward,
-                      nntile_cuda::chain_rule<nntile_cuda::GeluBackwardOp>)
-NNTILE_CUDA_EXPORT_AS(gelutanh, nntile_cuda::over_n<nntile_cuda::GeluTanhOp>)
-NNTILE_CUDA_EXPORT_AS(gelutanh_backward,
-                      nntile_cuda::chain_rule<nntile_cuda::GeluTanhBackwardOp>)
+#define NNTILE_CUDA_EXPORT_ACT(X, act, columns)                             \
+    NNTILE_CUDA_EXPORT_BUFFERS(                                             \
+        act, nntile_cuda::over_n<nntile_cuda::ActOp<nntile_cuda::Act_##act>>, \
+        NNTILE_ACT_BUFFERS)                                                 \
+    NNTILE_CUDA_EXPORT_BUFFERS(                                             \
+        act##_backward, nntile_cuda::act_backward<nntile_cuda::Act_##act>,  \
+        NNTILE_ACT_BACKWARD_BUFFERS)
+NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
+           NNTILE_CUDA_EXPORT_ACT)
 NNTILE_CUDA_EXPORT(sumsq)

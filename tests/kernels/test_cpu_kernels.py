@@ -2,9 +2,11 @@
 against float64 numpy references (and torch for the optimizers).
 
 A session fixture compiles every kernels/*.c file with the system C compiler
-into a temporary shared library.  The args structs are mirrored here from the
-kernel contract (FIELDS); test_header_matches_contract checks that kernels.h
-declares exactly these fields in this order."""
+into a temporary shared library.  The args structs and each op's buffers are
+read from kernels.h itself (tests/kernel_header.py, as the build does).
+Tests marked for_all_dtypes run for fp32, fp64 and bf16 (bf16 storage as
+uint16 bits: inputs rounded to bf16, references computed from the rounded
+values)."""
 import ctypes
 import glob
 import os
@@ -13,8 +15,8 @@ import subprocess
 
 import numpy as np
 
-from tests.kernel_header import args_structs, op_buffers, op_table, unary_ops
-from tests.unary_refs import UNARY
+from tests.kernel_header import activations, args_structs, op_buffers, op_table
+from tests.unary_refs import ACTIVATIONS
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,77 +26,16 @@ KERNEL_DIR = os.path.join(ROOT, "nntile", "_core", "kernels")
 
 I, D = "int64", "double"
 A8 = "int64[8]"
-
-# op -> (struct fields in order, number of buffers)
-FIELDS = {
-    "fill": ([("n", I), ("value", D)], 1),
-    "copy": ([("n", I)], 2),
-    "cast": ([("n", I)], 2),
-    "subcopy": ([("ndim", I), ("src_shape", A8), ("dst_shape", A8),
-                 ("copy_shape", A8), ("src_offset", A8),
-                 ("dst_offset", A8)], 2),
-    "add": ([("n", I), ("alpha", D), ("beta", D)], 2),
-    "scal": ([("n", I), ("alpha", D)], 1),
-    "prod": ([("n", I), ("alpha", D)], 3),
-    "gelu_backward": ([("n", I), ("beta", D)], 3),
-    "gelutanh_backward": ([("n", I), ("beta", D)], 3),
-    "add_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                   ("beta", D)], 2),
-    "prod_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 2),
-    "sum_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                   ("beta", D)], 2),
-    "sumprod_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                       ("beta", D)], 3),
-    "sum_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                   ("beta", D)], 2),
-    "sumprod_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                       ("beta", D)], 3),
-    "add_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                   ("beta", D)], 2),
-    "prod_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 2),
-    "maxsumexp": ([("m", I), ("k", I), ("n", I), ("init", I)], 2),
-    "softmax_inplace": ([("m", I), ("k", I), ("n", I)], 2),
-    "softmax_backward": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 3),
-    "mask_causal": ([("batch", I), ("tq", I), ("tk", I), ("q_offset", I),
-                     ("k_offset", I)], 1),
-    "logsumexp": ([("n", I)], 2),
-    "xent_picked": ([("rows", I), ("v", I), ("v_offset", I)], 3),
-    "xent_loss": ([("rows", I), ("alpha", D), ("beta", D)], 3),
-    "xent_grad_inplace": ([("rows", I), ("v", I), ("v_offset", I),
-                           ("alpha", D)], 3),
-    "embedding": ([("rows", I), ("e", I), ("v_offset", I), ("v", I)], 3),
-    "embedding_backward": ([("rows", I), ("e", I), ("v_offset", I),
-                            ("v", I)], 3),
-    "layernorm_stats": ([("rows", I), ("e", I), ("e_offset", I)], 2),
-    "layernorm_forward": ([("rows", I), ("e", I), ("e_total", I),
-                           ("eps", D)], 5),
-    "layernorm_backward_reduce": ([("rows", I), ("e", I), ("e_total", I),
-                                   ("eps", D), ("init", I)], 7),
-    "layernorm_backward": ([("rows", I), ("e", I), ("e_total", I),
-                            ("eps", D), ("beta", D)], 6),
-    "gemm": ([("transA", I), ("transB", I), ("M", I), ("N", I), ("K", I),
-              ("alpha", D), ("beta", D), ("batch1", I), ("batch2", I),
-              ("lda", I), ("ldb", I), ("ldc", I), ("strideA1", I),
-              ("strideA2", I), ("strideB1", I), ("strideB2", I),
-              ("strideC1", I), ("strideC2", I)], 3),
-    "sumsq": ([("n", I), ("beta", D)], 2),
-    "adam_step": ([("n", I), ("step", I), ("lr", D), ("beta1", D),
-                   ("beta2", D), ("eps", D), ("weight_decay", D),
-                   ("decoupled", I), ("max_norm", D)], 5),
-    "sgd_step": ([("n", I), ("step", I), ("lr", D), ("momentum", D),
-                  ("dampening", D), ("weight_decay", D), ("nesterov", I),
-                  ("max_norm", D)], 4),
-}
-# the unary ops (gelu, gelutanh, ...): args {n}, buffers src and dst
-FIELDS.update({op: ([("n", I)], 2) for op in UNARY})
-
 _CTYPE = {I: ctypes.c_int64, D: ctypes.c_double, A8: ctypes.c_int64 * 8}
 
+# op -> its args struct (ctypes) and its number of buffers, from kernels.h
 STRUCTS = {
     op: type(f"nntile_{op}_args", (ctypes.Structure,),
              {"_fields_": [(name, _CTYPE[t]) for name, t in fields]})
-    for op, (fields, _) in FIELDS.items()
+    for op, fields in args_structs().items()
 }
+STRUCTS["adam_step_refresh"] = STRUCTS["adam_step"]  # kernels.h: the same struct
+NBUF = {op: len(buffers) for op, buffers in op_buffers().items()}
 
 DTYPES = {"fp32": np.float32, "fp64": np.float64}
 
@@ -107,16 +48,15 @@ class Kernels:
         self.lib = lib
 
     def __call__(self, op, dtype, args, *bufs):
-        fields, nbuf = FIELDS[op]
-        assert len(bufs) == nbuf, (op, len(bufs), nbuf)
+        assert len(bufs) == NBUF[op], (op, len(bufs), NBUF[op])
         kw = {}
-        for name, t in fields:
+        for name, t in STRUCTS[op]._fields_:
             val = args.get(name, 0)
-            if t == A8:
+            if t is _CTYPE[A8]:
                 val = list(val) + [0] * (8 - len(val))
                 val = (ctypes.c_int64 * 8)(*val)
             kw[name] = val
-        unknown = set(args) - {f for f, _ in fields}
+        unknown = set(args) - {f for f, _ in STRUCTS[op]._fields_}
         assert not unknown, unknown
         st = STRUCTS[op](**kw)
         ptrs = []
@@ -159,7 +99,10 @@ SETTINGS = settings(
     deadline=None, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture])
 DT = ["fp32", "fp64"]
-RTOL = {"fp32": 1e-5, "fp64": 1e-12}
+RTOL = {"fp32": 1e-5, "fp64": 1e-12, "bf16": 1e-2}
+# the dtype as a test axis (CuPy's for_all_dtypes): tests that take dt and move their
+# arrays through run() run for every dtype the plain kernels have
+for_all_dtypes = pytest.mark.parametrize("dt", ["fp32", "fp64", "bf16"])
 
 dims = st.integers(1, 6)
 seeds = st.integers(0, 2**32 - 1)
@@ -186,114 +129,121 @@ def close(out, ref, dtype, rtol_mult=1.0, scale=None):
     np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * scale)
 
 
+def to_storage(a, dt):
+    """float values -> the dtype's storage (bf16: bits in uint16, rounded to nearest even)"""
+    if dt == "bf16":
+        return bf16_ref_bits(np.asarray(a, np.float32))
+    return np.array(a, dtype=DTYPES[dt], order="C")  # a copy: kernels write in place
+
+
+def from_storage(b, dt):
+    return (from_bf16(b) if dt == "bf16" else b).astype(np.float64)
+
+
+def rounded(a, dt):
+    """the values a dtype stores for a (what its kernels see), in float64"""
+    return from_storage(to_storage(a, dt), dt)
+
+
+def run(K, op, dt, args, *arrays):
+    """op's dt kernel on float arrays (stored in dt; int64 arrays and None as they are);
+    returns every buffer afterwards, floats in float64."""
+    bufs = [a if a is None or a.dtype == np.int64 else to_storage(a, dt) for a in arrays]
+    K(op, dt, args, *bufs)
+    return [b if b is None or b.dtype == np.int64 else from_storage(b, dt) for b in bufs]
+
+
 # ---------------------------------------------------------------- contract
 
-def test_header_matches_contract():
-    structs = args_structs()
-    assert set(structs) == set(FIELDS)
-    for op, (fields, _) in FIELDS.items():
-        assert structs[op] == fields, op
-
-
-def test_op_table_matches_contract():
-    """kernels.h's op table and buffer lines name every op of the contract once, with its
-    number of buffers (an X_OPT op's count in the table leaves its optional last one out)."""
+def test_op_table_matches_the_buffers():
+    """kernels.h's op table, buffer lines and structs name every op once, with its number of
+    buffers (an X_OPT op's count in the table leaves its optional last one out)."""
     table = op_table()
-    buffers = op_buffers()
     ops = [op for op, _, _, _ in table]
     assert len(ops) == len(set(ops)), ops
-    # adam_step_refresh takes adam_step's args struct
-    assert set(ops) == set(buffers) == set(FIELDS) | {"adam_step_refresh"}
+    assert set(ops) == set(NBUF) == set(STRUCTS)
     for op, nbuf, kind, columns in table:
         assert columns in ("PLAIN", "MIXED", "MIXED_ONLY"), op
-        assert nbuf + (kind == "X_OPT") == len(buffers[op]), op
-        if op in FIELDS:
-            assert len(buffers[op]) == FIELDS[op][1], op
+        assert kind in ("X", "X_OPT", "X_BLAS", "X_TF32"), op
+        assert nbuf + (kind == "X_OPT") == NBUF[op], op
 
 
-def test_unary_ops_match_the_table():
-    """The ops marked "unary:" in the op table are those of tests/unary_refs.py, each with
-    its float64 reference."""
-    assert list(unary_ops()) == list(UNARY)
+def test_activations_match_the_table():
+    """The table's activations (X_ACT) are those of tests/unary_refs.py, each with its
+    float64 reference and derivative."""
+    assert list(activations()) == list(ACTIVATIONS)
 
 
 def test_all_symbols_and_clean_build(kernel_lib):
     lib, stderr = kernel_lib
     assert "warning" not in stderr, stderr
-    for op in FIELDS:
-        for dt in DT + ["bf16"]:
+    for op in NBUF:
+        for dt in DT + ["bf16", "bf16_fp32"]:
             getattr(lib, f"nntile_kernel_{op}_{dt}")
 
 
 # ---------------------------------------------------------------- elementwise
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 33, 1000])
 def test_fill_copy_scal_prod(K, dt, n):
     rng = np.random.default_rng(n)
-    dst = nans(n, dt)
-    K("fill", dt, dict(n=n, value=-2.5), dst)
+    (dst,) = run(K, "fill", dt, dict(n=n, value=-2.5), np.full(n, np.nan))
     assert np.all(dst == -2.5)
-    src = rnd(rng, n, dt)
-    dst = nans(n, dt)
-    K("copy", dt, dict(n=n), src, dst)
+    src = rounded(rng.standard_normal(n), dt)
+    _, dst = run(K, "copy", dt, dict(n=n), src, np.full(n, np.nan))
     np.testing.assert_array_equal(src, dst)
-    ref = 1.7 * src.astype(np.float64)
-    K("scal", dt, dict(n=n, alpha=1.7), src)
-    close(src, ref, dt)
-    a, b = rnd(rng, n, dt), rnd(rng, n, dt)
-    dst = nans(n, dt)
-    K("prod", dt, dict(n=n, alpha=-0.5), a, b, dst)
-    close(dst, -0.5 * a.astype(np.float64) * b, dt)
+    (out,) = run(K, "scal", dt, dict(n=n, alpha=1.7), src)
+    close(out, 1.7 * src, dt)
+    a, b = rounded(rng.standard_normal(n), dt), rounded(rng.standard_normal(n), dt)
+    *_, dst = run(K, "prod", dt, dict(n=n, alpha=-0.5), a, b, np.full(n, np.nan))
+    close(dst, -0.5 * a * b, dt)
 
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @pytest.mark.parametrize("beta", [0.0, 1.0, -0.75])
 @pytest.mark.parametrize("n", [1, 5, 64, 1001])
 def test_add_sumsq(K, dt, beta, n):
     rng = np.random.default_rng(n)
-    src = rnd(rng, n, dt)
-    dst = nans(n, dt) if beta == 0 else rnd(rng, n, dt)
-    ref = 0.3 * src.astype(np.float64) + (beta * dst if beta else 0)
-    K("add", dt, dict(n=n, alpha=0.3, beta=beta), src, dst)
-    close(dst, ref, dt)
-    out = nans(1, dt) if beta == 0 else rnd(rng, 1, dt)
-    ref = np.sum(src.astype(np.float64) ** 2) + (beta * out if beta else 0)
-    K("sumsq", dt, dict(n=n, beta=beta), src, out)
-    close(out, ref, dt)
+    src = rounded(rng.standard_normal(n), dt)
+    dst = np.full(n, np.nan) if beta == 0 else rounded(rng.standard_normal(n), dt)
+    _, out = run(K, "add", dt, dict(n=n, alpha=0.3, beta=beta), src, dst)
+    close(out, 0.3 * src + (beta * dst if beta else 0), dt)
+    dst = np.full(1, np.nan) if beta == 0 else rounded(rng.standard_normal(1), dt)
+    _, out = run(K, "sumsq", dt, dict(n=n, beta=beta), src, dst)
+    close(out, np.sum(src ** 2) + (beta * dst if beta else 0), dt)
 
 
-@pytest.mark.parametrize("dt", DT)
-@pytest.mark.parametrize("name", list(UNARY))
-def test_unary(K, dt, name):
-    rng = np.random.default_rng(1)
-    n = 257
-    x = rnd(rng, n, dt, 3.0)
+def _activation_input(dt, n=257):
+    x = 3.0 * np.random.default_rng(1).standard_normal(n)
     x[:3] = [0.0, -12.0, 12.0]
-    y = nans(n, dt)
-    K(name, dt, dict(n=n), x, y)
-    close(y, UNARY[name](x.astype(np.float64)), dt, rtol_mult=4)
+    return rounded(x, dt)
 
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_activation(K, dt, act):
+    x = _activation_input(dt)
+    _, y = run(K, act, dt, dict(n=x.size), x, np.full(x.size, np.nan))
+    close(y, ACTIVATIONS[act][0](x), dt, rtol_mult=4)
+
+
+@for_all_dtypes
 @pytest.mark.parametrize("beta", [0.0, 0.6])
-@pytest.mark.parametrize("name", ["gelu", "gelutanh"])
-def test_gelu_backward(K, dt, beta, name):
-    """backward vs. central finite differences of the float64 reference"""
-    fref = UNARY[name]
-    rng = np.random.default_rng(1)
-    n = 257
-    x = rnd(rng, n, dt, 3.0)
-    x[:3] = [0.0, -12.0, 12.0]
-    x64 = x.astype(np.float64)
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_activation_backward(K, dt, beta, act):
+    """dx = dy * f'(x) + beta * dx against the reference derivative, which central finite
+    differences of the reference value confirm"""
+    value, deriv = ACTIVATIONS[act]
+    x = _activation_input(dt)
     h = 1e-5
-    deriv = (fref(x64 + h) - fref(x64 - h)) / (2 * h)
-    dy = rnd(rng, n, dt)
-    dx = nans(n, dt) if beta == 0 else rnd(rng, n, dt)
-    ref = dy * deriv + (beta * dx.astype(np.float64) if beta else 0)
-    K(name + "_backward", dt, dict(n=n, beta=beta), x, dy, dx)
-    np.testing.assert_allclose(dx, ref, rtol=1e-5, atol=1e-8 if dt == "fp64"
-                               else 1e-5)
+    np.testing.assert_allclose(deriv(x), (value(x + h) - value(x - h)) / (2 * h), rtol=1e-6,
+                               atol=1e-8)
+    rng = np.random.default_rng(2)
+    dy = rounded(rng.standard_normal(x.size), dt)
+    dx = np.full(x.size, np.nan) if beta == 0 else rounded(rng.standard_normal(x.size), dt)
+    *_, out = run(K, act + "_backward", dt, dict(n=x.size, beta=beta), x, dy, dx)
+    close(out, dy * deriv(x) + (beta * dx if beta else 0), dt, rtol_mult=4)
 
 
 # ---------------------------------------------------------------- fiber / slice
@@ -985,34 +935,6 @@ def test_bf16_copy_subcopy_are_bit_exact(K):
     one = np.array([0x7F80], np.uint16)
     K("mask_causal", "bf16", dict(batch=1, tq=1, tk=1, q_offset=0, k_offset=1), one)
     assert one[0] == 0xFF80  # -inf
-
-
-@pytest.mark.parametrize("beta", [0.0, 1.0, -0.75])
-@pytest.mark.parametrize("n", [1, 7, 64, 1001])
-def test_bf16_elementwise(K, beta, n):
-    rng = np.random.default_rng(n)
-    src = rnd16(rng, n)
-    dst = Pair.nan(n) if beta == 0 else rnd16(rng, n)
-    both(K, "add", dict(n=n, alpha=0.3, beta=beta), src, dst)
-    close16(dst)
-    out = Pair.nan(1) if beta == 0 else rnd16(rng, 1)
-    both(K, "sumsq", dict(n=n, beta=beta), src, out)
-    close16(out)
-    a, b = rnd16(rng, n), rnd16(rng, n)
-    both(K, "scal", dict(n=n, alpha=1.7), a)
-    close16(a)
-    dst = Pair.nan(n)
-    both(K, "prod", dict(n=n, alpha=-0.5), a, b, dst)
-    close16(dst)
-    x = rnd16(rng, n, 3.0)
-    for name in UNARY:
-        y = Pair.nan(n)
-        both(K, name, dict(n=n), x, y)
-        close16(y)
-    for name in ("gelu", "gelutanh"):
-        dx = Pair.nan(n) if beta == 0 else rnd16(rng, n)
-        both(K, name + "_backward", dict(n=n, beta=beta), x, b, dx)
-        close16(dx)
 
 
 @pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 40, 3)])

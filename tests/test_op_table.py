@@ -1,14 +1,20 @@
-"""Every tensor op submits its tasks with the access modes that the op table's buffers imply
-(kernels.h: const buffers are read, W(...) buffers written, and read too only where the task
+"""What the op table (kernels.h) gives each task and codelet.
+
+Access modes: every tensor op submits its tasks with the modes that the op table's buffers
+imply (const buffers are read, W(...) buffers written, and read too only where the task
 accumulates into them; other buffers are read and written). EXPECTED is what the tensor ops
 passed by hand before the modes came from the table: the derived modes must be the same, W
-wherever it was W (StarPU then does not fetch the tile's old contents)."""
+wherever it was W (StarPU then does not fetch the tile's old contents).
+
+Columns: the tf32 codelet of every op runs the fp32 CPU kernel (tf32 stores fp32), whatever
+its kind (X_TF32 ops have tf32 CUDA kernels of their own)."""
 import numpy as np
 import pytest
 
 import nntile
 from nntile import ops
 from nntile._core import core
+from tests.kernel_header import op_table
 
 
 def T(shape, tiles, dtype="fp32", value=None):
@@ -260,3 +266,17 @@ EXPECTED = {
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_access_modes_follow_the_table(ctx, name):
     assert recorded(name) == EXPECTED[name]
+
+
+@pytest.mark.parametrize("op, kind, columns", [(op, kind, columns)
+                                               for op, _, kind, columns in op_table()])
+def test_tf32_column_runs_the_fp32_cpu_kernel(ctx, op, kind, columns):
+    fp32, tf32 = core._codelet_kernels(op, "fp32"), core._codelet_kernels(op, "tf32")
+    if columns == "MIXED_ONLY":
+        assert fp32 is None and tf32 is None
+        assert core._codelet_kernels(op, "bf16_fp32")[0] != 0
+        return
+    assert fp32[0] != 0 and tf32[0] == fp32[0]
+    assert core._codelet_kernels(op, "fp64")[0] != 0
+    if op != "copy":  # copy moves bytes, whatever the dtype: codelets.c gives it every column
+        assert (core._codelet_kernels(op, "bf16_fp32") is not None) == (columns == "MIXED")
