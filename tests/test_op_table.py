@@ -90,6 +90,18 @@ def _scenarios():
         ops.add_bias(1.0, T((2, 3), (2, 3)), 1.0, X)
         ops.sum_bias(1.0, X, 0.0, T((2, 3), (2, 3)))
 
+    def llama():
+        X, stats = x(), sl()
+        ops.rmsnorm_forward(X, fib(), 1e-5, stats, x())
+        ops.rmsnorm_backward(X, x(), stats, fib(), 1e-5, sl(), fib(), 0.0, x())
+        pos = nntile.Tensor((2, 4), (1, 2), "int64")
+        pos.write(np.arange(8).reshape(2, 4))
+        q = T((2, 4, 2, 6), (1, 2, 1, 6))
+        ops.rope_forward(q, pos, T((3,), (3,)))
+        ops.rope_backward(q, pos, T((3,), (3,)))
+        ops.swiglu_forward(x(), x(), x())
+        ops.swiglu_backward(x(), x(), x(), x(), x())
+
     return {
         "fill": lambda: ops.fill(1.0, x()),
         "copy": lambda: ops.copy(x(), x()),
@@ -120,6 +132,7 @@ def _scenarios():
         "optim": optim,
         "mixed": mixed,
         "attention": attention,
+        "llama": llama,
     }
 
 
@@ -261,6 +274,17 @@ EXPECTED = {
         ('sum_fiber', ('R', 'RW')),
     ],
 }
+# ops that came after the hand-written modes: what their buffers in kernels.h mean
+EXPECTED["llama"] = [
+    ("fill", ("W",)),
+    ("rmsnorm_stats", ("R", "W")), ("rmsnorm_stats", ("R", "RW")),
+    ("rmsnorm_forward", ("R", "R", "R", "W")),
+    ("rmsnorm_backward_reduce", ("R", "R", "R", "R", "W", "RW")),
+    ("rmsnorm_backward_reduce", ("R", "R", "R", "R", "RW", "RW")),
+    ("rmsnorm_backward", ("R", "R", "R", "R", "R", "W")),
+    ("rope_forward", ("R", "R", "RW")), ("rope_backward", ("R", "R", "RW")),
+    ("swiglu_forward", ("R", "R", "W")), ("swiglu_backward", ("R", "R", "R", "W", "W")),
+]
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

@@ -81,6 +81,10 @@ __device__ __forceinline__ float m_erf(float x) { return erff(x); }
 __device__ __forceinline__ double m_erf(double x) { return erf(x); }
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double m_cos(double x) { return cos(x); }
+__device__ __forceinline__ float m_sin(float x) { return sinf(x); }
+__device__ __forceinline__ double m_sin(double x) { return sin(x); }
 
 template <typename C> __device__ __forceinline__ C ninf();
 template <> __device__ __forceinline__ float ninf<float>()
@@ -111,10 +115,14 @@ __device__ __forceinline__ double vexp(double x)
 #define VEXP vexp
 #define ERF m_erf
 #define SQRT m_sqrt
+#define COS m_cos
+#define SIN m_sin
 #include "../_core/kernels/formulas.h"
 #undef VEXP
 #undef ERF
 #undef SQRT
+#undef COS
+#undef SIN
 
 /* ---------------------------------------------------------------- launch */
 

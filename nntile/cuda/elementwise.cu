@@ -122,6 +122,30 @@ void act_backward(const Args *a, cudaStream_t s, const T *x, const T *dy,
                        s, x, dy, dx);
 }
 
+/* h = silu(gate) * up, silu(gate) rounded to the data type first (as the
+ * CPU and transformers) */
+struct SwiGluOp {
+    template <typename T>
+    __device__ void operator()(int64_t i, const T *gate, const T *up,
+                               T *h) const
+    {
+        h[i] = st<T>(ld(st<T>(silu(ld(gate[i])))) * ld(up[i]));
+    }
+};
+
+/* dgate = dh * up * silu'(gate), dup = dh * silu(gate) */
+struct SwiGluBackwardOp {
+    template <typename T>
+    __device__ void operator()(int64_t i, const T *gate, const T *up,
+                               const T *dh, T *dgate, T *dup) const
+    {
+        C_t<T> dg, du;
+        swiglu_grad(ld(gate[i]), ld(up[i]), ld(dh[i]), &dg, &du);
+        dgate[i] = st<T>(dg);
+        dup[i] = st<T>(du);
+    }
+};
+
 /* dst[0] = sum src^2 + beta*dst[0] */
 template <typename T> struct SumsqTerm {
     const T *src;
@@ -166,4 +190,8 @@ NNTILE_CUDA_EXPORT(prod)
         NNTILE_ACT_BACKWARD_BUFFERS)
 NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
            NNTILE_CUDA_EXPORT_ACT)
+NNTILE_CUDA_EXPORT_AS(swiglu_forward,
+                      nntile_cuda::over_n<nntile_cuda::SwiGluOp>)
+NNTILE_CUDA_EXPORT_AS(swiglu_backward,
+                      nntile_cuda::over_n<nntile_cuda::SwiGluBackwardOp>)
 NNTILE_CUDA_EXPORT(sumsq)

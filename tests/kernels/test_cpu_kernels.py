@@ -587,6 +587,140 @@ def test_layernorm_against_torch(K):
     close(y, ref, "fp64", rtol_mult=10)
 
 
+# ---------------------------------------------------------------- Llama: RMSNorm, RoPE, SwiGLU
+
+def _column_tiles(rng, e_total, ntiles):
+    """slices of [0, e_total) into at most ntiles contiguous tiles"""
+    cuts = sorted(rng.choice(np.arange(1, e_total), size=min(ntiles - 1, e_total - 1),
+                             replace=False)) if e_total > 1 else []
+    bounds = [0, *cuts, e_total]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@for_all_dtypes
+@SETTINGS
+@given(rows=st.integers(1, 6), e_total=st.integers(1, 70), seed=seeds,
+       ntiles=st.integers(1, 4), beta=st.sampled_from([0.0, 1.0]))
+def test_rmsnorm(K, dt, rows, e_total, seed, ntiles, beta):
+    """stats, forward and backward tile by tile along the row against float64 numpy: y =
+    weight * x / sqrt(mean(x^2) + eps), and its gradients"""
+    rng = np.random.default_rng(seed)
+    eps = 1e-5
+    x = rounded(rng.standard_normal((rows, e_total)) * 2 + 0.5, dt)
+    w = rounded(rng.standard_normal(e_total), dt)
+    dy = rounded(rng.standard_normal((rows, e_total)), dt)
+    c = np.ascontiguousarray
+    sl = _column_tiles(rng, e_total, ntiles)
+    stats = np.full(rows, np.nan)
+    for t, s in enumerate(sl):
+        _, stats = run(K, "rmsnorm_stats", dt, dict(rows=rows, e=s.stop - s.start,
+                                                    init=int(t == 0)), c(x[:, s]), stats)
+    sumsq = (x ** 2).sum(1)
+    close(stats, sumsq, dt, rtol_mult=4)
+    rstd = 1 / np.sqrt(stats / e_total + eps)  # from the stored statistics
+    xhat = x * rstd[:, None]
+    y = np.concatenate([run(K, "rmsnorm_forward", dt,
+                            dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps),
+                            c(x[:, s]), stats, c(w[s]), np.full((rows, s.stop - s.start),
+                                                                np.nan))[-1]
+                        for s in sl], axis=1)
+    close(y, w * xhat, dt, rtol_mult=4)
+    # backward
+    g = dy * w
+    rowacc = np.full(rows, np.nan)
+    dw0 = rounded(rng.standard_normal(e_total), dt)
+    dw = dw0.copy()
+    for t, s in enumerate(sl):
+        *_, rowacc, dws = run(K, "rmsnorm_backward_reduce", dt,
+                              dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
+                                   init=int(t == 0)),
+                              c(x[:, s]), c(dy[:, s]), stats, c(w[s]), rowacc, c(dw[s]))
+        dw[s] = dws
+    close(rowacc, (g * xhat).sum(1), dt, rtol_mult=10,
+          scale=max(1.0, np.abs(g * xhat).sum(1).max()))
+    close(dw, dw0 + (dy * xhat).sum(0), dt, rtol_mult=10,
+          scale=max(1.0, np.abs(dy * xhat).sum(0).max()))
+    dx0 = rounded(rng.standard_normal((rows, e_total)), dt)
+    ref = rstd[:, None] * (g - xhat * (g * xhat).mean(1, keepdims=True))
+    ref = ref + (beta * dx0 if beta else 0)
+    dx = np.concatenate([run(K, "rmsnorm_backward", dt,
+                             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
+                                  beta=beta),
+                             c(x[:, s]), c(dy[:, s]), stats, c(w[s]), rowacc,
+                             np.full((rows, s.stop - s.start), np.nan) if beta == 0
+                             else c(dx0[:, s]))[-1] for s in sl], axis=1)
+    close(dx, ref, dt, rtol_mult=50 if dt != "bf16" else 3,
+          scale=max(1.0, float(np.abs(rstd[:, None] * (np.abs(g) + np.abs(
+              xhat * (g * xhat).mean(1, keepdims=True)))).max())))
+
+
+def test_rmsnorm_against_torch(K):
+    """the forward against torch's rms_norm (fp64) and transformers' order for bf16: x
+    normalised in float, rounded to x's dtype, then times the weight"""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((4, 24)), rng.standard_normal(24)
+    stats = run(K, "rmsnorm_stats", "fp64", dict(rows=4, e=24, init=1), x, np.zeros(4))[1]
+    y = run(K, "rmsnorm_forward", "fp64", dict(rows=4, e=24, e_total=24, eps=1e-6), x, stats,
+            w, np.zeros((4, 24)))[-1]
+    ref = torch.nn.functional.rms_norm(torch.from_numpy(x), (24,), torch.from_numpy(w),
+                                       1e-6).numpy()
+    close(y, ref, "fp64", rtol_mult=10)
+
+
+def _rope_ref(x, pos, inv_freq, scale, sign=1.0):
+    """x [rows, heads, D] turned as transformers' apply_rotary_pos_emb, in float64"""
+    half = x.shape[-1] // 2
+    angle = pos[:, None].astype(np.float64) * inv_freq[None, :]
+    c = np.cos(angle)[:, None, :] * scale
+    s = sign * np.sin(angle)[:, None, :] * scale
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+@for_all_dtypes
+@pytest.mark.parametrize("rows,heads,d,scale", [(1, 1, 2, 1.0), (5, 3, 8, 1.0),
+                                                (7, 2, 64, 0.7), (3, 4, 130, 1.0)])
+def test_rope(K, dt, rows, heads, d, scale):
+    """forward against float64 numpy, and backward (the opposite turn) undoing it"""
+    rng = np.random.default_rng(rows * d)
+    x = rounded(rng.standard_normal((rows, heads, d)), dt)
+    pos = rng.integers(0, 4096, rows).astype(np.int64)
+    inv_freq = rounded(1.0 / 10000.0 ** (np.arange(0, d, 2) / d), dt)
+    # the angle is computed in the compute type: float for fp32 and bf16
+    angle_dt = np.float64 if dt == "fp64" else np.float32
+    args = dict(rows=rows, heads=heads, head_dim=d, scale=scale)
+    *_, y = run(K, "rope_forward", dt, args, pos, inv_freq, x)
+    ang = (pos[:, None].astype(angle_dt) * inv_freq.astype(angle_dt)[None, :]).astype(
+        np.float64)
+    half = d // 2
+    c, s = np.cos(ang)[:, None, :] * scale, np.sin(ang)[:, None, :] * scale
+    ref = np.concatenate([x[..., :half] * c - x[..., half:] * s,
+                          x[..., half:] * c + x[..., :half] * s], axis=-1)
+    close(y, ref, dt, rtol_mult=4)
+    if dt == "fp64":
+        close(y, _rope_ref(x, pos, inv_freq, scale), dt, rtol_mult=100)
+    *_, back = run(K, "rope_backward", dt, args, pos, inv_freq, rounded(y, dt))
+    close(back, scale * scale * x, dt, rtol_mult=4)
+
+
+@for_all_dtypes
+@pytest.mark.parametrize("n", [1, 7, 64, 1001])
+def test_swiglu(K, dt, n):
+    """h = silu(gate) * up (silu rounded to the dtype first, as transformers), and the
+    gradients of gate and up"""
+    rng = np.random.default_rng(n)
+    value, deriv = ACTIVATIONS["silu"]
+    gate = rounded(3 * rng.standard_normal(n), dt)
+    up, dh = rounded(rng.standard_normal(n), dt), rounded(rng.standard_normal(n), dt)
+    *_, h = run(K, "swiglu_forward", dt, dict(n=n), gate, up, np.full(n, np.nan))
+    close(h, rounded(value(gate), dt) * up, dt, rtol_mult=4)
+    *_, dgate, dup = run(K, "swiglu_backward", dt, dict(n=n), gate, up, dh,
+                         np.full(n, np.nan), np.full(n, np.nan))
+    close(dgate, dh * up * deriv(gate), dt, rtol_mult=4)
+    close(dup, dh * value(gate), dt, rtol_mult=4)
+
+
 # ---------------------------------------------------------------- subcopy
 
 @pytest.mark.parametrize("dt", DT)
@@ -1191,7 +1325,7 @@ def assert_mixed(pairs, roles):
         np.testing.assert_array_equal(got, bf(ref) if r == "T" else ref)
 
 
-@pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 1, 1)])
+@pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 1, 1), (2, 6, 1)])
 def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
     rng = np.random.default_rng(m * k + n)
     x, y = rng.standard_normal((m, k, n)), rng.standard_normal((m, k, n))
@@ -1224,6 +1358,14 @@ def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
       np.ascontiguousarray(lnx, np.float32), lnstats)
     assert_mixed(mixed(K, "layernorm_forward", dict(rows=rows, e=v, e_total=v, eps=1e-5),
                        "AAAAT", lnx, lnstats, fib, fib[::-1], x), "AAAAT")
+    sumsq = (lnx.astype(np.float32) ** 2).sum(1)
+    assert_mixed(mixed(K, "rmsnorm_forward", dict(rows=rows, e=v, e_total=v, eps=1e-5),
+                       "AAAT", lnx, sumsq, fib, x), "AAAT")
+    if v % 2 == 0:  # rotary positions: bf16 vectors, fp32 inverse frequencies
+        pos = rng.integers(0, 100, m * n)
+        assert_mixed(mixed(K, "rope_forward", dict(rows=m * n, heads=1, head_dim=v,
+                                                   scale=1.0),
+                           "IAT", pos, 1.0 / 500.0 ** (np.arange(0, v, 2) / v), lnx), "IAT")
 
 
 @pytest.mark.parametrize("tA,tB,beta", [(0, 0, 0.0), (1, 0, 1.0), (0, 1, -0.5)])

@@ -6,8 +6,8 @@
  * and stores stays with the kernel.
  *
  * The CPU includes this file once per dtype (instantiate_one.h), after the
- * dtype's macros: C, VEXP, ERF, EXP, LOG and SQRT, and PRIV for the names
- * (PRIV(gelu) is nntile_priv_gelu_fp32 in the fp32 instantiation). CUDA
+ * dtype's macros: C, VEXP, ERF, EXP, LOG, SQRT, COS and SIN, and PRIV for
+ * the names (PRIV(gelu) is nntile_priv_gelu_fp32 in the fp32 instantiation). CUDA
  * includes it once (common.cuh): each formula is then a __host__ __device__
  * template over C, named as the formula (gelu), and the math macros name
  * common.cuh's overloads (vexp, m_erf, ...). No include guard, on purpose. */
@@ -131,6 +131,52 @@ NNTILE_FORMULA C NNTILE_F(ln_y)(C x, C mean, C rstd, C gamma, C beta)
 NNTILE_FORMULA C NNTILE_F(ln_dx)(C rstd, C g, C xhat, C c0, C c1)
 {
     return rstd * (g - c0 - xhat * c1);
+}
+
+/* ---- RMSNorm: stats = sum of x^2 over a row of e_total elements */
+
+/* 1/sqrt(mean(x^2) + eps) */
+NNTILE_FORMULA C NNTILE_F(rms_rstd)(double sumsq, int64_t e_total, double eps)
+{
+    return (C)(1.0 / sqrt(sumsq / (double)e_total + eps));
+}
+
+/* the input gradient from xhat = x rstd, g = dy * weight and c = mean g xhat
+ * (y = weight xhat, xhat = x / rms(x)) */
+NNTILE_FORMULA C NNTILE_F(rms_dx)(C rstd, C g, C xhat, C c)
+{
+    return rstd * (g - xhat * c);
+}
+
+/* ---- rotary positions (the non-interleaved, rotate_half layout) */
+
+/* cos and sin of the angle pos * inv_freq (computed in C), times the
+ * attention scaling */
+NNTILE_FORMULA void NNTILE_F(rope_cos_sin)(C pos, C inv_freq, C scale, C *c,
+                                           C *s)
+{
+    const C angle = pos * inv_freq;
+    *c = COS(angle) * scale;
+    *s = SIN(angle) * scale;
+}
+
+/* the pair (x1, x2) = (x[j], x[j + head_dim/2]) rotated by the angle whose
+ * cos and sin are c and s: x1 c - x2 s, x2 c + x1 s */
+NNTILE_FORMULA void NNTILE_F(rope_rotate)(C x1, C x2, C c, C s, C *y1, C *y2)
+{
+    *y1 = x1 * c - x2 * s;
+    *y2 = x2 * c + x1 * s;
+}
+
+/* ---- SwiGLU: h = silu(gate) up */
+
+/* the gradients of gate and up from dh */
+NNTILE_FORMULA void NNTILE_F(swiglu_grad)(C gate, C up, C dh, C *dgate,
+                                          C *dup)
+{
+    const C s = (C)1 / ((C)1 + VEXP(-gate));
+    *dup = dh * gate * s;
+    *dgate = dh * up * s * ((C)1 + gate * ((C)1 - s));
 }
 
 /* ---- optimizer steps (torch.optim, foreach=False) */

@@ -19,4 +19,6 @@
 #undef ERF
 #undef TANH
 #undef SQRT
+#undef COS
+#undef SIN
 #undef CBLAS_GEMM
