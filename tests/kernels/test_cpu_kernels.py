@@ -252,56 +252,53 @@ def mkn(rng, m, k, n, dt):
     return rnd(rng, (m, k, n), dt)
 
 
-def check_broadcasts(K, dt, rng, kind, a, small, small64):
-    """add_<kind> and prod_<kind> of a fiber or slice ``small`` (``small64``: it in float64,
-    shaped to broadcast over [m, k, n]) against numpy."""
+def check_broadcasts(K, dt, rng, kind, a, small):
+    """add_<kind> and prod_<kind> of a fiber [k] or slice [m, n] ``small`` (stored in dt)
+    against numpy"""
     m, k, n, alpha, beta = a["m"], a["k"], a["n"], a["alpha"], a["beta"]
-    dst = nans((m, k, n), dt) if beta == 0 else mkn(rng, m, k, n, dt)
-    ref = alpha * small64 + (beta * dst.astype(np.float64) if beta else 0)
-    K(f"add_{kind}", dt, a, small, dst)
-    close(dst, ref, dt)
-    dst = mkn(rng, m, k, n, dt)
-    ref = dst.astype(np.float64) * alpha * small64
-    K(f"prod_{kind}", dt, dict(m=m, k=k, n=n, alpha=alpha), small, dst)
-    close(dst, ref, dt)
+    small = rounded(small, dt)
+    bcast = small[None, :, None] if kind == "fiber" else small[:, None, :]
+    dst = np.full((m, k, n), np.nan) if beta == 0 else rounded(rng.standard_normal((m, k, n)),
+                                                                dt)
+    _, out = run(K, f"add_{kind}", dt, a, small, dst)
+    close(out, alpha * bcast + (beta * dst if beta else 0), dt)
+    dst = rounded(rng.standard_normal((m, k, n)), dt)
+    _, out = run(K, f"prod_{kind}", dt, dict(m=m, k=k, n=n, alpha=alpha), small, dst)
+    close(out, dst * alpha * bcast, dt)
 
 
 def check_reductions(K, dt, rng, kind, a, axis, out_shape):
-    """sum_<kind> and sumprod_<kind> over ``axis`` of [m, k, n] against numpy."""
+    """sum_<kind> and sumprod_<kind> over ``axis`` of [m, k, n] against numpy"""
     m, k, n, alpha, beta = a["m"], a["k"], a["n"], a["alpha"], a["beta"]
-    s1, s2 = mkn(rng, m, k, n, dt), mkn(rng, m, k, n, dt)
-    for op, srcs, red in ((f"sum_{kind}", (s1,), s1.astype(np.float64)),
-                          (f"sumprod_{kind}", (s1, s2), s1.astype(np.float64) * s2)):
-        out = nans(out_shape, dt) if beta == 0 else rnd(rng, out_shape, dt)
-        ref = alpha * red.sum(axis=axis) + (beta * out.astype(np.float64) if beta else 0)
-        K(op, dt, a, *srcs, out)
-        close(out, ref, dt, scale=max(1.0, np.abs(red).sum(axis=axis).max()))
+    s1, s2 = (rounded(rng.standard_normal((m, k, n)), dt) for _ in range(2))
+    for op, srcs, red in ((f"sum_{kind}", (s1,), s1), (f"sumprod_{kind}", (s1, s2), s1 * s2)):
+        out = np.full(out_shape, np.nan) if beta == 0 else rounded(
+            rng.standard_normal(out_shape), dt)
+        *_, got = run(K, op, dt, a, *srcs, out)
+        close(got, alpha * red.sum(axis=axis) + (beta * out if beta else 0), dt,
+              scale=max(1.0, np.abs(red).sum(axis=axis).max()))
 
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @SETTINGS
 @given(m=dims, k=st.integers(1, 40), n=dims, seed=seeds,
        beta=st.sampled_from([0.0, 1.0, -0.3]))
 def test_fiber_kernels(K, dt, m, k, n, seed, beta):
     rng = np.random.default_rng(seed)
-    alpha = 1.3
-    a = dict(m=m, k=k, n=n, alpha=alpha, beta=beta)
-    fib = rnd(rng, k, dt)
-    check_broadcasts(K, dt, rng, "fiber", a, fib, fib.astype(np.float64)[None, :, None])
+    a = dict(m=m, k=k, n=n, alpha=1.3, beta=beta)
+    check_broadcasts(K, dt, rng, "fiber", a, rng.standard_normal(k))
     check_reductions(K, dt, rng, "fiber", a, (0, 2), k)
 
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @SETTINGS
 @given(m=dims, k=st.integers(1, 40), n=st.integers(1, 12), seed=seeds,
        beta=st.sampled_from([0.0, 1.0, 0.4]))
 def test_slice_kernels(K, dt, m, k, n, seed, beta):
     rng = np.random.default_rng(seed)
-    alpha = -0.7
-    a = dict(m=m, k=k, n=n, alpha=alpha, beta=beta)
+    a = dict(m=m, k=k, n=n, alpha=-0.7, beta=beta)
     check_reductions(K, dt, rng, "slice", a, 1, (m, n))
-    sl = rnd(rng, (m, n), dt)
-    check_broadcasts(K, dt, rng, "slice", a, sl, sl.astype(np.float64)[:, None, :])
+    check_broadcasts(K, dt, rng, "slice", a, rng.standard_normal((m, n)))
 
 
 # ---------------------------------------------------------------- softmax
@@ -471,118 +468,106 @@ def test_xent_labels_out_of_range(K):
 
 # ---------------------------------------------------------------- embedding
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @pytest.mark.parametrize("rows,e,voff,v", [(1, 1, 0, 1), (7, 5, 3, 4),
                                            (16, 33, 0, 10), (9, 8, 10, 6)])
 def test_embedding(K, dt, rows, e, voff, v):
     rng = np.random.default_rng(rows)
     ids = rng.integers(-1, voff + v + 3, rows).astype(np.int64)
     ids[0] = voff  # at least one hit, duplicates likely
-    table = rnd(rng, (v, e), dt)
-    dst = rnd(rng, (rows, e), dt)
-    ref = dst.astype(np.float64)
+    table, dst = rounded(rng.standard_normal((v, e)), dt), rounded(
+        rng.standard_normal((rows, e)), dt)
+    ref = dst.copy()
     for r, i in enumerate(ids):
         if voff <= i < voff + v:
             ref[r] += table[i - voff]
-    K("embedding", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids, table, dst)
-    close(dst, ref, dt)
-    dy = rnd(rng, (rows, e), dt)
-    dtab = rnd(rng, (v, e), dt)
-    ref = dtab.astype(np.float64)
+    *_, out = run(K, "embedding", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids, table,
+                  dst)
+    close(out, ref, dt)
+    dy, dtab = rounded(rng.standard_normal((rows, e)), dt), rounded(
+        rng.standard_normal((v, e)), dt)
+    ref = dtab.copy()
     for r, i in enumerate(ids):
         if voff <= i < voff + v:
             ref[i - voff] += dy[r]
-    K("embedding_backward", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids,
-      dy, dtab)
-    close(dtab, ref, dt)
+    *_, out = run(K, "embedding_backward", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids,
+                  dy, dtab)
+    close(out, ref, dt, rtol_mult=2)
 
 
 # ---------------------------------------------------------------- layernorm
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @SETTINGS
 @given(rows=st.integers(1, 6), e_total=st.integers(1, 70), seed=seeds,
        ntiles=st.integers(1, 4), beta=st.sampled_from([0.0, 1.0]))
 def test_layernorm(K, dt, rows, e_total, seed, ntiles, beta):
+    """stats, forward and backward tile by tile along the row against float64 numpy (the
+    references from the statistics as stored, which bf16 rounds)"""
     rng = np.random.default_rng(seed)
     eps = 1e-5
-    x = rnd(rng, (rows, e_total), dt) * 2 + 3
-    gamma = rnd(rng, e_total, dt)
-    bet = rnd(rng, e_total, dt)
-    dy = rnd(rng, (rows, e_total), dt)
-    cuts = sorted(rng.choice(np.arange(1, e_total),
-                             size=min(ntiles - 1, e_total - 1),
-                             replace=False)) if e_total > 1 else []
-    bounds = [0, *cuts, e_total]
-    sl = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    x = rounded(rng.standard_normal((rows, e_total)) * 2 + 3, dt)
+    gamma, bet = (rounded(rng.standard_normal(e_total), dt) for _ in range(2))
+    dy = rounded(rng.standard_normal((rows, e_total)), dt)
     c = np.ascontiguousarray
-    stats = nans((rows, 2), dt)
+    sl = _column_tiles(rng, e_total, ntiles)
+    stats = np.full((rows, 2), np.nan)
     for s in sl:
-        K("layernorm_stats", dt, dict(rows=rows, e=s.stop - s.start,
-                                      e_offset=s.start), c(x[:, s]), stats)
-    x64 = x.astype(np.float64)
-    mean = x64.mean(1)
-    m2 = ((x64 - mean[:, None]) ** 2).sum(1)
-    close(stats[:, 0], mean, dt)
+        _, stats = run(K, "layernorm_stats", dt, dict(rows=rows, e=s.stop - s.start,
+                                                      e_offset=s.start), c(x[:, s]), stats)
+    mean = x.mean(1)
+    m2 = ((x - mean[:, None]) ** 2).sum(1)
+    close(stats[:, 0], mean, dt, rtol_mult=4)
     close(stats[:, 1], m2, dt, rtol_mult=10, scale=max(1.0, m2.max()))
-    rstd = 1 / np.sqrt(m2 / e_total + eps)
-    xhat = (x64 - mean[:, None]) * rstd[:, None]
-    yref = xhat * gamma + bet
-    y = np.concatenate([_ln_fwd(K, dt, c(x[:, s]), stats, c(gamma[s]), c(bet[s]),
-                                e_total, eps) for s in sl], axis=1)
-    close(y, yref, dt, rtol_mult=10)
+    mean, rstd = stats[:, 0], 1 / np.sqrt(stats[:, 1] / e_total + eps)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    y = np.concatenate([run(K, "layernorm_forward", dt,
+                            dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps),
+                            c(x[:, s]), stats, c(gamma[s]), c(bet[s]),
+                            np.full((rows, s.stop - s.start), np.nan))[-1] for s in sl],
+                       axis=1)
+    close(y, xhat * gamma + bet, dt, rtol_mult=10,
+          scale=max(1.0, float(np.abs(xhat * gamma).max() + np.abs(bet).max())))
     # backward
-    rowacc = nans((rows, 2), dt)
-    dgamma = rnd(rng, e_total, dt)
-    dbeta = rnd(rng, e_total, dt)
-    dg_ref = dgamma.astype(np.float64) + (dy * xhat).sum(0)
-    db_ref = dbeta.astype(np.float64) + dy.astype(np.float64).sum(0)
+    rowacc = np.full((rows, 2), np.nan)
+    dgamma0, dbeta0 = (rounded(rng.standard_normal(e_total), dt) for _ in range(2))
+    dgamma, dbeta = dgamma0.copy(), dbeta0.copy()
     for t, s in enumerate(sl):
-        dgt, dbt = c(dgamma[s]), c(dbeta[s])
-        K("layernorm_backward_reduce", dt,
-          dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
-               init=int(t == 0)),
-          c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, dgt, dbt)
-        dgamma[s], dbeta[s] = dgt, dbt
-    g = dy * gamma.astype(np.float64)
-    close(rowacc[:, 0], g.sum(1), dt, rtol_mult=10,
-          scale=max(1.0, np.abs(g).sum(1).max()))
+        *_, rowacc, dgamma[s], dbeta[s] = run(
+            K, "layernorm_backward_reduce", dt,
+            dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps, init=int(t == 0)),
+            c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, c(dgamma[s]), c(dbeta[s]))
+    g = dy * gamma
+    close(rowacc[:, 0], g.sum(1), dt, rtol_mult=10, scale=max(1.0, np.abs(g).sum(1).max()))
     close(rowacc[:, 1], (g * xhat).sum(1), dt, rtol_mult=10,
           scale=max(1.0, np.abs(g * xhat).sum(1).max()))
-    close(dgamma, dg_ref, dt, rtol_mult=10)
-    close(dbeta, db_ref, dt, rtol_mult=10)
-    dx0 = rnd(rng, (rows, e_total), dt)
-    dxref = rstd[:, None] * (g - g.mean(1, keepdims=True)
-                             - xhat * (g * xhat).mean(1, keepdims=True))
-    dxref = dxref + (beta * dx0 if beta else 0)
-    outs = []
-    for s in sl:
-        dxt = nans((rows, s.stop - s.start), dt) if beta == 0 else c(dx0[:, s])
-        K("layernorm_backward", dt, dict(rows=rows, e=s.stop - s.start,
-                                         e_total=e_total, eps=eps, beta=beta),
-          c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, dxt)
-        outs.append(dxt)
-    close(np.concatenate(outs, axis=1), dxref, dt, rtol_mult=50)
-
-
-def _ln_fwd(K, dt, x, stats, gamma, beta_, e_total, eps):
-    y = nans(x.shape, dt)
-    K("layernorm_forward", dt, dict(rows=x.shape[0], e=x.shape[1],
-                                    e_total=e_total, eps=eps),
-      x, stats, gamma, beta_, y)
-    return y
+    close(dgamma, dgamma0 + (dy * xhat).sum(0), dt, rtol_mult=10,
+          scale=max(1.0, np.abs(dy * xhat).sum(0).max()))
+    close(dbeta, dbeta0 + dy.sum(0), dt, rtol_mult=10, scale=max(1.0, np.abs(dy).sum(0).max()))
+    dx0 = rounded(rng.standard_normal((rows, e_total)), dt)
+    c0, c1 = rowacc[:, :1] / e_total, rowacc[:, 1:] / e_total  # the sums as stored
+    ref = rstd[:, None] * (g - c0 - xhat * c1) + (beta * dx0 if beta else 0)
+    dx = np.concatenate([run(K, "layernorm_backward", dt,
+                             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
+                                  beta=beta),
+                             c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc,
+                             np.full((rows, s.stop - s.start), np.nan) if beta == 0
+                             else c(dx0[:, s]))[-1] for s in sl], axis=1)
+    close(dx, ref, dt, rtol_mult=50 if dt != "bf16" else 3,
+          scale=max(1.0, float((rstd[:, None] * (np.abs(g) + np.abs(c0)
+                                                 + np.abs(xhat * c1))).max())))
 
 
 def test_layernorm_against_torch(K):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(5)
-    x = rnd(rng, (4, 24), "fp64")
-    w, b = rnd(rng, 24, "fp64"), rnd(rng, 24, "fp64")
-    stats = nans((4, 2), "fp64")
-    K("layernorm_stats", "fp64", dict(rows=4, e=24, e_offset=0), x, stats)
-    y = _ln_fwd(K, "fp64", x, stats, w, b, 24, 1e-5)
-    ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (24,),
-                                         torch.from_numpy(w),
+    x = rng.standard_normal((4, 24))
+    w, b = rng.standard_normal(24), rng.standard_normal(24)
+    _, stats = run(K, "layernorm_stats", "fp64", dict(rows=4, e=24, e_offset=0), x,
+                   np.zeros((4, 2)))
+    y = run(K, "layernorm_forward", "fp64", dict(rows=4, e=24, e_total=24, eps=1e-5), x,
+            stats, w, b, np.zeros((4, 24)))[-1]
+    ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (24,), torch.from_numpy(w),
                                          torch.from_numpy(b), 1e-5).numpy()
     close(y, ref, "fp64", rtol_mult=10)
 
@@ -1071,33 +1056,6 @@ def test_bf16_copy_subcopy_are_bit_exact(K):
     assert one[0] == 0xFF80  # -inf
 
 
-@pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 40, 3)])
-@pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_bf16_fiber_slice(K, m, k, n, beta):
-    rng = np.random.default_rng(m * k * n)
-    a = dict(m=m, k=k, n=n, alpha=1.3, beta=beta)
-    fib, s1, s2 = rnd16(rng, k), rnd16(rng, (m, k, n)), rnd16(rng, (m, k, n))
-    dst = Pair.nan((m, k, n)) if beta == 0 else rnd16(rng, (m, k, n))
-    both(K, "add_fiber", a, fib, dst)
-    close16(dst)
-    both(K, "prod_fiber", dict(m=m, k=k, n=n, alpha=-0.4), fib, dst)
-    close16(dst)
-    for op, srcs in (("sum_fiber", (s1,)), ("sumprod_fiber", (s1, s2))):
-        out = Pair.nan(k) if beta == 0 else rnd16(rng, k)
-        both(K, op, a, *srcs, out)
-        close16(out, scale=np.abs(s1.f).max() * m * n)
-    for op, srcs in (("sum_slice", (s1,)), ("sumprod_slice", (s1, s2))):
-        out = Pair.nan((m, n)) if beta == 0 else rnd16(rng, (m, n))
-        both(K, op, a, *srcs, out)
-        close16(out, scale=np.abs(s1.f).max() * k)
-    sl = rnd16(rng, (m, n))
-    dst = Pair.nan((m, k, n)) if beta == 0 else rnd16(rng, (m, k, n))
-    both(K, "add_slice", a, sl, dst)
-    close16(dst)
-    both(K, "prod_slice", dict(m=m, k=k, n=n, alpha=0.7), sl, dst)
-    close16(dst)
-
-
 def _tiles16(x, cuts, axis=1):
     return [Pair(np.ascontiguousarray(t)) for t in np.split(x, cuts, axis=axis)]
 
@@ -1165,60 +1123,6 @@ def test_bf16_xent(K, rows, vocab, cuts):
         both(K, "xent_grad_inplace", dict(rows=rows, v=tile.f.shape[1], v_offset=off,
                                           alpha=0.25), stats, labels, tile)
         close16(tile, rtol=2e-2, scale=0.25)
-
-
-def test_bf16_embedding(K):
-    rng = np.random.default_rng(2)
-    rows, e, voff, v = 16, 33, 3, 10
-    ids = rng.integers(-1, voff + v + 3, rows).astype(np.int64)
-    ids[0] = voff
-    table, dst = rnd16(rng, (v, e)), rnd16(rng, (rows, e))
-    both(K, "embedding", dict(rows=rows, e=e, v_offset=voff, v=v), ids, table, dst)
-    close16(dst)
-    dy, dtab = rnd16(rng, (rows, e)), rnd16(rng, (v, e))
-    both(K, "embedding_backward", dict(rows=rows, e=e, v_offset=voff, v=v), ids, dy, dtab)
-    close16(dtab)
-
-
-@pytest.mark.parametrize("rows,e_total,cuts", [(6, 70, [20, 45]), (3, 24, []),
-                                               (5, 9, [4])])
-@pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_bf16_layernorm(K, rows, e_total, cuts, beta):
-    rng = np.random.default_rng(e_total)
-    eps = 1e-5
-    x = bf(rng.standard_normal((rows, e_total)) * 2 + 0.5)
-    gamma, bet = bf(rng.standard_normal(e_total)), bf(rng.standard_normal(e_total))
-    dy = bf(rng.standard_normal((rows, e_total)))
-    bounds = [0, *cuts, e_total]
-    sl = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    c = np.ascontiguousarray
-    stats = Pair.nan((rows, 2))
-    for s in sl:
-        both(K, "layernorm_stats", dict(rows=rows, e=s.stop - s.start, e_offset=s.start),
-             Pair(c(x[:, s])), stats)
-    close16(stats, scale=1.0)
-    for s in sl:
-        y = Pair.nan((rows, s.stop - s.start))
-        both(K, "layernorm_forward", dict(rows=rows, e=s.stop - s.start, e_total=e_total,
-                                          eps=eps),
-             Pair(c(x[:, s])), stats, Pair(c(gamma[s])), Pair(c(bet[s])), y)
-        close16(y, rtol=2e-2)
-    rowacc = Pair.nan((rows, 2))
-    for t, s in enumerate(sl):
-        dg, db = rnd16(rng, s.stop - s.start), rnd16(rng, s.stop - s.start)
-        both(K, "layernorm_backward_reduce",
-             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps, init=int(t == 0)),
-             Pair(c(x[:, s])), Pair(c(dy[:, s])), stats, Pair(c(gamma[s])), rowacc, dg, db)
-        close16(dg, rtol=2e-2)
-        close16(db, rtol=2e-2)
-    close16(rowacc, rtol=2e-2, scale=np.abs(dy * gamma).sum(1).max())
-    for s in sl:
-        w = s.stop - s.start
-        dx = Pair.nan((rows, w)) if beta == 0 else rnd16(rng, (rows, w))
-        both(K, "layernorm_backward", dict(rows=rows, e=w, e_total=e_total, eps=eps,
-                                           beta=beta),
-             Pair(c(x[:, s])), Pair(c(dy[:, s])), stats, Pair(c(gamma[s])), rowacc, dx)
-        close16(dx, rtol=3e-2)
 
 
 @pytest.mark.parametrize("tA", [0, 1])
