@@ -259,8 +259,8 @@ def test_bad_input(ctx):
     w = nntile.Tensor((8,), (4,), "fp32")
     stats = nntile.Tensor((2, 3), (1, 3), "fp32")
     with pytest.raises(ValueError, match="stats"):
-        ops.rmsnorm_forward(x, w, 1e-5, nntile.Tensor((2, 3), (2, 3), "fp32"), x.__class__(
-            (2, 3, 8), (1, 3, 4), "fp32"))
+        ops.rmsnorm_forward(x, w, 1e-5, nntile.Tensor((2, 3), (2, 3), "fp32"),
+                            nntile.Tensor((2, 3, 8), (1, 3, 4), "fp32"))
     with pytest.raises(ValueError, match="eps"):
         ops.rmsnorm_forward(x, w, -1.0, stats, nntile.Tensor((2, 3, 8), (1, 3, 4), "fp32"))
     with pytest.raises(ValueError, match="weight"):

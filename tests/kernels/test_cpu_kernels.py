@@ -1241,7 +1241,7 @@ def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
              ("sum_fiber", dict(mkn, alpha=1.5, beta=0.0), "TA", x, fib),
              ("sumprod_slice", dict(mkn, alpha=0.7, beta=1.0), "TTA", x, y, sl),
              ("softmax_backward", dict(mkn, alpha=0.5), "TAT", x, sl, y)]
-    stats = np.empty((m, n, 2))
+    stats = np.zeros((m, n, 2))  # written (init)
     cases.append(("maxsumexp", dict(mkn, init=1), "TA", x, stats))
     for op, args, roles, *arrays in cases:
         assert_mixed(mixed(K, op, args, roles, *arrays), roles)
@@ -1251,7 +1251,7 @@ def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
     rows, v = m * n, k
     logits, labels = x.reshape(rows, v), rng.integers(0, v, rows)
     xstats = mixed(K, "maxsumexp", dict(m=rows, k=v, n=1, init=1), "TA", logits,
-                   np.empty((rows, 2)))[1][1]
+                   np.zeros((rows, 2)))[1][1]
     assert_mixed(mixed(K, "xent_picked", dict(rows=rows, v=v, v_offset=0), "TIA", logits,
                        labels, np.zeros(rows)), "TIA")
     assert_mixed(mixed(K, "xent_grad_inplace", dict(rows=rows, v=v, v_offset=0, alpha=0.5),
