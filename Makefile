@@ -53,5 +53,5 @@ install: starpu
 # everything setup.py generates or builds (.gitignore lists the same files)
 clean:
 	rm -rf build *.egg-info nntile/_core/core.c nntile/nn/*.c nntile/models/*.c \
-	  nntile/_core/op_enum.pxi nntile/_core/kernel_args.pxd nntile/_core/unary_ops.pxi
+	  nntile/_core/op_enum.pxi nntile/_core/kernel_args.pxd nntile/_core/activations.pxi
 	find nntile -name '*.so' -delete

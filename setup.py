@@ -146,7 +146,7 @@ class BuildWithNvcc(build_ext):
 
 def write_cython_headers():
     """kernel_args.pxd and op_enum.pxi, the Cython copies of kernels.h's args structs and op
-    table, and unary_ops.pxi, the tensor ops of its unary ops, written by
+    table, and activations.pxi, the tensor ops of its activations, written by
     nntile/_core/kernels/kernel_header.py (loaded by its path: nntile itself is not built
     yet)."""
     import importlib.util

@@ -12,4 +12,4 @@ _spec.loader.exec_module(kernel_header)
 args_structs = kernel_header.args_structs
 op_table = kernel_header.op_table
 op_buffers = kernel_header.op_buffers
-unary_ops = kernel_header.unary_ops
+activations = kernel_header.activations

@@ -7,10 +7,9 @@ from hypothesis import given, settings, strategies as st
 
 import nntile
 from nntile import ops
-from tests.unary_refs import UNARY
+from tests.unary_refs import ACTIVATIONS
 
 DTYPES = [("fp32", np.float32, 1e-5), ("fp64", np.float64, 1e-12)]
-_erf = np.vectorize(math.erf)
 
 
 def T(array, tiles, dtype=None):
@@ -35,30 +34,27 @@ def rand(rng, shape, npdt):
 
 # ---- elementwise ---------------------------------------------------------------------------
 
-def gelu_grad(x):
-    return 0.5 * (1 + _erf(x / math.sqrt(2))) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-
-
-C_TANH = math.sqrt(2 / math.pi)
-
-
-def gelutanh_grad(x):
-    t = np.tanh(C_TANH * (x + 0.044715 * x ** 3))
-    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * C_TANH * (1 + 3 * 0.044715 * x * x)
-
-
 ELEMENTWISE_TILINGS = [((7, 5), (3, 2)), ((7, 5), (7, 5)), ((11,), (4,))]
 
 
 @pytest.mark.parametrize("dtype, npdt, tol", DTYPES)
 @pytest.mark.parametrize("shape, tiles", ELEMENTWISE_TILINGS)
-@pytest.mark.parametrize("name", list(UNARY))
-def test_unary(ctx, rng, dtype, npdt, tol, shape, tiles, name):
-    """Every unary op of the op table (tests/unary_refs.py) against its float64 reference."""
-    a = rand(rng, shape, npdt) * 3
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_activation(ctx, rng, dtype, npdt, tol, shape, tiles, act):
+    """Every activation of the op table (tests/unary_refs.py) and its backward against the
+    float64 references."""
+    value, deriv = ACTIVATIONS[act]
+    a, b, c = (rand(rng, shape, npdt) for _ in range(3))
+    a = a * 3
+    x = a.astype(np.float64)
+    A, B, C = T(a, tiles), T(b, tiles), T(c, tiles)
     D = nntile.Tensor(shape, tiles, dtype)
-    getattr(ops, name)(T(a, tiles), D)
-    check(D.to_array(), UNARY[name](a.astype(np.float64)), tol)
+    getattr(ops, act)(A, D)
+    check(D.to_array(), value(x), tol)
+    getattr(ops, act + "_backward")(A, B, 0.0, D)
+    check(D.to_array(), b * deriv(x), tol)
+    getattr(ops, act + "_backward")(A, B, 0.5, C)
+    check(C.to_array(), b * deriv(x) + 0.5 * c, tol)
 
 
 @pytest.mark.parametrize("dtype, npdt, tol", DTYPES)
@@ -70,12 +66,6 @@ def test_elementwise(ctx, rng, dtype, npdt, tol, shape, tiles):
     D = nntile.Tensor(shape, tiles, dtype)
     ops.prod(-1.5, A, B, D)
     check(D.to_array(), -1.5 * x * b, tol)
-    ops.gelu_backward(A, B, 0.0, D)
-    check(D.to_array(), b * gelu_grad(x), tol)
-    ops.gelutanh_backward(A, B, 0.5, C)
-    check(C.to_array(), b * gelutanh_grad(x) + 0.5 * c, tol)
-    ops.gelu_backward(A, B, 1.0, C)
-    check(C.to_array(), b * gelu_grad(x) + b * gelutanh_grad(x) + 0.5 * c, tol)
 
 
 # ---- fibers, slices and softmax on random shapes / tilings / axes ---------------------------

@@ -22,7 +22,6 @@ cdef _bias_loop(int op, int column, double alpha, Tensor bias, double beta, Tens
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, d, m, k, b_lin
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode modes[2]
     cdef nntile_add_fiber_args args  # same layout as nntile_sum_fiber_args
     seen = set()
     for i in range(big.traits.ntiles):
@@ -44,15 +43,11 @@ cdef _bias_loop(int op, int column, double alpha, Tensor bias, double beta, Tens
             seen.add(b_lin)
             h[0] = big.handles[i]
             h[1] = bias.handles[b_lin]
-            modes[0] = STARPU_R
-            modes[1] = STARPU_W if args.beta == 0 else STARPU_RW
         else:
             args.beta = beta
             h[0] = bias.handles[b_lin]
             h[1] = big.handles[i]
-            modes[0] = STARPU_R
-            modes[1] = STARPU_W if args.beta == 0 else STARPU_RW
-        submit(op, column, 2, h, modes, &args, sizeof(args))
+        submit(op, column, 2, h, &args, sizeof(args), args.beta != 0)
 
 
 def add_bias(alpha, Tensor bias, beta, Tensor dst):
@@ -98,14 +93,10 @@ cdef inline bint _masked_out(TensorTraits st, Py_ssize_t qi, Py_ssize_t ki):
 cdef _head_gemm(Tensor A, Py_ssize_t a_lin, Tensor B, Py_ssize_t b_lin, Tensor C,
                 Py_ssize_t c_lin, nntile_gemm_args *args):
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode modes[3]
     h[0] = A.handles[a_lin]
     h[1] = B.handles[b_lin]
     h[2] = C.handles[c_lin]
-    modes[0] = STARPU_R
-    modes[1] = STARPU_R
-    modes[2] = STARPU_W if args.beta == 0 else STARPU_RW
-    submit(NNTILE_OP_gemm, C.dtype_id, 3, h, modes, args, sizeof(nntile_gemm_args))
+    submit(NNTILE_OP_gemm, C.dtype_id, 3, h, args, sizeof(nntile_gemm_args), args.beta != 0)
 
 
 def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=float("-inf")):
@@ -128,8 +119,6 @@ def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=
     cdef nntile_gemm_args args
     cdef nntile_fill_args fargs
     cdef starpu_data_handle_t h[1]
-    cdef starpu_data_access_mode modes[1]
-    modes[0] = STARPU_W
     fargs.value = masked_value
     args.transA = 0
     args.transB = 1
@@ -144,7 +133,7 @@ def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=
         if causal and _masked_out(st, c[2], c[3]):
             fargs.n = bt * ht * tq * tk
             h[0] = S.handles[i]
-            submit(NNTILE_OP_fill, S.dtype_id, 1, h, modes, &fargs, sizeof(fargs))
+            submit(NNTILE_OP_fill, S.dtype_id, 1, h, &fargs, sizeof(fargs))
             continue
         xc[0] = c[0]; xc[1] = c[2]; xc[2] = c[1]; xc[3] = 0
         yc[0] = c[0]; yc[1] = c[3]; yc[2] = c[1]; yc[3] = 0

@@ -43,7 +43,7 @@
     NNTILE_IF_MIXED(columns, W(op, bf16_fp32, nbuf))
 #define WRAPPERS(op, nbuf, columns) CPU_WRAPPERS(CPU_WRAPPER, op, nbuf, columns)
 #define WRAPPERS_OPT(op, nbuf, columns) CPU_WRAPPERS(CPU_WRAPPER_OPT, op, nbuf, columns)
-NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
+NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS, WRAPPERS, NNTILE_ACT_OPS)
 
 /* An op's row of a table of functions indexed by dtype (NULL where the op has no kernel for
  * that dtype, and for int64): <kind>_<op>_<dtype>, and <kind>_<op>_<tf32> for tf32. */
@@ -74,9 +74,9 @@ NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
     {                                                                                           \
         nntile_cuda_##op##_##kdtype(cl_arg, starpu_cublas_get_local_handle(), BUFS_##nbuf);    \
     }
-/* tf32 stores fp32: only its GEMM differs (TF32 tensor cores), so the other ops' tf32 wrappers
- * call the fp32 kernels. bf16 has its own kernels (bf16 storage, fp32 compute; GEMM with fp32
- * accumulation). */
+/* tf32 stores fp32: only its GEMM (TF32 tensor cores) and the X_TF32 ops have tf32 kernels of
+ * their own, so the other ops' tf32 wrappers call the fp32 kernels. bf16 has its own kernels
+ * (bf16 storage, fp32 compute; GEMM with fp32 accumulation). */
 #define CUDA_WRAPPERS(W, op, nbuf, columns, tf32_kernel)                                        \
     NNTILE_IF_PLAIN(columns, W(op, fp32, fp32, nbuf) W(op, fp64, fp64, nbuf)                    \
                     W(op, tf32, tf32_kernel, nbuf) W(op, bf16, bf16, nbuf))                     \
@@ -84,7 +84,8 @@ NNTILE_OPS(WRAPPERS, WRAPPERS_OPT, WRAPPERS)
 #define CUDA_OP(op, nbuf, columns) CUDA_WRAPPERS(CUDA_WRAPPER, op, nbuf, columns, fp32)
 #define CUDA_OP_OPT(op, nbuf, columns) CUDA_WRAPPERS(CUDA_WRAPPER_OPT, op, nbuf, columns, fp32)
 #define CUDA_OP_BLAS(op, nbuf, columns) CUDA_WRAPPERS(CUDA_WRAPPER_BLAS, op, nbuf, columns, tf32)
-NNTILE_OPS(CUDA_OP, CUDA_OP_OPT, CUDA_OP_BLAS)
+#define CUDA_OP_TF32(op, nbuf, columns) CUDA_WRAPPERS(CUDA_WRAPPER, op, nbuf, columns, tf32)
+NNTILE_OPS(CUDA_OP, CUDA_OP_OPT, CUDA_OP_BLAS, CUDA_OP_TF32, NNTILE_ACT_OPS)
 
 static void cuda_copy_bytes(void *buffers[], void *cl_arg)
 {
@@ -97,7 +98,7 @@ static void cuda_copy_bytes(void *buffers[], void *cl_arg)
 typedef void (*cuda_func)(void *[], void *);
 static const cuda_func cuda_funcs[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT] = {
 #define CUDA_FUNCS(op, nbuf, columns) FUNC_ROW(cuda, op, tf32, columns)
-    NNTILE_OPS(CUDA_FUNCS, CUDA_FUNCS, CUDA_FUNCS)
+    NNTILE_OPS(CUDA_FUNCS, CUDA_FUNCS, CUDA_FUNCS, CUDA_FUNCS, NNTILE_ACT_OPS)
 #undef CUDA_FUNCS
 };
 #endif
@@ -114,13 +115,13 @@ typedef void (*cpu_func)(void *[], void *);
 
 static const char *op_names[NNTILE_OP_COUNT] = {
 #define NAME(op, nbuf, columns) #op,
-    NNTILE_OPS(NAME, NAME, NAME)
+    NNTILE_OPS(NAME, NAME, NAME, NAME, NNTILE_ACT_OPS)
 #undef NAME
 };
 
 static const cpu_func cpu_funcs[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT] = {
 #define FUNCS(op, nbuf, columns) FUNC_ROW(cpu, op, fp32, columns)
-    NNTILE_OPS(FUNCS, FUNCS, FUNCS)
+    NNTILE_OPS(FUNCS, FUNCS, FUNCS, FUNCS, NNTILE_ACT_OPS)
 #undef FUNCS
 };
 

@@ -3,8 +3,8 @@
  * The ops are those of the op table in kernels/kernels.h (NNTILE_OPS): its name, how many
  * tile buffers its kernel takes and for which dtypes it has kernels. codelets.c turns each
  * entry into a CPU wrapper (and a CUDA one when built with CUDA), a history-based performance
- * model and a codelet per dtype. Access modes are chosen per task by the tensor op that
- * submits it. */
+ * model and a codelet per dtype. The access mode of each buffer of a task follows from the
+ * op's buffers in kernels.h (submit in ops.pxi). */
 #ifndef NNTILE_CODELETS_H
 #define NNTILE_CODELETS_H
 
@@ -12,7 +12,10 @@
 #include "kernels/kernels.h"
 
 #define NNTILE_OP_ENUM(op, nbuf, columns) NNTILE_OP_##op,
-enum nntile_op { NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM) NNTILE_OP_COUNT };
+enum nntile_op {
+    NNTILE_OPS(NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_OP_ENUM, NNTILE_ACT_OPS)
+    NNTILE_OP_COUNT
+};
 #undef NNTILE_OP_ENUM
 
 /* Storage types of tiles, and the columns of the op table. tf32 stores fp32 and differs only

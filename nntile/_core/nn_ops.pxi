@@ -145,35 +145,28 @@ def prod(alpha, Tensor src1, Tensor src2, Tensor dst):
     _distinct("prod", [(src2, "src2"), (dst, "dst")])
     cdef nntile_prod_args args
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode m[3]
     args.alpha = alpha
-    m[0] = STARPU_R
-    m[1] = STARPU_R
-    m[2] = STARPU_W
     cdef Py_ssize_t i
     for i in range(dst.traits.ntiles):
         args.n = _tile_nelems(dst, i)
         h[0] = src1.handles[i]
         h[1] = src2.handles[i]
         h[2] = dst.handles[i]
-        submit(NNTILE_OP_prod, dst.dtype_id, 3, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_prod, dst.dtype_id, 3, h, &args, sizeof(args))
 
 
 cdef _unary(str name, int op, Tensor src, Tensor dst):
     _float_same(name, [(src, "src"), (dst, "dst")])
     _same_traits(name, src, "src", dst, "dst")
     _distinct(name, [(src, "src"), (dst, "dst")])
-    cdef nntile_gelu_args args  # every unary op's args are {n} (kernel_header.unary_ops)
+    cdef nntile_gelu_args args  # every activation's args are {n} (NNTILE_ACT_ARGS)
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode m[2]
-    m[0] = STARPU_R
-    m[1] = STARPU_W
     cdef Py_ssize_t i
     for i in range(dst.traits.ntiles):
         args.n = _tile_nelems(dst, i)
         h[0] = src.handles[i]
         h[1] = dst.handles[i]
-        submit(op, dst.dtype_id, 2, h, m, &args, sizeof(args))
+        submit(op, dst.dtype_id, 2, h, &args, sizeof(args))
 
 
 cdef _unary_backward(str name, int op, Tensor x, Tensor dy, beta, Tensor dx):
@@ -182,35 +175,22 @@ cdef _unary_backward(str name, int op, Tensor x, Tensor dy, beta, Tensor dx):
     _same_traits(name, dy, "dy", dx, "dx")
     _distinct(name, [(x, "x"), (dx, "dx")])
     _distinct(name, [(dy, "dy"), (dx, "dx")])
-    cdef nntile_gelu_backward_args args  # same layout as gelutanh_backward: {n, beta}
+    cdef nntile_gelu_backward_args args  # every activation's backward: {n, beta}
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode m[3]
     args.beta = beta
-    m[0] = STARPU_R
-    m[1] = STARPU_R
-    m[2] = STARPU_W if args.beta == 0 else STARPU_RW
     cdef Py_ssize_t i
     for i in range(dx.traits.ntiles):
         args.n = _tile_nelems(dx, i)
         h[0] = x.handles[i]
         h[1] = dy.handles[i]
         h[2] = dx.handles[i]
-        submit(op, dx.dtype_id, 3, h, m, &args, sizeof(args))
+        submit(op, dx.dtype_id, 3, h, &args, sizeof(args), args.beta != 0)
 
 
-# The tensor ops of the op table's unary ops (gelu, gelutanh, ...: def op(Tensor src,
-# Tensor dst) calling _unary), written by setup.py from kernels.h.
-include "unary_ops.pxi"
-
-
-def gelu_backward(Tensor x, Tensor dy, beta, Tensor dx):
-    """dx = dy * gelu'(x) + beta * dx."""
-    _unary_backward("gelu_backward", NNTILE_OP_gelu_backward, x, dy, beta, dx)
-
-
-def gelutanh_backward(Tensor x, Tensor dy, beta, Tensor dx):
-    """dx = dy * gelutanh'(x) + beta * dx."""
-    _unary_backward("gelutanh_backward", NNTILE_OP_gelutanh_backward, x, dy, beta, dx)
+# The tensor ops of the op table's activations (gelu, gelutanh, silu, ...: def act(Tensor
+# src, Tensor dst) calling _unary, def act_backward(x, dy, beta, dx) calling
+# _unary_backward), written by setup.py from kernels.h.
+include "activations.pxi"
 
 
 # ---- fibers: 1-D tensors along one axis ------------------------------------------------------
@@ -223,13 +203,10 @@ def add_fiber(alpha, Tensor fiber, beta, Tensor dst, axis):
     _distinct("add_fiber", [(fiber, "fiber"), (dst, "dst")])
     cdef nntile_add_fiber_args args
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode m[2]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
     args.alpha = alpha
     args.beta = beta
-    m[0] = STARPU_R
-    m[1] = STARPU_W if args.beta == 0 else STARPU_RW
     for i in range(dst.traits.ntiles):
         dst.traits.tile_coords(i, coords)
         _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
@@ -238,7 +215,7 @@ def add_fiber(alpha, Tensor fiber, beta, Tensor dst, axis):
         args.n = nn
         h[0] = fiber.handles[coords[ax]]
         h[1] = dst.handles[i]
-        submit(NNTILE_OP_add_fiber, column, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_add_fiber, column, 2, h, &args, sizeof(args), args.beta != 0)
 
 
 def prod_fiber(alpha, Tensor fiber, Tensor dst, axis):
@@ -249,12 +226,9 @@ def prod_fiber(alpha, Tensor fiber, Tensor dst, axis):
     _distinct("prod_fiber", [(fiber, "fiber"), (dst, "dst")])
     cdef nntile_prod_fiber_args args
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode m[2]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
     args.alpha = alpha
-    m[0] = STARPU_R
-    m[1] = STARPU_RW
     for i in range(dst.traits.ntiles):
         dst.traits.tile_coords(i, coords)
         _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
@@ -263,7 +237,7 @@ def prod_fiber(alpha, Tensor fiber, Tensor dst, axis):
         args.n = nn
         h[0] = fiber.handles[coords[ax]]
         h[1] = dst.handles[i]
-        submit(NNTILE_OP_prod_fiber, column, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_prod_fiber, column, 2, h, &args, sizeof(args))
 
 
 cdef _fiber_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tensor fiber,
@@ -281,14 +255,11 @@ cdef _fiber_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
     # nntile_sum_fiber_args and nntile_sumprod_fiber_args share one layout.
     cdef nntile_sumprod_fiber_args args
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode m[3]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
     cdef int nbuf = 3 if src2 is not None else 2
     cdef double beta_value = beta
     args.alpha = alpha
-    m[0] = STARPU_R
-    m[1] = STARPU_R
     for i in range(src1.traits.ntiles):
         src1.traits.tile_coords(i, coords)
         _mkn(src1.traits, coords, ax, &mm, &kk, &nn)
@@ -302,8 +273,7 @@ cdef _fiber_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
         if src2 is not None:
             h[1] = src2.handles[i]
         h[nbuf - 1] = fiber.handles[coords[ax]]
-        m[nbuf - 1] = STARPU_W if args.beta == 0 else STARPU_RW
-        submit(op, column, nbuf, h, m, &args, sizeof(args))
+        submit(op, column, nbuf, h, &args, sizeof(args), args.beta != 0)
 
 
 def sum_fiber(alpha, Tensor src, beta, Tensor fiber, axis):
@@ -335,14 +305,11 @@ cdef _slice_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
     # nntile_sum_slice_args and nntile_sumprod_slice_args share one layout.
     cdef nntile_sumprod_slice_args args
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode m[3]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
     cdef int nbuf = 3 if src2 is not None else 2
     cdef double beta_value = beta
     args.alpha = alpha
-    m[0] = STARPU_R
-    m[1] = STARPU_R
     for i in range(src1.traits.ntiles):
         src1.traits.tile_coords(i, coords)
         _mkn(src1.traits, coords, ax, &mm, &kk, &nn)
@@ -355,8 +322,7 @@ cdef _slice_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
             h[1] = src2.handles[i]
         h[nbuf - 1] = dst.handles[_drop_axis_tile(dst.traits, coords, src1.traits.ndim, ax,
                                                   False)]
-        m[nbuf - 1] = STARPU_W if args.beta == 0 else STARPU_RW
-        submit(op, column, nbuf, h, m, &args, sizeof(args))
+        submit(op, column, nbuf, h, &args, sizeof(args), args.beta != 0)
 
 
 def sum_slice(alpha, Tensor src, beta, Tensor dst, axis):
@@ -381,17 +347,13 @@ cdef _slice_broadcast(str name, int op, alpha, Tensor src, beta, Tensor dst, axi
     cdef nntile_add_slice_args args
     cdef nntile_prod_slice_args pargs
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode m[2]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
-    m[0] = STARPU_R
     if has_beta:
         args.alpha = alpha
         args.beta = beta
-        m[1] = STARPU_W if args.beta == 0 else STARPU_RW
     else:
         pargs.alpha = alpha
-        m[1] = STARPU_RW
     for i in range(dst.traits.ntiles):
         dst.traits.tile_coords(i, coords)
         _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
@@ -401,12 +363,12 @@ cdef _slice_broadcast(str name, int op, alpha, Tensor src, beta, Tensor dst, axi
             args.m = mm
             args.k = kk
             args.n = nn
-            submit(op, column, 2, h, m, &args, sizeof(args))
+            submit(op, column, 2, h, &args, sizeof(args), args.beta != 0)
         else:
             pargs.m = mm
             pargs.k = kk
             pargs.n = nn
-            submit(op, column, 2, h, m, &pargs, sizeof(pargs))
+            submit(op, column, 2, h, &pargs, sizeof(pargs))
 
 
 def add_slice(alpha, Tensor src, beta, Tensor dst, axis):
@@ -437,10 +399,8 @@ def maxsumexp(Tensor src, Tensor stats, axis):
 cdef _maxsumexp(int column, Tensor src, Tensor stats, Py_ssize_t ax):
     cdef nntile_maxsumexp_args args
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode m[2]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
-    m[0] = STARPU_R
     for i in range(src.traits.ntiles):
         src.traits.tile_coords(i, coords)
         _mkn(src.traits, coords, ax, &mm, &kk, &nn)
@@ -448,10 +408,9 @@ cdef _maxsumexp(int column, Tensor src, Tensor stats, Py_ssize_t ax):
         args.k = kk
         args.n = nn
         args.init = 1 if coords[ax] == 0 else 0
-        m[1] = STARPU_W if args.init else STARPU_RW
         h[0] = src.handles[i]
         h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, src.traits.ndim, ax, True)]
-        submit(NNTILE_OP_maxsumexp, column, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_maxsumexp, column, 2, h, &args, sizeof(args), not args.init)
 
 
 def softmax_inplace(Tensor stats, Tensor dst, axis):
@@ -461,11 +420,8 @@ def softmax_inplace(Tensor stats, Tensor dst, axis):
     _check_stats("softmax_inplace", dst, "dst", stats, "stats", ax)
     cdef nntile_softmax_inplace_args args
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode m[2]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
-    m[0] = STARPU_R
-    m[1] = STARPU_RW
     for i in range(dst.traits.ntiles):
         dst.traits.tile_coords(i, coords)
         _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
@@ -474,7 +430,7 @@ def softmax_inplace(Tensor stats, Tensor dst, axis):
         args.n = nn
         h[0] = stats.handles[_drop_axis_tile(stats.traits, coords, dst.traits.ndim, ax, True)]
         h[1] = dst.handles[i]
-        submit(NNTILE_OP_softmax_inplace, column, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_softmax_inplace, column, 2, h, &args, sizeof(args))
 
 
 def softmax_backward(alpha, Tensor p, Tensor sums, Tensor dp, axis):
@@ -486,13 +442,9 @@ def softmax_backward(alpha, Tensor p, Tensor sums, Tensor dp, axis):
     _distinct("softmax_backward", [(p, "p"), (dp, "dp")])
     cdef nntile_softmax_backward_args args
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode m[3]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
     args.alpha = alpha
-    m[0] = STARPU_R
-    m[1] = STARPU_R
-    m[2] = STARPU_RW
     for i in range(dp.traits.ntiles):
         dp.traits.tile_coords(i, coords)
         _mkn(dp.traits, coords, ax, &mm, &kk, &nn)
@@ -502,7 +454,7 @@ def softmax_backward(alpha, Tensor p, Tensor sums, Tensor dp, axis):
         h[0] = p.handles[i]
         h[1] = sums.handles[_drop_axis_tile(sums.traits, coords, dp.traits.ndim, ax, False)]
         h[2] = dp.handles[i]
-        submit(NNTILE_OP_softmax_backward, column, 3, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_softmax_backward, column, 3, h, &args, sizeof(args))
 
 
 def mask_causal(Tensor dst):
@@ -514,10 +466,8 @@ def mask_causal(Tensor dst):
                          f"got shape {dst.traits.shape}")
     cdef nntile_mask_causal_args args
     cdef starpu_data_handle_t h[1]
-    cdef starpu_data_access_mode m[1]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, d, batch, tq, tk, qo, ko
-    m[0] = STARPU_RW
     for i in range(dst.traits.ntiles):
         dst.traits.tile_coords(i, coords)
         tq = dst.traits.tile_dim(nd - 2, coords[nd - 2])
@@ -535,7 +485,7 @@ def mask_causal(Tensor dst):
         args.q_offset = qo
         args.k_offset = ko
         h[0] = dst.handles[i]
-        submit(NNTILE_OP_mask_causal, dst.dtype_id, 1, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_mask_causal, dst.dtype_id, 1, h, &args, sizeof(args))
 
 
 def logsumexp(Tensor stats, Tensor dst):
@@ -554,16 +504,13 @@ cdef int _check_lse(Tensor stats, Tensor dst, str op) except -1:
 cdef _logsumexp(Tensor stats, Tensor dst):
     cdef nntile_logsumexp_args args
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode m[2]
     cdef Py_ssize_t i
-    m[0] = STARPU_R
-    m[1] = STARPU_W
     for i in range(dst.traits.ntiles):
         args.n = _tile_nelems(dst, i)
         # stats' tile grid is dst's grid with a trailing dimension of one tile.
         h[0] = stats.handles[i]
         h[1] = dst.handles[i]
-        submit(NNTILE_OP_logsumexp, dst.dtype_id, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_logsumexp, dst.dtype_id, 2, h, &args, sizeof(args))
 
 
 # ---- embedding -----------------------------------------------------------------------------
@@ -587,16 +534,9 @@ cdef _embedding(int op, Tensor ids, Tensor table, Tensor big, bint backward):
     # nntile_embedding_args and nntile_embedding_backward_args share one layout.
     cdef nntile_embedding_args args
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode m[3]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t tcoords[2]
     cdef Py_ssize_t i, vt, nd = big.traits.ndim
-    m[0] = STARPU_R
-    m[1] = STARPU_R
-    m[2] = STARPU_RW
-    if backward:
-        m[1] = STARPU_R   # dy
-        m[2] = STARPU_RW  # dtable
     for i in range(big.traits.ntiles):
         big.traits.tile_coords(i, coords)
         args.e = big.traits.tile_dim(nd - 1, coords[nd - 1])
@@ -613,7 +553,7 @@ cdef _embedding(int op, Tensor ids, Tensor table, Tensor big, bint backward):
             else:
                 h[1] = table.handles[table.traits.tile_linear(tcoords)]
                 h[2] = big.handles[i]
-            submit(op, big.dtype_id, 3, h, m, &args, sizeof(args))
+            submit(op, big.dtype_id, 3, h, &args, sizeof(args))
 
 
 def embedding(Tensor ids, Tensor table, Tensor dst):
@@ -668,10 +608,8 @@ def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Te
     cdef nntile_layernorm_stats_args sargs
     cdef nntile_layernorm_forward_args fargs
     cdef starpu_data_handle_t h[5]
-    cdef starpu_data_access_mode m[5]
     cdef Py_ssize_t coords[MAX_NDIM]
-    cdef Py_ssize_t i, d, last = x.traits.ndim - 1
-    m[0] = STARPU_R
+    cdef Py_ssize_t i, last = x.traits.ndim - 1
     for i in range(x.traits.ntiles):
         x.traits.tile_coords(i, coords)
         sargs.rows = _rows(x.traits, coords)
@@ -679,13 +617,10 @@ def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Te
         sargs.e_offset = coords[last] * x.traits._basetile[last]
         h[0] = x.handles[i]
         h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)]
-        m[1] = STARPU_W if coords[last] == 0 else STARPU_RW
-        submit(NNTILE_OP_layernorm_stats, stats.dtype_id, 2, h, m, &sargs, sizeof(sargs))
+        submit(NNTILE_OP_layernorm_stats, stats.dtype_id, 2, h, &sargs, sizeof(sargs),
+               coords[last] != 0)
     fargs.e_total = x.traits.shape[last]
     fargs.eps = eps
-    for d in range(4):
-        m[d] = STARPU_R
-    m[4] = STARPU_W
     for i in range(x.traits.ntiles):
         x.traits.tile_coords(i, coords)
         fargs.rows = _rows(x.traits, coords)
@@ -695,7 +630,7 @@ def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Te
         h[2] = gamma.handles[coords[last]]
         h[3] = beta.handles[coords[last]]
         h[4] = y.handles[i]
-        submit(NNTILE_OP_layernorm_forward, column, 5, h, m, &fargs, sizeof(fargs))
+        submit(NNTILE_OP_layernorm_forward, column, 5, h, &fargs, sizeof(fargs))
 
 
 def layernorm_backward(Tensor x, Tensor dy, Tensor stats, Tensor gamma, eps, Tensor rowacc,
@@ -719,16 +654,11 @@ def layernorm_backward(Tensor x, Tensor dy, Tensor stats, Tensor gamma, eps, Ten
     cdef nntile_layernorm_backward_reduce_args rargs
     cdef nntile_layernorm_backward_args bargs
     cdef starpu_data_handle_t h[7]
-    cdef starpu_data_access_mode m[7]
     cdef Py_ssize_t coords[MAX_NDIM]
-    cdef Py_ssize_t i, d, last = x.traits.ndim - 1
+    cdef Py_ssize_t i, last = x.traits.ndim - 1
     cdef Py_ssize_t s_lin
     rargs.e_total = x.traits.shape[last]
     rargs.eps = eps
-    for d in range(4):
-        m[d] = STARPU_R
-    m[5] = STARPU_RW
-    m[6] = STARPU_RW
     for i in range(x.traits.ntiles):
         x.traits.tile_coords(i, coords)
         rargs.rows = _rows(x.traits, coords)
@@ -742,15 +672,11 @@ def layernorm_backward(Tensor x, Tensor dy, Tensor stats, Tensor gamma, eps, Ten
         h[4] = rowacc.handles[s_lin]
         h[5] = dgamma.handles[coords[last]]
         h[6] = dbeta.handles[coords[last]]
-        m[4] = STARPU_W if rargs.init else STARPU_RW
-        submit(NNTILE_OP_layernorm_backward_reduce, x.dtype_id, 7, h, m, &rargs,
-               sizeof(rargs))
+        submit(NNTILE_OP_layernorm_backward_reduce, x.dtype_id, 7, h, &rargs,
+               sizeof(rargs), not rargs.init)
     bargs.e_total = x.traits.shape[last]
     bargs.eps = eps
     bargs.beta = beta
-    for d in range(5):
-        m[d] = STARPU_R
-    m[5] = STARPU_W if bargs.beta == 0 else STARPU_RW
     for i in range(x.traits.ntiles):
         x.traits.tile_coords(i, coords)
         bargs.rows = _rows(x.traits, coords)
@@ -762,7 +688,8 @@ def layernorm_backward(Tensor x, Tensor dy, Tensor stats, Tensor gamma, eps, Ten
         h[3] = gamma.handles[coords[last]]
         h[4] = rowacc.handles[s_lin]
         h[5] = dx.handles[i]
-        submit(NNTILE_OP_layernorm_backward, x.dtype_id, 6, h, m, &bargs, sizeof(bargs))
+        submit(NNTILE_OP_layernorm_backward, x.dtype_id, 6, h, &bargs, sizeof(bargs),
+               bargs.beta != 0)
 
 
 # ---- cross entropy over the last axis ------------------------------------------------------
@@ -801,7 +728,6 @@ def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor
     cdef nntile_xent_picked_args pargs
     cdef nntile_xent_loss_args largs
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode m[3]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, r_lin
     # Row statistics (max, sumexp) over the vocabulary tiles, then lse = max + log(sumexp).
@@ -811,11 +737,8 @@ def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor
     # it holds. The first vocabulary tile opens the picked tile write-only (StarPU refuses
     # to read a never-written tile); later ones keep what earlier ones wrote (RW). Rows
     # whose label is outside [0, V) are left undefined.
-    m[0] = STARPU_R
-    m[1] = STARPU_R
     for i in range(logits.traits.ntiles):
         logits.traits.tile_coords(i, coords)
-        m[2] = STARPU_W if coords[last] == 0 else STARPU_RW
         pargs.rows = _rows(logits.traits, coords)
         pargs.v = logits.traits.tile_dim(last, coords[last])
         pargs.v_offset = coords[last] * logits.traits._basetile[last]
@@ -823,17 +746,16 @@ def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor
         h[0] = logits.handles[i]
         h[1] = labels.handles[r_lin]
         h[2] = picked.handles[r_lin]
-        submit(NNTILE_OP_xent_picked, column, 3, h, m, &pargs, sizeof(pargs))
+        submit(NNTILE_OP_xent_picked, column, 3, h, &pargs, sizeof(pargs), coords[last] != 0)
     # loss = scale * sum (lse - picked), accumulated over the row tiles.
     largs.alpha = scale
     for i in range(lse.traits.ntiles):
         largs.rows = _tile_nelems(lse, i)
         largs.beta = 0.0 if i == 0 else 1.0
-        m[2] = STARPU_W if i == 0 else STARPU_RW
         h[0] = lse.handles[i]
         h[1] = picked.handles[i]
         h[2] = loss.handles[0]
-        submit(NNTILE_OP_xent_loss, loss.dtype_id, 3, h, m, &largs, sizeof(largs))
+        submit(NNTILE_OP_xent_loss, loss.dtype_id, 3, h, &largs, sizeof(largs), i != 0)
 
 
 def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0):
@@ -844,13 +766,9 @@ def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0
     cdef Py_ssize_t last = _check_xent("cross_entropy_backward", logits, labels, stats)
     cdef nntile_xent_grad_inplace_args args
     cdef starpu_data_handle_t h[3]
-    cdef starpu_data_access_mode m[3]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, r_lin
     args.alpha = scale
-    m[0] = STARPU_R
-    m[1] = STARPU_R
-    m[2] = STARPU_RW
     for i in range(logits.traits.ntiles):
         logits.traits.tile_coords(i, coords)
         args.rows = _rows(logits.traits, coords)
@@ -861,7 +779,7 @@ def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0
                                              True)]
         h[1] = labels.handles[r_lin]
         h[2] = logits.handles[i]
-        submit(NNTILE_OP_xent_grad_inplace, column, 3, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_xent_grad_inplace, column, 3, h, &args, sizeof(args))
 
 
 # ---- norms and optimizer steps -------------------------------------------------------------
@@ -887,28 +805,24 @@ def sumsq(Tensor src, beta, Tensor dst):
     cdef nntile_sumsq_args args
     cdef nntile_fill_args fill_args
     cdef starpu_data_handle_t h[2]
-    cdef starpu_data_access_mode m[2]
     cdef double beta_value = beta
     cdef Py_ssize_t i, target
     started = [False] * dst.traits.ntiles
-    m[0] = STARPU_R
     for i in range(src.traits.ntiles):
         target = src.owners[i] if per_rank and src.owners is not None else 0
         args.n = _tile_nelems(src, i)
         args.beta = 1.0 if started[target] else beta_value
         started[target] = True
-        m[1] = STARPU_W if args.beta == 0 else STARPU_RW
         h[0] = src.handles[i]
         h[1] = dst.handles[target]
-        submit(NNTILE_OP_sumsq, dst.dtype_id, 2, h, m, &args, sizeof(args))
+        submit(NNTILE_OP_sumsq, dst.dtype_id, 2, h, &args, sizeof(args), args.beta != 0)
     # a rank that owns no tile of src still has to reset its partial
     fill_args.value = 0.0
     fill_args.n = 1
-    m[0] = STARPU_W
     for i in range(dst.traits.ntiles):
         if beta_value == 0 and not started[i]:
             h[0] = dst.handles[i]
-            submit(NNTILE_OP_fill, dst.dtype_id, 1, h, m, &fill_args, sizeof(fill_args))
+            submit(NNTILE_OP_fill, dst.dtype_id, 1, h, &fill_args, sizeof(fill_args))
 
 
 cdef int _check_optim(str op, list state, Tensor normsq, max_norm, step) except -1:
@@ -951,7 +865,6 @@ def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Te
         _same_traits("adam_step", p, "p", copy, "copy")
     cdef nntile_adam_step_args args
     cdef starpu_data_handle_t h[6]
-    cdef starpu_data_access_mode md[6]
     args.step = step
     args.lr = lr
     args.beta1 = beta1
@@ -960,14 +873,8 @@ def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Te
     args.weight_decay = weight_decay
     args.decoupled = 1 if decoupled else 0
     args.max_norm = max_norm
-    md[0] = STARPU_RW
-    md[1] = STARPU_R
-    md[2] = STARPU_RW
-    md[3] = STARPU_RW
-    # then the copy (written), if any, and normsq (read), if any
+    # p, g, m, v, then the copy (if any) and normsq (if any)
     cdef int ncopy = 1 if copy is not None else 0
-    md[4] = STARPU_W if ncopy else STARPU_R
-    md[5] = STARPU_R
     cdef int nbuf = 4 + ncopy + (1 if normsq is not None else 0)
     cdef Py_ssize_t i
     for i in range(p.traits.ntiles):
@@ -980,7 +887,7 @@ def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Te
             h[4] = copy.handles[i]
         if normsq is not None:
             h[4 + ncopy] = normsq.handles[0]
-        submit(op, column, nbuf, h, md, &args, sizeof(args))
+        submit(op, column, nbuf, h, &args, sizeof(args))
 
 
 def sgd_step(step, lr, momentum, dampening, weight_decay, nesterov, Tensor p, Tensor g,
@@ -995,7 +902,6 @@ def sgd_step(step, lr, momentum, dampening, weight_decay, nesterov, Tensor p, Te
         raise ValueError("sgd_step: nesterov needs momentum > 0 and dampening = 0")
     cdef nntile_sgd_step_args args
     cdef starpu_data_handle_t h[4]
-    cdef starpu_data_access_mode md[4]
     args.step = step
     args.lr = lr
     args.momentum = momentum
@@ -1003,12 +909,9 @@ def sgd_step(step, lr, momentum, dampening, weight_decay, nesterov, Tensor p, Te
     args.weight_decay = weight_decay
     args.nesterov = 1 if nesterov else 0
     args.max_norm = max_norm
-    md[0] = STARPU_RW
-    md[1] = STARPU_R
-    # The buffer is set from the gradient at step 1 and unused without momentum: it is
-    # read only for momentum > 0 after step 1 (StarPU refuses to read a never-written tile).
-    md[2] = STARPU_RW if args.momentum != 0 and args.step > 1 else STARPU_W
-    md[3] = STARPU_R
+    # The buffer is set from the gradient at step 1 and unused without momentum: the task
+    # accumulates into it only with momentum after step 1 (StarPU refuses to read a
+    # never-written tile).
     cdef int nbuf = 4 if normsq is not None else 3
     cdef Py_ssize_t i
     for i in range(p.traits.ntiles):
@@ -1018,4 +921,5 @@ def sgd_step(step, lr, momentum, dampening, weight_decay, nesterov, Tensor p, Te
         h[2] = buf.handles[i]
         if normsq is not None:
             h[3] = normsq.handles[0]
-        submit(NNTILE_OP_sgd_step, p.dtype_id, nbuf, h, md, &args, sizeof(args))
+        submit(NNTILE_OP_sgd_step, p.dtype_id, nbuf, h, &args, sizeof(args),
+               args.momentum != 0 and args.step > 1)

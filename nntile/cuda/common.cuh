@@ -81,6 +81,10 @@ __device__ __forceinline__ float m_erf(float x) { return erff(x); }
 __device__ __forceinline__ double m_erf(double x) { return erf(x); }
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double m_cos(double x) { return cos(x); }
+__device__ __forceinline__ float m_sin(float x) { return sinf(x); }
+__device__ __forceinline__ double m_sin(double x) { return sin(x); }
 
 template <typename C> __device__ __forceinline__ C ninf();
 template <> __device__ __forceinline__ float ninf<float>()
@@ -106,11 +110,19 @@ __device__ __forceinline__ double vexp(double x)
     return x > 709.43 ? CUDART_INF : (x < -708.39 ? 0.0 : r);
 }
 
-/* Shift before exponentiation: the max, or 0 when it is -inf. */
-template <typename C> __device__ __forceinline__ C exp_shift(C m)
-{
-    return m == ninf<C>() ? (C)0 : m;
-}
+/* The formulas shared with the CPU kernels (gelu, exp_shift, adam, ...), as
+ * templates over the compute type, with the math of that type. */
+#define VEXP vexp
+#define ERF m_erf
+#define SQRT m_sqrt
+#define COS m_cos
+#define SIN m_sin
+#include "../_core/kernels/formulas.h"
+#undef VEXP
+#undef ERF
+#undef SQRT
+#undef COS
+#undef SIN
 
 /* ---------------------------------------------------------------- launch */
 
@@ -726,13 +738,17 @@ NNTILE_CUDA_END
  * another template with a parameter of its own
  * (nntile_cuda::add_bcast<true>, nntile_cuda::map<nntile_cuda::Gelu>). */
 #define NNTILE_CUDA_PASS(type, name) , nntile_cuda::storage(name)
-#define NNTILE_CUDA_DEFINE(T, ACC, S, op, fn)                                \
-    extern "C" NNTILE_CUDA_SIGNATURE(op, T, ACC, S)                          \
+#define NNTILE_CUDA_DEFINE(T, ACC, S, op, fn, BUFFERS)                       \
+    extern "C" NNTILE_CUDA_SIGNATURE(op, T, ACC, S, BUFFERS)                 \
     {                                                                        \
-        fn(args, stream NNTILE_BUFFERS_##op(NNTILE_CUDA_PASS, T, ACC));      \
+        fn(args, stream BUFFERS(NNTILE_CUDA_PASS, NNTILE_CUDA_PASS, T, ACC)); \
     }
+/* NNTILE_CUDA_EXPORT_AS with the buffers of the list BUFFERS (an
+ * activation's: NNTILE_ACT_BUFFERS) */
+#define NNTILE_CUDA_EXPORT_BUFFERS(op, fn, BUFFERS)                          \
+    NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op, fn, BUFFERS)
 #define NNTILE_CUDA_EXPORT_AS(op, fn)                                        \
-    NNTILE_CUDA_FOR_EACH_DTYPE(NNTILE_CUDA_DEFINE, op, fn)
+    NNTILE_CUDA_EXPORT_BUFFERS(op, fn, NNTILE_BUFFERS_##op)
 #define NNTILE_CUDA_EXPORT(op) NNTILE_CUDA_EXPORT_AS(op, nntile_cuda::op)
 
 #endif /* NNTILE_CUDA_COMMON_CUH */

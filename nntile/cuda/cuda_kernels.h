@@ -44,27 +44,40 @@ typedef struct cublasContext *cublasHandle_t;
  * for every op of kernels.h's table but gemm: the buffers of
  * NNTILE_BUFFERS_<op>, for the plain dtypes and, where the op's columns say
  * so, for bf16_fp32 (mixed precision: bf16 data, float accumulators). */
-#define NNTILE_CUDA_SIGNATURE(op, T, ACC, S) \
+#define NNTILE_CUDA_SIGNATURE(op, T, ACC, S, BUFFERS) \
     void nntile_cuda_##op##_##S(const struct nntile_##op##_args *args, \
-        cudaStream_t stream NNTILE_BUFFERS_##op(NNTILE_PARAM, T, ACC))
-#define NNTILE_CUDA_DECLARE_ONE(T, ACC, S, op) \
-    NNTILE_CUDA_SIGNATURE(op, T, ACC, S);
+        cudaStream_t stream BUFFERS(NNTILE_PARAM, NNTILE_PARAM, T, ACC))
+#define NNTILE_CUDA_DECLARE_ONE(T, ACC, S, op, BUFFERS) \
+    NNTILE_CUDA_SIGNATURE(op, T, ACC, S, BUFFERS);
 #define NNTILE_CUDA_DECLARE(op, nbuf, columns) \
-    NNTILE_CUDA_DECLARE_EACH(NNTILE_CUDA_DECLARE_ONE, op, columns)
-#define NNTILE_CUDA_DECLARE_EACH(ONE, op, columns) \
-    NNTILE_IF_PLAIN(columns, NNTILE_CUDA_FOR_EACH_DTYPE(ONE, op)) \
-    NNTILE_IF_MIXED(columns, ONE(uint16_t, float, bf16_fp32, op))
+    NNTILE_CUDA_DECLARE_EACH(NNTILE_CUDA_DECLARE_ONE, op, columns, \
+                             NNTILE_BUFFERS_##op)
+#define NNTILE_CUDA_DECLARE_EACH(ONE, op, columns, BUFFERS) \
+    NNTILE_IF_PLAIN(columns, NNTILE_CUDA_FOR_EACH_DTYPE(ONE, op, BUFFERS)) \
+    NNTILE_IF_MIXED(columns, ONE(uint16_t, float, bf16_fp32, op, BUFFERS))
+/* an activation's two ops (X_ACT), with the activations' buffers */
+#define NNTILE_CUDA_DECLARE_ACT(X, act, columns) \
+    NNTILE_CUDA_DECLARE_EACH(NNTILE_CUDA_DECLARE_ONE, act, columns, \
+                             NNTILE_ACT_BUFFERS) \
+    NNTILE_CUDA_DECLARE_EACH(NNTILE_CUDA_DECLARE_ONE, act##_backward, columns, \
+                             NNTILE_ACT_BACKWARD_BUFFERS)
+/* an X_TF32 op has tf32 kernels too (float storage), taking a stream */
+#define NNTILE_CUDA_DECLARE_TF32(op, nbuf, columns) \
+    NNTILE_CUDA_DECLARE(op, nbuf, columns) \
+    NNTILE_CUDA_DECLARE_ONE(float, float, tf32, op, NNTILE_BUFFERS_##op)
 
 /* gemm (X_BLAS) takes a cuBLAS handle instead of a stream, and has tf32 too
  * (float storage, TF32 tensor-core math); gemm.cu defines them by hand. */
-#define NNTILE_CUDA_DECLARE_BLAS_ONE(T, ACC, S, op) \
+#define NNTILE_CUDA_DECLARE_BLAS_ONE(T, ACC, S, op, BUFFERS) \
     void nntile_cuda_##op##_##S(const struct nntile_##op##_args *args, \
-        cublasHandle_t handle NNTILE_BUFFERS_##op(NNTILE_PARAM, T, ACC));
+        cublasHandle_t handle BUFFERS(NNTILE_PARAM, NNTILE_PARAM, T, ACC));
 #define NNTILE_CUDA_DECLARE_BLAS(op, nbuf, columns) \
-    NNTILE_CUDA_DECLARE_EACH(NNTILE_CUDA_DECLARE_BLAS_ONE, op, columns) \
-    NNTILE_CUDA_DECLARE_BLAS_ONE(float, float, tf32, op)
+    NNTILE_CUDA_DECLARE_EACH(NNTILE_CUDA_DECLARE_BLAS_ONE, op, columns, \
+                             NNTILE_BUFFERS_##op) \
+    NNTILE_CUDA_DECLARE_BLAS_ONE(float, float, tf32, op, NNTILE_BUFFERS_##op)
 
-NNTILE_OPS(NNTILE_CUDA_DECLARE, NNTILE_CUDA_DECLARE, NNTILE_CUDA_DECLARE_BLAS)
+NNTILE_OPS(NNTILE_CUDA_DECLARE, NNTILE_CUDA_DECLARE, NNTILE_CUDA_DECLARE_BLAS,
+           NNTILE_CUDA_DECLARE_TF32, NNTILE_CUDA_DECLARE_ACT)
 
 #ifdef __cplusplus
 }

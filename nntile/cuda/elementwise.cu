@@ -78,80 +78,71 @@ void prod(const nntile_prod_args *a, cudaStream_t s, const T *s1,
     launch_elementwise(a->n, ProdOp<T>{(C_t<T>)a->alpha}, s, s1, s2, dst);
 }
 
-/* GELU (exact): 0.5 x (1 + erf(x/sqrt(2))) */
-struct GeluOp {
+/* The activations of the op table (X_ACT): Act_<act> holds f and f' (the
+ * formulas act and act_deriv); ActOp<F> stores dst = f(src) and
+ * ActBackwardOp<F> dx = dy * f'(x) + beta*dx (dx not read when beta == 0). */
+#define NNTILE_CUDA_ACT(X, act, columns)                                    \
+    struct Act_##act {                                                      \
+        template <typename C> __device__ C f(C x) const { return act(x); }  \
+        template <typename C> __device__ C df(C x) const                    \
+        {                                                                   \
+            return act##_deriv(x);                                          \
+        }                                                                   \
+    };
+NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
+           NNTILE_CUDA_ACT)
+#undef NNTILE_CUDA_ACT
+
+template <typename F> struct ActOp {
     template <typename T>
     __device__ void operator()(int64_t i, const T *src, T *dst) const
     {
-        typedef C_t<T> C;
-        const C inv_sqrt2 = (C)0.70710678118654752440;
-        const C x = ld(src[i]);
-        dst[i] = st<T>((C)0.5 * x * ((C)1 + m_erf(x * inv_sqrt2)));
+        dst[i] = st<T>(F().f(ld(src[i])));
     }
 };
 
-/* GELU, tanh approximation: x * sigmoid(2u),
- * u = sqrt(2/pi) (x + 0.044715 x^3) */
-struct GeluTanhOp {
-    template <typename T>
-    __device__ void operator()(int64_t i, const T *src, T *dst) const
-    {
-        typedef C_t<T> C;
-        const C k2 = (C)(-2 * 0.79788456080286535588);
-        const C k1 = (C)0.044715;
-        const C x = ld(src[i]);
-        const C e = vexp(k2 * (x + k1 * x * x * x));
-        dst[i] = st<T>(x / ((C)1 + e));
-    }
-};
-
-/* The backward ops compute f'(x) and store dx = dy * f'(x) + beta*dx (dx
- * not read when beta == 0) with ChainRule::store. */
-template <typename T> struct ChainRule {
+template <typename F, typename T> struct ActBackwardOp {
     C_t<T> beta;
     int accumulate;
-    __device__ void store(int64_t i, C_t<T> d, const T *dy, T *dx) const
+    __device__ void operator()(int64_t i, const T *x, const T *dy,
+                               T *dx) const
     {
+        const C_t<T> d = F().df(ld(x[i]));
         const C_t<T> g = ld(dy[i]) * d;
         dx[i] = st<T>(accumulate ? g + beta * ld(dx[i]) : g);
     }
 };
 
-template <template <typename> class Op, typename Args, typename T>
-void chain_rule(const Args *a, cudaStream_t s, const T *x, const T *dy, T *dx)
+template <typename F, typename Args, typename T>
+void act_backward(const Args *a, cudaStream_t s, const T *x, const T *dy,
+                  T *dx)
 {
-    launch_elementwise(a->n, Op<T>{{(C_t<T>)a->beta, a->beta != 0.0}}, s, x,
-                       dy, dx);
+    launch_elementwise(a->n,
+                       ActBackwardOp<F, T>{(C_t<T>)a->beta, a->beta != 0.0},
+                       s, x, dy, dx);
 }
 
-template <typename T> struct GeluBackwardOp : ChainRule<T> {
-    __device__ void operator()(int64_t i, const T *x_, const T *dy,
-                               T *dx) const
+/* h = silu(gate) * up, silu(gate) rounded to the data type first (as the
+ * CPU and transformers) */
+struct SwiGluOp {
+    template <typename T>
+    __device__ void operator()(int64_t i, const T *gate, const T *up,
+                               T *h) const
     {
-        typedef C_t<T> C;
-        const C inv_sqrt2 = (C)0.70710678118654752440;
-        const C inv_sqrt2pi = (C)0.39894228040143267794;
-        const C x = ld(x_[i]);
-        const C d = (C)0.5 * ((C)1 + m_erf(x * inv_sqrt2))
-                  + x * inv_sqrt2pi * vexp((C)-0.5 * x * x);
-        this->store(i, d, dy, dx);
+        h[i] = st<T>(ld(st<T>(silu(ld(gate[i])))) * ld(up[i]));
     }
 };
 
-template <typename T> struct GeluTanhBackwardOp : ChainRule<T> {
-    __device__ void operator()(int64_t i, const T *x_, const T *dy,
-                               T *dx) const
+/* dgate = dh * up * silu'(gate), dup = dh * silu(gate) */
+struct SwiGluBackwardOp {
+    template <typename T>
+    __device__ void operator()(int64_t i, const T *gate, const T *up,
+                               const T *dh, T *dgate, T *dup) const
     {
-        typedef C_t<T> C;
-        const C k0 = (C)0.79788456080286535588;
-        const C k2 = (C)(-2 * 0.79788456080286535588);
-        const C k1 = (C)0.044715;
-        const C k3 = (C)(3 * 0.044715);
-        const C x = ld(x_[i]);
-        const C x2 = x * x;
-        const C sg = (C)1 / ((C)1 + vexp(k2 * (x + k1 * x2 * x)));
-        const C d = sg + (C)2 * x * sg * ((C)1 - sg) * k0 * ((C)1 + k3 * x2);
-        this->store(i, d, dy, dx);
+        C_t<T> dg, du;
+        swiglu_grad(ld(gate[i]), ld(up[i]), ld(dh[i]), &dg, &du);
+        dgate[i] = st<T>(dg);
+        dup[i] = st<T>(du);
     }
 };
 
@@ -190,10 +181,17 @@ NNTILE_CUDA_EXPORT(copy)
 NNTILE_CUDA_EXPORT(add)
 NNTILE_CUDA_EXPORT(scal)
 NNTILE_CUDA_EXPORT(prod)
-NNTILE_CUDA_EXPORT_AS(gelu, nntile_cuda::over_n<nntile_cuda::GeluOp>)
-NNTILE_CUDA_EXPORT_AS(gelu_backward,
-                      nntile_cuda::chain_rule<nntile_cuda::GeluBackwardOp>)
-NNTILE_CUDA_EXPORT_AS(gelutanh, nntile_cuda::over_n<nntile_cuda::GeluTanhOp>)
-NNTILE_CUDA_EXPORT_AS(gelutanh_backward,
-                      nntile_cuda::chain_rule<nntile_cuda::GeluTanhBackwardOp>)
+#define NNTILE_CUDA_EXPORT_ACT(X, act, columns)                             \
+    NNTILE_CUDA_EXPORT_BUFFERS(                                             \
+        act, nntile_cuda::over_n<nntile_cuda::ActOp<nntile_cuda::Act_##act>>, \
+        NNTILE_ACT_BUFFERS)                                                 \
+    NNTILE_CUDA_EXPORT_BUFFERS(                                             \
+        act##_backward, nntile_cuda::act_backward<nntile_cuda::Act_##act>,  \
+        NNTILE_ACT_BACKWARD_BUFFERS)
+NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
+           NNTILE_CUDA_EXPORT_ACT)
+NNTILE_CUDA_EXPORT_AS(swiglu_forward,
+                      nntile_cuda::over_n<nntile_cuda::SwiGluOp>)
+NNTILE_CUDA_EXPORT_AS(swiglu_backward,
+                      nntile_cuda::over_n<nntile_cuda::SwiGluBackwardOp>)
 NNTILE_CUDA_EXPORT(sumsq)

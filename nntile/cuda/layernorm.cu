@@ -11,8 +11,7 @@ template <typename T> struct LnNorm {
     C_t<T> mean, rstd;
     __device__ LnNorm(const T *stats, int64_t r, int64_t e_total, double eps)
         : mean(ld(stats[2 * r])),
-          rstd((C_t<T>)(1.0 / sqrt((double)ld(stats[2 * r + 1])
-                                   / (double)e_total + eps)))
+          rstd(ln_rstd<C_t<T>>((double)ld(stats[2 * r + 1]), e_total, eps))
     {
     }
     __device__ C_t<T> xhat(T x) const { return (ld(x) - mean) * rstd; }
@@ -93,7 +92,8 @@ struct LnForwardRow {
         T *yr = y + r * e;
         #pragma unroll 4
         for (int64_t j = tid; j < e; j += TPR)
-            yr[j] = st<T>(nr.xhat(xr[j]) * ld(gamma[j]) + ld(beta_[j]));
+            yr[j] = st<T>(ln_y(ld(xr[j]), nr.mean, nr.rstd, ld(gamma[j]),
+                               ld(beta_[j])));
     }
 };
 
@@ -211,7 +211,7 @@ template <typename T> struct LnBackwardRow {
              * registers (nvcc 13, sm_90) */
             const C xh = nr.xhat(xr[j]);
             const C g = ld(dyr[j]) * ld(gamma[j]);
-            const C v = nr.rstd * (g - c0 - xh * c1);
+            const C v = ln_dx(nr.rstd, g, xh, c0, c1);
             dxr[j] = st<T>(accumulate ? v + beta * ld(dxr[j]) : v);
         }
     }

@@ -59,8 +59,7 @@ struct SoftmaxInplace {
     __device__ void operator()(int64_t idx, int64_t, int64_t sl) const
     {
         const float sh = exp_shift(stats[2 * sl]);
-        const float s = stats[2 * sl + 1];
-        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        const float inv = inv_sum(stats[2 * sl + 1]);
         dst[idx] = st<bf16>(vexp(ld(dst[idx]) - sh) * inv);
     }
 };
@@ -99,19 +98,15 @@ __global__ void sum_fiber_k(int64_t m, int64_t k, int64_t n, double alpha,
 /* Merge a tile's (m1, s1) into the running stats st_[0..1], as the CPU. */
 __device__ void merge_stats(float *st_, float m1, double s1, int init)
 {
-    if (init) {
-        st_[0] = m1;
-        st_[1] = (float)s1;
-        return;
+    float max = m1;
+    double sum = s1;
+    if (!init) {
+        max = st_[0];
+        sum = st_[1];
+        merge_maxsumexp(&max, &sum, m1, s1);
     }
-    const float m0 = st_[0];
-    const double s0 = st_[1];
-    if (m1 > m0) {
-        st_[0] = m1;
-        st_[1] = (float)(s0 * exp((double)m0 - (double)m1) + s1);
-    } else if (m1 != ninf<float>()) {
-        st_[1] = (float)(s0 + s1 * exp((double)m1 - (double)m0));
-    }
+    st_[0] = max;
+    st_[1] = (float)sum;
 }
 
 /* n == 1 (scores, logits): a group of TPR threads per contiguous row, two
@@ -182,11 +177,10 @@ __global__ void xent_grad_k(int64_t rows, int64_t v, int64_t v_offset,
     NNTILE_GRID_STRIDE(int64_t, idx, rows * v) {
         const int64_t r = idx / v, j = idx - r * v;
         const float sh = exp_shift(stats[2 * r]);
-        const float s = stats[2 * r + 1];
-        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        const float inv = inv_sum(stats[2 * r + 1]);
         const float e = vexp(ld(logits[idx]) - sh);
-        logits[idx] = st<bf16>(labels[r] - v_offset == j ? alpha * (e * inv - 1.0f)
-                                                         : e * (alpha * inv));
+        logits[idx] =
+            st<bf16>(xent_grad(e, inv, alpha, labels[r] - v_offset == j));
     }
 }
 
@@ -199,10 +193,8 @@ __global__ void layernorm_forward_k(int64_t rows, int64_t e, int64_t e_total,
 {
     NNTILE_GRID_STRIDE(int64_t, idx, rows * e) {
         const int64_t r = idx / e, j = idx - r * e;
-        const float mean = stats[2 * r];
-        const float rstd =
-            (float)(1.0 / sqrt((double)stats[2 * r + 1] / (double)e_total + eps));
-        y[idx] = st<bf16>((x[idx] - mean) * rstd * gamma[j] + beta_[j]);
+        const float rstd = ln_rstd<float>(stats[2 * r + 1], e_total, eps);
+        y[idx] = st<bf16>(ln_y(x[idx], stats[2 * r], rstd, gamma[j], beta_[j]));
     }
 }
 

@@ -8,15 +8,9 @@
 NNTILE_CUDA_BEGIN
 
 template <typename T>
-__device__ __forceinline__ C_t<T> clip_coef(int clip, double max_norm,
-                                            const T *normsq)
+__device__ __forceinline__ C_t<T> clip(int on, double max_norm, const T *normsq)
 {
-    typedef C_t<T> C;
-    if (!clip)
-        return (C)1;
-    const C norm = m_sqrt(ld(normsq[0]));
-    const C coef = (C)max_norm / (norm + (C)1e-6);
-    return coef < (C)1 ? coef : (C)1;
+    return on ? clip_coef(ld(normsq[0]), max_norm) : (C_t<T>)1;
 }
 
 template <typename C> struct AdamScalars {
@@ -35,16 +29,13 @@ __global__ void adam_step_k(int64_t n, AdamScalars<C_t<T>> k,
                             const T *__restrict__ normsq, TC *__restrict__ copy)
 {
     typedef C_t<T> C;
-    const C coef = clip_coef(k.clip, k.max_norm, normsq);
+    const C coef = clip(k.clip, k.max_norm, normsq);
     NNTILE_GRID_STRIDE(int64_t, i, n) {
         const C pi = ld(p[i]) * k.p_scale;
         const C gi = ld(g[i]) * coef + k.c_wd * pi;
-        const C mi0 = ld(m[i]);
-        const C mi = k.lerp_low ? mi0 + k.w1 * (gi - mi0)
-                                : gi - (gi - mi0) * k.w1c;
-        const C vi = ld(v[i]) * k.b2 + k.w2 * gi * gi;
-        const C denom = m_sqrt(vi) / k.bc2_sqrt + k.eps;
-        const C pn = pi + k.neg_step_size * mi / denom;
+        C mi = ld(m[i]), vi = ld(v[i]);
+        const C pn = adam(pi, gi, &mi, &vi, k.w1, k.w1c, k.lerp_low, k.b2, k.w2,
+                          k.bc2_sqrt, k.eps, k.neg_step_size);
         m[i] = st<T>(mi);
         v[i] = st<T>(vi);
         p[i] = st<T>(pn);
@@ -85,21 +76,23 @@ void adam_step(const nntile_adam_step_args *a, cudaStream_t s, T *p,
 template <typename T>
 __global__ void sgd_step_k(int64_t n, C_t<T> wd, C_t<T> mom, C_t<T> damp,
                            C_t<T> neg_lr, int use_momentum, int first,
-                           int nesterov, int clip, double max_norm,
+                           int nesterov, int clip_on, double max_norm,
                            T *__restrict__ p, const T *__restrict__ g,
                            T *__restrict__ buf, const T *__restrict__ normsq)
 {
     typedef C_t<T> C;
-    const C coef = clip_coef(clip, max_norm, normsq);
+    const C coef = clip(clip_on, max_norm, normsq);
     NNTILE_GRID_STRIDE(int64_t, i, n) {
         const C pi = ld(p[i]);
         const C gi = ld(g[i]) * coef + wd * pi;
         if (!use_momentum) {
             p[i] = st<T>(pi + neg_lr * gi);
         } else {
-            const C bi = first ? gi : ld(buf[i]) * mom + damp * gi;
+            C bi = first ? (C)0 : ld(buf[i]);
+            const C pn = sgd_momentum(pi, gi, &bi, mom, damp, neg_lr, first,
+                                      nesterov);
             buf[i] = st<T>(bi);
-            p[i] = st<T>(pi + neg_lr * (nesterov ? gi + mom * bi : bi));
+            p[i] = st<T>(pn);
         }
     }
 }

@@ -9,20 +9,15 @@ NNTILE_CUDA_BEGIN
 template <typename T>
 __device__ void merge_stats(T *st_, C_t<T> m1, double s1, int init)
 {
-    typedef C_t<T> C;
-    if (init) {
-        st_[0] = st<T>(m1);
-        st_[1] = st<T>((C)s1);
-        return;
+    C_t<T> max = m1;
+    double sum = s1;
+    if (!init) {
+        max = ld(st_[0]);
+        sum = (double)ld(st_[1]);
+        merge_maxsumexp(&max, &sum, m1, s1);
     }
-    const C m0 = ld(st_[0]);
-    const double s0 = (double)ld(st_[1]);
-    if (m1 > m0) {
-        st_[0] = st<T>(m1);
-        st_[1] = st<T>((C)(s0 * exp((double)m0 - (double)m1) + s1));
-    } else if (m1 != ninf<C>()) {
-        st_[1] = st<T>((C)(s0 + s1 * exp((double)m1 - (double)m0)));
-    }
+    st_[0] = st<T>(max);
+    st_[1] = st<T>((C_t<T>)sum);
 }
 
 /* n == 1: one group of TPR threads per contiguous row of k elements.
@@ -160,8 +155,7 @@ template <typename T> struct SoftmaxOp {
     {
         typedef C_t<T> C;
         const C sh = exp_shift(ld(stats[2 * sl]));
-        const C sum = ld(stats[2 * sl + 1]);
-        const C inv = sum > (C)0 ? (C)1 / sum : (C)0;
+        const C inv = inv_sum(ld(stats[2 * sl + 1]));
         dst[idx] = st<T>(vexp(ld(dst[idx]) - sh) * inv);
     }
 };
@@ -177,8 +171,7 @@ template <typename T> struct SoftmaxRow {
         if (!active)
             return;
         const C sh = exp_shift(ld(stats[2 * r]));
-        const C sum = ld(stats[2 * r + 1]);
-        const C inv = sum > (C)0 ? (C)1 / sum : (C)0;
+        const C inv = inv_sum(ld(stats[2 * r + 1]));
         T *d = dst + r * k;
 #pragma unroll 4
         for (int64_t j = tid; j < k; j += TPR)

@@ -69,13 +69,10 @@ template <typename T> struct XentGradOp {
     {
         typedef C_t<T> C;
         const C sh = exp_shift(ld(stats[2 * r]));
-        const C sum = ld(stats[2 * r + 1]);
-        const C inv = sum > (C)0 ? (C)1 / sum : (C)0;
+        const C inv = inv_sum(ld(stats[2 * r + 1]));
         const C e = vexp(ld(logits[idx]) - sh);
-        if (c == labels[r] - v_offset)
-            logits[idx] = st<T>(alpha * (e * inv - (C)1));
-        else
-            logits[idx] = st<T>(e * (alpha * inv));
+        logits[idx] =
+            st<T>(xent_grad(e, inv, alpha, c == labels[r] - v_offset));
     }
 };
 

@@ -127,6 +127,29 @@ def main():
     bench("layernorm_backward [8192x768]", "layernorm_backward", "fp32",
           dict(rows=tok, e=e, e_total=e, eps=1e-5, beta=0.0),
           [xe, arr(tok, e), lst2, g, arr(tok, 2), arr(tok, e)], 12 * tok * e)
+    # Llama at 8 x 1024 tokens, hidden 2048, 16 heads of 128
+    lt, le = 8192, 2048
+    xl, wl, sumsq = arr(lt, le), arr(le), arr(lt, fill=float(le))
+    bench("rmsnorm_stats [8192x2048]", "rmsnorm_stats", "fp32",
+          dict(rows=lt, e=le, init=1), [xl, arr(lt)], 4 * lt * le)
+    bench("rmsnorm_forward [8192x2048]", "rmsnorm_forward", "fp32",
+          dict(rows=lt, e=le, e_total=le, eps=1e-5), [xl, sumsq, wl, arr(lt, le)], 8 * lt * le)
+    bench("rmsnorm_backward_reduce [8192x2048]", "rmsnorm_backward_reduce", "fp32",
+          dict(rows=lt, e=le, e_total=le, eps=1e-5, init=1),
+          [xl, arr(lt, le), sumsq, wl, arr(lt), arr(le)], 8 * lt * le)
+    bench("rmsnorm_backward [8192x2048]", "rmsnorm_backward", "fp32",
+          dict(rows=lt, e=le, e_total=le, eps=1e-5, beta=0.0),
+          [xl, arr(lt, le), sumsq, wl, arr(lt), arr(lt, le)], 12 * lt * le)
+    with s:
+        pos = cp.asarray(np.tile(np.arange(1024), 8).astype(np.int64))
+    bench("rope_forward [8x1024x16x128]", "rope_forward", "fp32",
+          dict(rows=lt, heads=16, head_dim=128, scale=1.0),
+          [pos, arr(64, fill=0.01), xl], 8 * lt * le)
+    bench("swiglu_forward [8192x5632]", "swiglu_forward", "fp32", dict(n=lt * 5632),
+          [arr(lt, 5632), arr(lt, 5632), arr(lt, 5632)], 12 * lt * 5632)
+    bench("swiglu_backward [8192x5632]", "swiglu_backward", "fp32", dict(n=lt * 5632),
+          [arr(lt, 5632), arr(lt, 5632), arr(lt, 5632), arr(lt, 5632), arr(lt, 5632)],
+          20 * lt * 5632)
     with s:
         ids = cp.asarray(rng.integers(0, vocab, tok).astype(np.int64))
     tab = arr(vocab, e)

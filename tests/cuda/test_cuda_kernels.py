@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from tests.kernel_header import args_structs, op_table
-from tests.unary_refs import UNARY
+from tests.unary_refs import ACTIVATIONS
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -51,7 +51,8 @@ DT = ["fp32", "fp64", "bf16"]
 MIXED = {"add": "TA", "cast": "AT", "add_fiber": "AT", "sum_fiber": "TA",
          "sumprod_slice": "TTA", "maxsumexp": "TA", "softmax_inplace": "AT",
          "softmax_backward": "TAT", "xent_picked": "TIA", "xent_grad_inplace": "AIT",
-         "layernorm_forward": "AAAAT", "gemm": "TTA", "adam_step_refresh": "AAAATA"}
+         "layernorm_forward": "AAAAT", "gemm": "TTA", "adam_step_refresh": "AAAATA",
+         "rmsnorm_forward": "AAAT", "rope_forward": "IAT", "rope_backward": "IAT"}
 RTOL = {"fp32": 1e-6, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 GEMM_RTOL = {"fp32": 1e-5, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 
@@ -402,7 +403,8 @@ def test_build_clean_and_symbols(env):
     assert "warning" not in env.nvcc_log.lower(), env.nvcc_log
     for op, _, kind, columns in op_table():
         dtypes = (["fp32", "fp64", "bf16"] if columns != "MIXED_ONLY" else []) + (
-            ["bf16_fp32"] if columns != "PLAIN" else []) + (["tf32"] if kind == "X_BLAS" else [])
+            ["bf16_fp32"] if columns != "PLAIN" else []) + (
+            ["tf32"] if kind in ("X_BLAS", "X_TF32") else [])
         for dt in dtypes:
             getattr(env.cuda, f"nntile_cuda_{op}_{dt}")
 
@@ -434,9 +436,8 @@ def test_elementwise(env, dt, n):
               [R(rng, n), dst], [1])
     x = R(rng, n, scale=3.0)
     x[:3] = [0.0, -12.0, 12.0][:n]
-    for name in UNARY:  # the op table's unary ops
+    for name in ACTIVATIONS:  # the op table's activations
         check(env, name, dt, dict(n=n), [x, nans(n)], [1], mult=2)
-    for name in ("gelu", "gelutanh"):
         for beta in (0.0, 0.6):
             dx = nans(n) if beta == 0 else R(rng, n)
             check(env, name + "_backward", dt, dict(n=n, beta=beta),
@@ -700,6 +701,73 @@ def test_layernorm(env, dt, rows, e_total, ntiles):
                   [5], mult=50)
 
 
+# ---------------------------------------------------------------- Llama: RMSNorm, RoPE, SwiGLU
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("rows,e_total,ntiles", [(1, 1, 1), (6, 70, 3), (3, 2000, 2),
+                                                 (1000, 40, 2), (64, 2048, 1), (5, 33, 4)])
+def test_rmsnorm(env, dt, rows, e_total, ntiles):
+    rng = np.random.default_rng(rows * e_total + 1)
+    eps = 1e-5
+    x = R(rng, rows, e_total) * 2 + 0.5
+    w, dy = R(rng, e_total), R(rng, rows, e_total)
+    cuts = np.linspace(0, e_total, ntiles + 1).astype(int)
+    sl = [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    c = np.ascontiguousarray
+    sumsq = float((x ** 2).sum(1).max())
+    stats = nans(rows)  # GPU runs from the CPU's previous stats
+    for t, s in enumerate(sl):
+        cs, _ = check(env, "rmsnorm_stats", dt, dict(rows=rows, e=s.stop - s.start,
+                                                     init=int(t == 0)),
+                      [c(x[:, s]), stats], [1], mult=10, scale=max(1.0, sumsq))
+        stats = cs[1]
+    for s in sl:
+        e = s.stop - s.start
+        check(env, "rmsnorm_forward", dt, dict(rows=rows, e=e, e_total=e_total, eps=eps),
+              [c(x[:, s]), stats, c(w[s]), nans(rows, e)], [3], mult=10)
+    rowacc = nans(rows)
+    g_abs = float(np.abs(dy * w).sum(1).max() * 4)
+    for t, s in enumerate(sl):
+        e = s.stop - s.start
+        cb, _ = check(env, "rmsnorm_backward_reduce", dt,
+                      dict(rows=rows, e=e, e_total=e_total, eps=eps, init=int(t == 0)),
+                      [c(x[:, s]), c(dy[:, s]), stats, c(w[s]), rowacc, R(rng, e)], [4, 5],
+                      mult=10, scale={4: max(1.0, g_abs),
+                                      5: max(1.0, float(np.abs(dy).sum(0).max() * 4))})
+        rowacc = cb[4]
+    for beta in (0.0, 1.0):
+        for s in sl:
+            e = s.stop - s.start
+            dx = nans(rows, e) if beta == 0 else R(rng, rows, e)
+            check(env, "rmsnorm_backward", dt,
+                  dict(rows=rows, e=e, e_total=e_total, eps=eps, beta=beta),
+                  [c(x[:, s]), c(dy[:, s]), stats, c(w[s]), rowacc, dx], [5], mult=50)
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("rows,heads,d,scale", [(1, 1, 2, 1.0), (5, 3, 8, 1.0),
+                                                (7, 2, 64, 0.7), (1024, 16, 128, 1.0),
+                                                (3, 4, 130, 1.0)])
+def test_rope(env, dt, rows, heads, d, scale):
+    """the angle's cos and sin: float libm on the CPU, CUDA's sinf/cosf (2 ulp)"""
+    rng = np.random.default_rng(rows + d)
+    pos = rng.integers(0, 8192, rows)
+    inv_freq = 1.0 / 10000.0 ** (np.arange(0, d, 2) / d)
+    for op in ("rope_forward", "rope_backward"):
+        check(env, op, dt, dict(rows=rows, heads=heads, head_dim=d, scale=scale),
+              [pos, inv_freq, R(rng, rows, heads, d)], [2], mult=8)
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("n", SIZES)
+def test_swiglu(env, dt, n):
+    rng = np.random.default_rng(n + 2)
+    gate, up, dh = R(rng, n, scale=3.0), R(rng, n), R(rng, n)
+    check(env, "swiglu_forward", dt, dict(n=n), [gate, up, nans(n)], [2], mult=2)
+    check(env, "swiglu_backward", dt, dict(n=n), [gate, up, dh, nans(n), nans(n)], [3, 4],
+          mult=2)
+
+
 # ---------------------------------------------------------------- subcopy
 
 @pytest.mark.parametrize("dt", DT)
@@ -950,6 +1018,12 @@ def test_mixed_xent_and_layernorm(env, rows, v, voff):
     ln = np.stack([x.mean(1), ((x - x.mean(1, keepdims=True)) ** 2).sum(1)], -1)
     check_mixed(env, "layernorm_forward", dict(rows=rows, e=v, e_total=v, eps=1e-5),
                 [x, ln, R(rng, v), R(rng, v), nans(rows, v)], [4])
+    check_mixed(env, "rmsnorm_forward", dict(rows=rows, e=v, e_total=v, eps=1e-5),
+                [x, (x ** 2).sum(1), R(rng, v), nans(rows, v)], [3])
+    if v % 2 == 0:
+        for op in ("rope_forward", "rope_backward"):
+            check_mixed(env, op, dict(rows=rows, heads=1, head_dim=v, scale=1.0),
+                        [labels, 1.0 / 500.0 ** (np.arange(0, v, 2) / v), x], [2])
 
 
 @pytest.mark.parametrize("case", GEMM_CASES)

@@ -2,9 +2,11 @@
 against float64 numpy references (and torch for the optimizers).
 
 A session fixture compiles every kernels/*.c file with the system C compiler
-into a temporary shared library.  The args structs are mirrored here from the
-kernel contract (FIELDS); test_header_matches_contract checks that kernels.h
-declares exactly these fields in this order."""
+into a temporary shared library.  The args structs and each op's buffers are
+read from kernels.h itself (tests/kernel_header.py, as the build does).
+Tests marked for_all_dtypes run for fp32, fp64 and bf16 (bf16 storage as
+uint16 bits: inputs rounded to bf16, references computed from the rounded
+values)."""
 import ctypes
 import glob
 import os
@@ -13,8 +15,8 @@ import subprocess
 
 import numpy as np
 
-from tests.kernel_header import args_structs, op_buffers, op_table, unary_ops
-from tests.unary_refs import UNARY
+from tests.kernel_header import activations, args_structs, op_buffers, op_table
+from tests.unary_refs import ACTIVATIONS
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,77 +26,16 @@ KERNEL_DIR = os.path.join(ROOT, "nntile", "_core", "kernels")
 
 I, D = "int64", "double"
 A8 = "int64[8]"
-
-# op -> (struct fields in order, number of buffers)
-FIELDS = {
-    "fill": ([("n", I), ("value", D)], 1),
-    "copy": ([("n", I)], 2),
-    "cast": ([("n", I)], 2),
-    "subcopy": ([("ndim", I), ("src_shape", A8), ("dst_shape", A8),
-                 ("copy_shape", A8), ("src_offset", A8),
-                 ("dst_offset", A8)], 2),
-    "add": ([("n", I), ("alpha", D), ("beta", D)], 2),
-    "scal": ([("n", I), ("alpha", D)], 1),
-    "prod": ([("n", I), ("alpha", D)], 3),
-    "gelu_backward": ([("n", I), ("beta", D)], 3),
-    "gelutanh_backward": ([("n", I), ("beta", D)], 3),
-    "add_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                   ("beta", D)], 2),
-    "prod_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 2),
-    "sum_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                   ("beta", D)], 2),
-    "sumprod_fiber": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                       ("beta", D)], 3),
-    "sum_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                   ("beta", D)], 2),
-    "sumprod_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                       ("beta", D)], 3),
-    "add_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D),
-                   ("beta", D)], 2),
-    "prod_slice": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 2),
-    "maxsumexp": ([("m", I), ("k", I), ("n", I), ("init", I)], 2),
-    "softmax_inplace": ([("m", I), ("k", I), ("n", I)], 2),
-    "softmax_backward": ([("m", I), ("k", I), ("n", I), ("alpha", D)], 3),
-    "mask_causal": ([("batch", I), ("tq", I), ("tk", I), ("q_offset", I),
-                     ("k_offset", I)], 1),
-    "logsumexp": ([("n", I)], 2),
-    "xent_picked": ([("rows", I), ("v", I), ("v_offset", I)], 3),
-    "xent_loss": ([("rows", I), ("alpha", D), ("beta", D)], 3),
-    "xent_grad_inplace": ([("rows", I), ("v", I), ("v_offset", I),
-                           ("alpha", D)], 3),
-    "embedding": ([("rows", I), ("e", I), ("v_offset", I), ("v", I)], 3),
-    "embedding_backward": ([("rows", I), ("e", I), ("v_offset", I),
-                            ("v", I)], 3),
-    "layernorm_stats": ([("rows", I), ("e", I), ("e_offset", I)], 2),
-    "layernorm_forward": ([("rows", I), ("e", I), ("e_total", I),
-                           ("eps", D)], 5),
-    "layernorm_backward_reduce": ([("rows", I), ("e", I), ("e_total", I),
-                                   ("eps", D), ("init", I)], 7),
-    "layernorm_backward": ([("rows", I), ("e", I), ("e_total", I),
-                            ("eps", D), ("beta", D)], 6),
-    "gemm": ([("transA", I), ("transB", I), ("M", I), ("N", I), ("K", I),
-              ("alpha", D), ("beta", D), ("batch1", I), ("batch2", I),
-              ("lda", I), ("ldb", I), ("ldc", I), ("strideA1", I),
-              ("strideA2", I), ("strideB1", I), ("strideB2", I),
-              ("strideC1", I), ("strideC2", I)], 3),
-    "sumsq": ([("n", I), ("beta", D)], 2),
-    "adam_step": ([("n", I), ("step", I), ("lr", D), ("beta1", D),
-                   ("beta2", D), ("eps", D), ("weight_decay", D),
-                   ("decoupled", I), ("max_norm", D)], 5),
-    "sgd_step": ([("n", I), ("step", I), ("lr", D), ("momentum", D),
-                  ("dampening", D), ("weight_decay", D), ("nesterov", I),
-                  ("max_norm", D)], 4),
-}
-# the unary ops (gelu, gelutanh, ...): args {n}, buffers src and dst
-FIELDS.update({op: ([("n", I)], 2) for op in UNARY})
-
 _CTYPE = {I: ctypes.c_int64, D: ctypes.c_double, A8: ctypes.c_int64 * 8}
 
+# op -> its args struct (ctypes) and its number of buffers, from kernels.h
 STRUCTS = {
     op: type(f"nntile_{op}_args", (ctypes.Structure,),
              {"_fields_": [(name, _CTYPE[t]) for name, t in fields]})
-    for op, (fields, _) in FIELDS.items()
+    for op, fields in args_structs().items()
 }
+STRUCTS["adam_step_refresh"] = STRUCTS["adam_step"]  # kernels.h: the same struct
+NBUF = {op: len(buffers) for op, buffers in op_buffers().items()}
 
 DTYPES = {"fp32": np.float32, "fp64": np.float64}
 
@@ -107,16 +48,15 @@ class Kernels:
         self.lib = lib
 
     def __call__(self, op, dtype, args, *bufs):
-        fields, nbuf = FIELDS[op]
-        assert len(bufs) == nbuf, (op, len(bufs), nbuf)
+        assert len(bufs) == NBUF[op], (op, len(bufs), NBUF[op])
         kw = {}
-        for name, t in fields:
+        for name, t in STRUCTS[op]._fields_:
             val = args.get(name, 0)
-            if t == A8:
+            if t is _CTYPE[A8]:
                 val = list(val) + [0] * (8 - len(val))
                 val = (ctypes.c_int64 * 8)(*val)
             kw[name] = val
-        unknown = set(args) - {f for f, _ in fields}
+        unknown = set(args) - {f for f, _ in STRUCTS[op]._fields_}
         assert not unknown, unknown
         st = STRUCTS[op](**kw)
         ptrs = []
@@ -159,7 +99,10 @@ SETTINGS = settings(
     deadline=None, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture])
 DT = ["fp32", "fp64"]
-RTOL = {"fp32": 1e-5, "fp64": 1e-12}
+RTOL = {"fp32": 1e-5, "fp64": 1e-12, "bf16": 1e-2}
+# the dtype as a test axis (CuPy's for_all_dtypes): tests that take dt and move their
+# arrays through run() run for every dtype the plain kernels have
+for_all_dtypes = pytest.mark.parametrize("dt", ["fp32", "fp64", "bf16"])
 
 dims = st.integers(1, 6)
 seeds = st.integers(0, 2**32 - 1)
@@ -186,114 +129,121 @@ def close(out, ref, dtype, rtol_mult=1.0, scale=None):
     np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * scale)
 
 
+def to_storage(a, dt):
+    """float values -> the dtype's storage (bf16: bits in uint16, rounded to nearest even)"""
+    if dt == "bf16":
+        return bf16_ref_bits(np.asarray(a, np.float32))
+    return np.array(a, dtype=DTYPES[dt], order="C")  # a copy: kernels write in place
+
+
+def from_storage(b, dt):
+    return (from_bf16(b) if dt == "bf16" else b).astype(np.float64)
+
+
+def rounded(a, dt):
+    """the values a dtype stores for a (what its kernels see), in float64"""
+    return from_storage(to_storage(a, dt), dt)
+
+
+def run(K, op, dt, args, *arrays):
+    """op's dt kernel on float arrays (stored in dt; int64 arrays and None as they are);
+    returns every buffer afterwards, floats in float64."""
+    bufs = [a if a is None or a.dtype == np.int64 else to_storage(a, dt) for a in arrays]
+    K(op, dt, args, *bufs)
+    return [b if b is None or b.dtype == np.int64 else from_storage(b, dt) for b in bufs]
+
+
 # ---------------------------------------------------------------- contract
 
-def test_header_matches_contract():
-    structs = args_structs()
-    assert set(structs) == set(FIELDS)
-    for op, (fields, _) in FIELDS.items():
-        assert structs[op] == fields, op
-
-
-def test_op_table_matches_contract():
-    """kernels.h's op table and buffer lines name every op of the contract once, with its
-    number of buffers (an X_OPT op's count in the table leaves its optional last one out)."""
+def test_op_table_matches_the_buffers():
+    """kernels.h's op table, buffer lines and structs name every op once, with its number of
+    buffers (an X_OPT op's count in the table leaves its optional last one out)."""
     table = op_table()
-    buffers = op_buffers()
     ops = [op for op, _, _, _ in table]
     assert len(ops) == len(set(ops)), ops
-    # adam_step_refresh takes adam_step's args struct
-    assert set(ops) == set(buffers) == set(FIELDS) | {"adam_step_refresh"}
+    assert set(ops) == set(NBUF) == set(STRUCTS)
     for op, nbuf, kind, columns in table:
         assert columns in ("PLAIN", "MIXED", "MIXED_ONLY"), op
-        assert nbuf + (kind == "X_OPT") == len(buffers[op]), op
-        if op in FIELDS:
-            assert len(buffers[op]) == FIELDS[op][1], op
+        assert kind in ("X", "X_OPT", "X_BLAS", "X_TF32"), op
+        assert nbuf + (kind == "X_OPT") == NBUF[op], op
 
 
-def test_unary_ops_match_the_table():
-    """The ops marked "unary:" in the op table are those of tests/unary_refs.py, each with
-    its float64 reference."""
-    assert list(unary_ops()) == list(UNARY)
+def test_activations_match_the_table():
+    """The table's activations (X_ACT) are those of tests/unary_refs.py, each with its
+    float64 reference and derivative."""
+    assert list(activations()) == list(ACTIVATIONS)
 
 
 def test_all_symbols_and_clean_build(kernel_lib):
     lib, stderr = kernel_lib
     assert "warning" not in stderr, stderr
-    for op in FIELDS:
-        for dt in DT + ["bf16"]:
+    for op in NBUF:
+        for dt in DT + ["bf16", "bf16_fp32"]:
             getattr(lib, f"nntile_kernel_{op}_{dt}")
 
 
 # ---------------------------------------------------------------- elementwise
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 33, 1000])
 def test_fill_copy_scal_prod(K, dt, n):
     rng = np.random.default_rng(n)
-    dst = nans(n, dt)
-    K("fill", dt, dict(n=n, value=-2.5), dst)
+    (dst,) = run(K, "fill", dt, dict(n=n, value=-2.5), np.full(n, np.nan))
     assert np.all(dst == -2.5)
-    src = rnd(rng, n, dt)
-    dst = nans(n, dt)
-    K("copy", dt, dict(n=n), src, dst)
+    src = rounded(rng.standard_normal(n), dt)
+    _, dst = run(K, "copy", dt, dict(n=n), src, np.full(n, np.nan))
     np.testing.assert_array_equal(src, dst)
-    ref = 1.7 * src.astype(np.float64)
-    K("scal", dt, dict(n=n, alpha=1.7), src)
-    close(src, ref, dt)
-    a, b = rnd(rng, n, dt), rnd(rng, n, dt)
-    dst = nans(n, dt)
-    K("prod", dt, dict(n=n, alpha=-0.5), a, b, dst)
-    close(dst, -0.5 * a.astype(np.float64) * b, dt)
+    (out,) = run(K, "scal", dt, dict(n=n, alpha=1.7), src)
+    close(out, 1.7 * src, dt)
+    a, b = rounded(rng.standard_normal(n), dt), rounded(rng.standard_normal(n), dt)
+    *_, dst = run(K, "prod", dt, dict(n=n, alpha=-0.5), a, b, np.full(n, np.nan))
+    close(dst, -0.5 * a * b, dt)
 
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @pytest.mark.parametrize("beta", [0.0, 1.0, -0.75])
 @pytest.mark.parametrize("n", [1, 5, 64, 1001])
 def test_add_sumsq(K, dt, beta, n):
     rng = np.random.default_rng(n)
-    src = rnd(rng, n, dt)
-    dst = nans(n, dt) if beta == 0 else rnd(rng, n, dt)
-    ref = 0.3 * src.astype(np.float64) + (beta * dst if beta else 0)
-    K("add", dt, dict(n=n, alpha=0.3, beta=beta), src, dst)
-    close(dst, ref, dt)
-    out = nans(1, dt) if beta == 0 else rnd(rng, 1, dt)
-    ref = np.sum(src.astype(np.float64) ** 2) + (beta * out if beta else 0)
-    K("sumsq", dt, dict(n=n, beta=beta), src, out)
-    close(out, ref, dt)
+    src = rounded(rng.standard_normal(n), dt)
+    dst = np.full(n, np.nan) if beta == 0 else rounded(rng.standard_normal(n), dt)
+    _, out = run(K, "add", dt, dict(n=n, alpha=0.3, beta=beta), src, dst)
+    close(out, 0.3 * src + (beta * dst if beta else 0), dt)
+    dst = np.full(1, np.nan) if beta == 0 else rounded(rng.standard_normal(1), dt)
+    _, out = run(K, "sumsq", dt, dict(n=n, beta=beta), src, dst)
+    close(out, np.sum(src ** 2) + (beta * dst if beta else 0), dt)
 
 
-@pytest.mark.parametrize("dt", DT)
-@pytest.mark.parametrize("name", list(UNARY))
-def test_unary(K, dt, name):
-    rng = np.random.default_rng(1)
-    n = 257
-    x = rnd(rng, n, dt, 3.0)
+def _activation_input(dt, n=257):
+    x = 3.0 * np.random.default_rng(1).standard_normal(n)
     x[:3] = [0.0, -12.0, 12.0]
-    y = nans(n, dt)
-    K(name, dt, dict(n=n), x, y)
-    close(y, UNARY[name](x.astype(np.float64)), dt, rtol_mult=4)
+    return rounded(x, dt)
 
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_activation(K, dt, act):
+    x = _activation_input(dt)
+    _, y = run(K, act, dt, dict(n=x.size), x, np.full(x.size, np.nan))
+    close(y, ACTIVATIONS[act][0](x), dt, rtol_mult=4)
+
+
+@for_all_dtypes
 @pytest.mark.parametrize("beta", [0.0, 0.6])
-@pytest.mark.parametrize("name", ["gelu", "gelutanh"])
-def test_gelu_backward(K, dt, beta, name):
-    """backward vs. central finite differences of the float64 reference"""
-    fref = UNARY[name]
-    rng = np.random.default_rng(1)
-    n = 257
-    x = rnd(rng, n, dt, 3.0)
-    x[:3] = [0.0, -12.0, 12.0]
-    x64 = x.astype(np.float64)
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_activation_backward(K, dt, beta, act):
+    """dx = dy * f'(x) + beta * dx against the reference derivative, which central finite
+    differences of the reference value confirm"""
+    value, deriv = ACTIVATIONS[act]
+    x = _activation_input(dt)
     h = 1e-5
-    deriv = (fref(x64 + h) - fref(x64 - h)) / (2 * h)
-    dy = rnd(rng, n, dt)
-    dx = nans(n, dt) if beta == 0 else rnd(rng, n, dt)
-    ref = dy * deriv + (beta * dx.astype(np.float64) if beta else 0)
-    K(name + "_backward", dt, dict(n=n, beta=beta), x, dy, dx)
-    np.testing.assert_allclose(dx, ref, rtol=1e-5, atol=1e-8 if dt == "fp64"
-                               else 1e-5)
+    np.testing.assert_allclose(deriv(x), (value(x + h) - value(x - h)) / (2 * h), rtol=1e-6,
+                               atol=1e-8)
+    rng = np.random.default_rng(2)
+    dy = rounded(rng.standard_normal(x.size), dt)
+    dx = np.full(x.size, np.nan) if beta == 0 else rounded(rng.standard_normal(x.size), dt)
+    *_, out = run(K, act + "_backward", dt, dict(n=x.size, beta=beta), x, dy, dx)
+    close(out, dy * deriv(x) + (beta * dx if beta else 0), dt, rtol_mult=4)
 
 
 # ---------------------------------------------------------------- fiber / slice
@@ -302,56 +252,53 @@ def mkn(rng, m, k, n, dt):
     return rnd(rng, (m, k, n), dt)
 
 
-def check_broadcasts(K, dt, rng, kind, a, small, small64):
-    """add_<kind> and prod_<kind> of a fiber or slice ``small`` (``small64``: it in float64,
-    shaped to broadcast over [m, k, n]) against numpy."""
+def check_broadcasts(K, dt, rng, kind, a, small):
+    """add_<kind> and prod_<kind> of a fiber [k] or slice [m, n] ``small`` (stored in dt)
+    against numpy"""
     m, k, n, alpha, beta = a["m"], a["k"], a["n"], a["alpha"], a["beta"]
-    dst = nans((m, k, n), dt) if beta == 0 else mkn(rng, m, k, n, dt)
-    ref = alpha * small64 + (beta * dst.astype(np.float64) if beta else 0)
-    K(f"add_{kind}", dt, a, small, dst)
-    close(dst, ref, dt)
-    dst = mkn(rng, m, k, n, dt)
-    ref = dst.astype(np.float64) * alpha * small64
-    K(f"prod_{kind}", dt, dict(m=m, k=k, n=n, alpha=alpha), small, dst)
-    close(dst, ref, dt)
+    small = rounded(small, dt)
+    bcast = small[None, :, None] if kind == "fiber" else small[:, None, :]
+    dst = np.full((m, k, n), np.nan) if beta == 0 else rounded(rng.standard_normal((m, k, n)),
+                                                                dt)
+    _, out = run(K, f"add_{kind}", dt, a, small, dst)
+    close(out, alpha * bcast + (beta * dst if beta else 0), dt)
+    dst = rounded(rng.standard_normal((m, k, n)), dt)
+    _, out = run(K, f"prod_{kind}", dt, dict(m=m, k=k, n=n, alpha=alpha), small, dst)
+    close(out, dst * alpha * bcast, dt)
 
 
 def check_reductions(K, dt, rng, kind, a, axis, out_shape):
-    """sum_<kind> and sumprod_<kind> over ``axis`` of [m, k, n] against numpy."""
+    """sum_<kind> and sumprod_<kind> over ``axis`` of [m, k, n] against numpy"""
     m, k, n, alpha, beta = a["m"], a["k"], a["n"], a["alpha"], a["beta"]
-    s1, s2 = mkn(rng, m, k, n, dt), mkn(rng, m, k, n, dt)
-    for op, srcs, red in ((f"sum_{kind}", (s1,), s1.astype(np.float64)),
-                          (f"sumprod_{kind}", (s1, s2), s1.astype(np.float64) * s2)):
-        out = nans(out_shape, dt) if beta == 0 else rnd(rng, out_shape, dt)
-        ref = alpha * red.sum(axis=axis) + (beta * out.astype(np.float64) if beta else 0)
-        K(op, dt, a, *srcs, out)
-        close(out, ref, dt, scale=max(1.0, np.abs(red).sum(axis=axis).max()))
+    s1, s2 = (rounded(rng.standard_normal((m, k, n)), dt) for _ in range(2))
+    for op, srcs, red in ((f"sum_{kind}", (s1,), s1), (f"sumprod_{kind}", (s1, s2), s1 * s2)):
+        out = np.full(out_shape, np.nan) if beta == 0 else rounded(
+            rng.standard_normal(out_shape), dt)
+        *_, got = run(K, op, dt, a, *srcs, out)
+        close(got, alpha * red.sum(axis=axis) + (beta * out if beta else 0), dt,
+              scale=max(1.0, np.abs(red).sum(axis=axis).max()))
 
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @SETTINGS
 @given(m=dims, k=st.integers(1, 40), n=dims, seed=seeds,
        beta=st.sampled_from([0.0, 1.0, -0.3]))
 def test_fiber_kernels(K, dt, m, k, n, seed, beta):
     rng = np.random.default_rng(seed)
-    alpha = 1.3
-    a = dict(m=m, k=k, n=n, alpha=alpha, beta=beta)
-    fib = rnd(rng, k, dt)
-    check_broadcasts(K, dt, rng, "fiber", a, fib, fib.astype(np.float64)[None, :, None])
+    a = dict(m=m, k=k, n=n, alpha=1.3, beta=beta)
+    check_broadcasts(K, dt, rng, "fiber", a, rng.standard_normal(k))
     check_reductions(K, dt, rng, "fiber", a, (0, 2), k)
 
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @SETTINGS
 @given(m=dims, k=st.integers(1, 40), n=st.integers(1, 12), seed=seeds,
        beta=st.sampled_from([0.0, 1.0, 0.4]))
 def test_slice_kernels(K, dt, m, k, n, seed, beta):
     rng = np.random.default_rng(seed)
-    alpha = -0.7
-    a = dict(m=m, k=k, n=n, alpha=alpha, beta=beta)
+    a = dict(m=m, k=k, n=n, alpha=-0.7, beta=beta)
     check_reductions(K, dt, rng, "slice", a, 1, (m, n))
-    sl = rnd(rng, (m, n), dt)
-    check_broadcasts(K, dt, rng, "slice", a, sl, sl.astype(np.float64)[:, None, :])
+    check_broadcasts(K, dt, rng, "slice", a, rng.standard_normal((m, n)))
 
 
 # ---------------------------------------------------------------- softmax
@@ -521,120 +468,242 @@ def test_xent_labels_out_of_range(K):
 
 # ---------------------------------------------------------------- embedding
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @pytest.mark.parametrize("rows,e,voff,v", [(1, 1, 0, 1), (7, 5, 3, 4),
                                            (16, 33, 0, 10), (9, 8, 10, 6)])
 def test_embedding(K, dt, rows, e, voff, v):
     rng = np.random.default_rng(rows)
     ids = rng.integers(-1, voff + v + 3, rows).astype(np.int64)
     ids[0] = voff  # at least one hit, duplicates likely
-    table = rnd(rng, (v, e), dt)
-    dst = rnd(rng, (rows, e), dt)
-    ref = dst.astype(np.float64)
+    table, dst = rounded(rng.standard_normal((v, e)), dt), rounded(
+        rng.standard_normal((rows, e)), dt)
+    ref = dst.copy()
     for r, i in enumerate(ids):
         if voff <= i < voff + v:
             ref[r] += table[i - voff]
-    K("embedding", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids, table, dst)
-    close(dst, ref, dt)
-    dy = rnd(rng, (rows, e), dt)
-    dtab = rnd(rng, (v, e), dt)
-    ref = dtab.astype(np.float64)
+    *_, out = run(K, "embedding", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids, table,
+                  dst)
+    close(out, ref, dt)
+    dy, dtab = rounded(rng.standard_normal((rows, e)), dt), rounded(
+        rng.standard_normal((v, e)), dt)
+    ref = dtab.copy()
     for r, i in enumerate(ids):
         if voff <= i < voff + v:
             ref[i - voff] += dy[r]
-    K("embedding_backward", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids,
-      dy, dtab)
-    close(dtab, ref, dt)
+    *_, out = run(K, "embedding_backward", dt, dict(rows=rows, e=e, v_offset=voff, v=v), ids,
+                  dy, dtab)
+    close(out, ref, dt, rtol_mult=2)
 
 
 # ---------------------------------------------------------------- layernorm
 
-@pytest.mark.parametrize("dt", DT)
+@for_all_dtypes
 @SETTINGS
 @given(rows=st.integers(1, 6), e_total=st.integers(1, 70), seed=seeds,
        ntiles=st.integers(1, 4), beta=st.sampled_from([0.0, 1.0]))
 def test_layernorm(K, dt, rows, e_total, seed, ntiles, beta):
+    """stats, forward and backward tile by tile along the row against float64 numpy (the
+    references from the statistics as stored, which bf16 rounds)"""
     rng = np.random.default_rng(seed)
     eps = 1e-5
-    x = rnd(rng, (rows, e_total), dt) * 2 + 3
-    gamma = rnd(rng, e_total, dt)
-    bet = rnd(rng, e_total, dt)
-    dy = rnd(rng, (rows, e_total), dt)
-    cuts = sorted(rng.choice(np.arange(1, e_total),
-                             size=min(ntiles - 1, e_total - 1),
-                             replace=False)) if e_total > 1 else []
-    bounds = [0, *cuts, e_total]
-    sl = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    x = rounded(rng.standard_normal((rows, e_total)) * 2 + 3, dt)
+    gamma, bet = (rounded(rng.standard_normal(e_total), dt) for _ in range(2))
+    dy = rounded(rng.standard_normal((rows, e_total)), dt)
     c = np.ascontiguousarray
-    stats = nans((rows, 2), dt)
+    sl = _column_tiles(rng, e_total, ntiles)
+    stats = np.full((rows, 2), np.nan)
     for s in sl:
-        K("layernorm_stats", dt, dict(rows=rows, e=s.stop - s.start,
-                                      e_offset=s.start), c(x[:, s]), stats)
-    x64 = x.astype(np.float64)
-    mean = x64.mean(1)
-    m2 = ((x64 - mean[:, None]) ** 2).sum(1)
-    close(stats[:, 0], mean, dt)
+        _, stats = run(K, "layernorm_stats", dt, dict(rows=rows, e=s.stop - s.start,
+                                                      e_offset=s.start), c(x[:, s]), stats)
+    mean = x.mean(1)
+    m2 = ((x - mean[:, None]) ** 2).sum(1)
+    close(stats[:, 0], mean, dt, rtol_mult=4)
     close(stats[:, 1], m2, dt, rtol_mult=10, scale=max(1.0, m2.max()))
-    rstd = 1 / np.sqrt(m2 / e_total + eps)
-    xhat = (x64 - mean[:, None]) * rstd[:, None]
-    yref = xhat * gamma + bet
-    y = np.concatenate([_ln_fwd(K, dt, c(x[:, s]), stats, c(gamma[s]), c(bet[s]),
-                                e_total, eps) for s in sl], axis=1)
-    close(y, yref, dt, rtol_mult=10)
+    mean, rstd = stats[:, 0], 1 / np.sqrt(stats[:, 1] / e_total + eps)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    y = np.concatenate([run(K, "layernorm_forward", dt,
+                            dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps),
+                            c(x[:, s]), stats, c(gamma[s]), c(bet[s]),
+                            np.full((rows, s.stop - s.start), np.nan))[-1] for s in sl],
+                       axis=1)
+    close(y, xhat * gamma + bet, dt, rtol_mult=10,
+          scale=max(1.0, float(np.abs(xhat * gamma).max() + np.abs(bet).max())))
     # backward
-    rowacc = nans((rows, 2), dt)
-    dgamma = rnd(rng, e_total, dt)
-    dbeta = rnd(rng, e_total, dt)
-    dg_ref = dgamma.astype(np.float64) + (dy * xhat).sum(0)
-    db_ref = dbeta.astype(np.float64) + dy.astype(np.float64).sum(0)
+    rowacc = np.full((rows, 2), np.nan)
+    dgamma0, dbeta0 = (rounded(rng.standard_normal(e_total), dt) for _ in range(2))
+    dgamma, dbeta = dgamma0.copy(), dbeta0.copy()
     for t, s in enumerate(sl):
-        dgt, dbt = c(dgamma[s]), c(dbeta[s])
-        K("layernorm_backward_reduce", dt,
-          dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
-               init=int(t == 0)),
-          c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, dgt, dbt)
-        dgamma[s], dbeta[s] = dgt, dbt
-    g = dy * gamma.astype(np.float64)
-    close(rowacc[:, 0], g.sum(1), dt, rtol_mult=10,
-          scale=max(1.0, np.abs(g).sum(1).max()))
+        *_, rowacc, dgamma[s], dbeta[s] = run(
+            K, "layernorm_backward_reduce", dt,
+            dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps, init=int(t == 0)),
+            c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, c(dgamma[s]), c(dbeta[s]))
+    g = dy * gamma
+    close(rowacc[:, 0], g.sum(1), dt, rtol_mult=10, scale=max(1.0, np.abs(g).sum(1).max()))
     close(rowacc[:, 1], (g * xhat).sum(1), dt, rtol_mult=10,
           scale=max(1.0, np.abs(g * xhat).sum(1).max()))
-    close(dgamma, dg_ref, dt, rtol_mult=10)
-    close(dbeta, db_ref, dt, rtol_mult=10)
-    dx0 = rnd(rng, (rows, e_total), dt)
-    dxref = rstd[:, None] * (g - g.mean(1, keepdims=True)
-                             - xhat * (g * xhat).mean(1, keepdims=True))
-    dxref = dxref + (beta * dx0 if beta else 0)
-    outs = []
-    for s in sl:
-        dxt = nans((rows, s.stop - s.start), dt) if beta == 0 else c(dx0[:, s])
-        K("layernorm_backward", dt, dict(rows=rows, e=s.stop - s.start,
-                                         e_total=e_total, eps=eps, beta=beta),
-          c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, dxt)
-        outs.append(dxt)
-    close(np.concatenate(outs, axis=1), dxref, dt, rtol_mult=50)
-
-
-def _ln_fwd(K, dt, x, stats, gamma, beta_, e_total, eps):
-    y = nans(x.shape, dt)
-    K("layernorm_forward", dt, dict(rows=x.shape[0], e=x.shape[1],
-                                    e_total=e_total, eps=eps),
-      x, stats, gamma, beta_, y)
-    return y
+    close(dgamma, dgamma0 + (dy * xhat).sum(0), dt, rtol_mult=10,
+          scale=max(1.0, np.abs(dy * xhat).sum(0).max()))
+    close(dbeta, dbeta0 + dy.sum(0), dt, rtol_mult=10, scale=max(1.0, np.abs(dy).sum(0).max()))
+    dx0 = rounded(rng.standard_normal((rows, e_total)), dt)
+    c0, c1 = rowacc[:, :1] / e_total, rowacc[:, 1:] / e_total  # the sums as stored
+    ref = rstd[:, None] * (g - c0 - xhat * c1) + (beta * dx0 if beta else 0)
+    dx = np.concatenate([run(K, "layernorm_backward", dt,
+                             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
+                                  beta=beta),
+                             c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc,
+                             np.full((rows, s.stop - s.start), np.nan) if beta == 0
+                             else c(dx0[:, s]))[-1] for s in sl], axis=1)
+    close(dx, ref, dt, rtol_mult=50 if dt != "bf16" else 3,
+          scale=max(1.0, float((rstd[:, None] * (np.abs(g) + np.abs(c0)
+                                                 + np.abs(xhat * c1))).max())))
 
 
 def test_layernorm_against_torch(K):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(5)
-    x = rnd(rng, (4, 24), "fp64")
-    w, b = rnd(rng, 24, "fp64"), rnd(rng, 24, "fp64")
-    stats = nans((4, 2), "fp64")
-    K("layernorm_stats", "fp64", dict(rows=4, e=24, e_offset=0), x, stats)
-    y = _ln_fwd(K, "fp64", x, stats, w, b, 24, 1e-5)
-    ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (24,),
-                                         torch.from_numpy(w),
+    x = rng.standard_normal((4, 24))
+    w, b = rng.standard_normal(24), rng.standard_normal(24)
+    _, stats = run(K, "layernorm_stats", "fp64", dict(rows=4, e=24, e_offset=0), x,
+                   np.zeros((4, 2)))
+    y = run(K, "layernorm_forward", "fp64", dict(rows=4, e=24, e_total=24, eps=1e-5), x,
+            stats, w, b, np.zeros((4, 24)))[-1]
+    ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (24,), torch.from_numpy(w),
                                          torch.from_numpy(b), 1e-5).numpy()
     close(y, ref, "fp64", rtol_mult=10)
+
+
+# ---------------------------------------------------------------- Llama: RMSNorm, RoPE, SwiGLU
+
+def _column_tiles(rng, e_total, ntiles):
+    """slices of [0, e_total) into at most ntiles contiguous tiles"""
+    cuts = sorted(rng.choice(np.arange(1, e_total), size=min(ntiles - 1, e_total - 1),
+                             replace=False)) if e_total > 1 else []
+    bounds = [0, *cuts, e_total]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@for_all_dtypes
+@SETTINGS
+@given(rows=st.integers(1, 6), e_total=st.integers(1, 70), seed=seeds,
+       ntiles=st.integers(1, 4), beta=st.sampled_from([0.0, 1.0]))
+def test_rmsnorm(K, dt, rows, e_total, seed, ntiles, beta):
+    """stats, forward and backward tile by tile along the row against float64 numpy: y =
+    weight * x / sqrt(mean(x^2) + eps), and its gradients"""
+    rng = np.random.default_rng(seed)
+    eps = 1e-5
+    x = rounded(rng.standard_normal((rows, e_total)) * 2 + 0.5, dt)
+    w = rounded(rng.standard_normal(e_total), dt)
+    dy = rounded(rng.standard_normal((rows, e_total)), dt)
+    c = np.ascontiguousarray
+    sl = _column_tiles(rng, e_total, ntiles)
+    stats = np.full(rows, np.nan)
+    for t, s in enumerate(sl):
+        _, stats = run(K, "rmsnorm_stats", dt, dict(rows=rows, e=s.stop - s.start,
+                                                    init=int(t == 0)), c(x[:, s]), stats)
+    sumsq = (x ** 2).sum(1)
+    close(stats, sumsq, dt, rtol_mult=4)
+    rstd = 1 / np.sqrt(stats / e_total + eps)  # from the stored statistics
+    xhat = x * rstd[:, None]
+    y = np.concatenate([run(K, "rmsnorm_forward", dt,
+                            dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps),
+                            c(x[:, s]), stats, c(w[s]), np.full((rows, s.stop - s.start),
+                                                                np.nan))[-1]
+                        for s in sl], axis=1)
+    close(y, w * xhat, dt, rtol_mult=4)
+    # backward
+    g = dy * w
+    rowacc = np.full(rows, np.nan)
+    dw0 = rounded(rng.standard_normal(e_total), dt)
+    dw = dw0.copy()
+    for t, s in enumerate(sl):
+        *_, rowacc, dws = run(K, "rmsnorm_backward_reduce", dt,
+                              dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
+                                   init=int(t == 0)),
+                              c(x[:, s]), c(dy[:, s]), stats, c(w[s]), rowacc, c(dw[s]))
+        dw[s] = dws
+    close(rowacc, (g * xhat).sum(1), dt, rtol_mult=10,
+          scale=max(1.0, np.abs(g * xhat).sum(1).max()))
+    close(dw, dw0 + (dy * xhat).sum(0), dt, rtol_mult=10,
+          scale=max(1.0, np.abs(dy * xhat).sum(0).max()))
+    dx0 = rounded(rng.standard_normal((rows, e_total)), dt)
+    ref = rstd[:, None] * (g - xhat * (g * xhat).mean(1, keepdims=True))
+    ref = ref + (beta * dx0 if beta else 0)
+    dx = np.concatenate([run(K, "rmsnorm_backward", dt,
+                             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
+                                  beta=beta),
+                             c(x[:, s]), c(dy[:, s]), stats, c(w[s]), rowacc,
+                             np.full((rows, s.stop - s.start), np.nan) if beta == 0
+                             else c(dx0[:, s]))[-1] for s in sl], axis=1)
+    close(dx, ref, dt, rtol_mult=50 if dt != "bf16" else 3,
+          scale=max(1.0, float(np.abs(rstd[:, None] * (np.abs(g) + np.abs(
+              xhat * (g * xhat).mean(1, keepdims=True)))).max())))
+
+
+def test_rmsnorm_against_torch(K):
+    """the forward against torch's rms_norm (fp64) and transformers' order for bf16: x
+    normalised in float, rounded to x's dtype, then times the weight"""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((4, 24)), rng.standard_normal(24)
+    stats = run(K, "rmsnorm_stats", "fp64", dict(rows=4, e=24, init=1), x, np.zeros(4))[1]
+    y = run(K, "rmsnorm_forward", "fp64", dict(rows=4, e=24, e_total=24, eps=1e-6), x, stats,
+            w, np.zeros((4, 24)))[-1]
+    ref = torch.nn.functional.rms_norm(torch.from_numpy(x), (24,), torch.from_numpy(w),
+                                       1e-6).numpy()
+    close(y, ref, "fp64", rtol_mult=10)
+
+
+def _rope_ref(x, pos, inv_freq, scale, sign=1.0):
+    """x [rows, heads, D] turned as transformers' apply_rotary_pos_emb, in float64"""
+    half = x.shape[-1] // 2
+    angle = pos[:, None].astype(np.float64) * inv_freq[None, :]
+    c = np.cos(angle)[:, None, :] * scale
+    s = sign * np.sin(angle)[:, None, :] * scale
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+@for_all_dtypes
+@pytest.mark.parametrize("rows,heads,d,scale", [(1, 1, 2, 1.0), (5, 3, 8, 1.0),
+                                                (7, 2, 64, 0.7), (3, 4, 130, 1.0)])
+def test_rope(K, dt, rows, heads, d, scale):
+    """forward against float64 numpy, and backward (the opposite turn) undoing it"""
+    rng = np.random.default_rng(rows * d)
+    x = rounded(rng.standard_normal((rows, heads, d)), dt)
+    pos = rng.integers(0, 4096, rows).astype(np.int64)
+    inv_freq = rounded(1.0 / 10000.0 ** (np.arange(0, d, 2) / d), dt)
+    # the angle is computed in the compute type: float for fp32 and bf16
+    angle_dt = np.float64 if dt == "fp64" else np.float32
+    args = dict(rows=rows, heads=heads, head_dim=d, scale=scale)
+    *_, y = run(K, "rope_forward", dt, args, pos, inv_freq, x)
+    ang = (pos[:, None].astype(angle_dt) * inv_freq.astype(angle_dt)[None, :]).astype(
+        np.float64)
+    half = d // 2
+    c, s = np.cos(ang)[:, None, :] * scale, np.sin(ang)[:, None, :] * scale
+    ref = np.concatenate([x[..., :half] * c - x[..., half:] * s,
+                          x[..., half:] * c + x[..., :half] * s], axis=-1)
+    close(y, ref, dt, rtol_mult=4)
+    if dt == "fp64":
+        close(y, _rope_ref(x, pos, inv_freq, scale), dt, rtol_mult=100)
+    *_, back = run(K, "rope_backward", dt, args, pos, inv_freq, rounded(y, dt))
+    close(back, scale * scale * x, dt, rtol_mult=4)
+
+
+@for_all_dtypes
+@pytest.mark.parametrize("n", [1, 7, 64, 1001])
+def test_swiglu(K, dt, n):
+    """h = silu(gate) * up (silu rounded to the dtype first, as transformers), and the
+    gradients of gate and up"""
+    rng = np.random.default_rng(n)
+    value, deriv = ACTIVATIONS["silu"]
+    gate = rounded(3 * rng.standard_normal(n), dt)
+    up, dh = rounded(rng.standard_normal(n), dt), rounded(rng.standard_normal(n), dt)
+    *_, h = run(K, "swiglu_forward", dt, dict(n=n), gate, up, np.full(n, np.nan))
+    close(h, rounded(value(gate), dt) * up, dt, rtol_mult=4)
+    *_, dgate, dup = run(K, "swiglu_backward", dt, dict(n=n), gate, up, dh,
+                         np.full(n, np.nan), np.full(n, np.nan))
+    close(dgate, dh * up * deriv(gate), dt, rtol_mult=4)
+    close(dup, dh * value(gate), dt, rtol_mult=4)
 
 
 # ---------------------------------------------------------------- subcopy
@@ -987,61 +1056,6 @@ def test_bf16_copy_subcopy_are_bit_exact(K):
     assert one[0] == 0xFF80  # -inf
 
 
-@pytest.mark.parametrize("beta", [0.0, 1.0, -0.75])
-@pytest.mark.parametrize("n", [1, 7, 64, 1001])
-def test_bf16_elementwise(K, beta, n):
-    rng = np.random.default_rng(n)
-    src = rnd16(rng, n)
-    dst = Pair.nan(n) if beta == 0 else rnd16(rng, n)
-    both(K, "add", dict(n=n, alpha=0.3, beta=beta), src, dst)
-    close16(dst)
-    out = Pair.nan(1) if beta == 0 else rnd16(rng, 1)
-    both(K, "sumsq", dict(n=n, beta=beta), src, out)
-    close16(out)
-    a, b = rnd16(rng, n), rnd16(rng, n)
-    both(K, "scal", dict(n=n, alpha=1.7), a)
-    close16(a)
-    dst = Pair.nan(n)
-    both(K, "prod", dict(n=n, alpha=-0.5), a, b, dst)
-    close16(dst)
-    x = rnd16(rng, n, 3.0)
-    for name in UNARY:
-        y = Pair.nan(n)
-        both(K, name, dict(n=n), x, y)
-        close16(y)
-    for name in ("gelu", "gelutanh"):
-        dx = Pair.nan(n) if beta == 0 else rnd16(rng, n)
-        both(K, name + "_backward", dict(n=n, beta=beta), x, b, dx)
-        close16(dx)
-
-
-@pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 40, 3)])
-@pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_bf16_fiber_slice(K, m, k, n, beta):
-    rng = np.random.default_rng(m * k * n)
-    a = dict(m=m, k=k, n=n, alpha=1.3, beta=beta)
-    fib, s1, s2 = rnd16(rng, k), rnd16(rng, (m, k, n)), rnd16(rng, (m, k, n))
-    dst = Pair.nan((m, k, n)) if beta == 0 else rnd16(rng, (m, k, n))
-    both(K, "add_fiber", a, fib, dst)
-    close16(dst)
-    both(K, "prod_fiber", dict(m=m, k=k, n=n, alpha=-0.4), fib, dst)
-    close16(dst)
-    for op, srcs in (("sum_fiber", (s1,)), ("sumprod_fiber", (s1, s2))):
-        out = Pair.nan(k) if beta == 0 else rnd16(rng, k)
-        both(K, op, a, *srcs, out)
-        close16(out, scale=np.abs(s1.f).max() * m * n)
-    for op, srcs in (("sum_slice", (s1,)), ("sumprod_slice", (s1, s2))):
-        out = Pair.nan((m, n)) if beta == 0 else rnd16(rng, (m, n))
-        both(K, op, a, *srcs, out)
-        close16(out, scale=np.abs(s1.f).max() * k)
-    sl = rnd16(rng, (m, n))
-    dst = Pair.nan((m, k, n)) if beta == 0 else rnd16(rng, (m, k, n))
-    both(K, "add_slice", a, sl, dst)
-    close16(dst)
-    both(K, "prod_slice", dict(m=m, k=k, n=n, alpha=0.7), sl, dst)
-    close16(dst)
-
-
 def _tiles16(x, cuts, axis=1):
     return [Pair(np.ascontiguousarray(t)) for t in np.split(x, cuts, axis=axis)]
 
@@ -1109,60 +1123,6 @@ def test_bf16_xent(K, rows, vocab, cuts):
         both(K, "xent_grad_inplace", dict(rows=rows, v=tile.f.shape[1], v_offset=off,
                                           alpha=0.25), stats, labels, tile)
         close16(tile, rtol=2e-2, scale=0.25)
-
-
-def test_bf16_embedding(K):
-    rng = np.random.default_rng(2)
-    rows, e, voff, v = 16, 33, 3, 10
-    ids = rng.integers(-1, voff + v + 3, rows).astype(np.int64)
-    ids[0] = voff
-    table, dst = rnd16(rng, (v, e)), rnd16(rng, (rows, e))
-    both(K, "embedding", dict(rows=rows, e=e, v_offset=voff, v=v), ids, table, dst)
-    close16(dst)
-    dy, dtab = rnd16(rng, (rows, e)), rnd16(rng, (v, e))
-    both(K, "embedding_backward", dict(rows=rows, e=e, v_offset=voff, v=v), ids, dy, dtab)
-    close16(dtab)
-
-
-@pytest.mark.parametrize("rows,e_total,cuts", [(6, 70, [20, 45]), (3, 24, []),
-                                               (5, 9, [4])])
-@pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_bf16_layernorm(K, rows, e_total, cuts, beta):
-    rng = np.random.default_rng(e_total)
-    eps = 1e-5
-    x = bf(rng.standard_normal((rows, e_total)) * 2 + 0.5)
-    gamma, bet = bf(rng.standard_normal(e_total)), bf(rng.standard_normal(e_total))
-    dy = bf(rng.standard_normal((rows, e_total)))
-    bounds = [0, *cuts, e_total]
-    sl = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    c = np.ascontiguousarray
-    stats = Pair.nan((rows, 2))
-    for s in sl:
-        both(K, "layernorm_stats", dict(rows=rows, e=s.stop - s.start, e_offset=s.start),
-             Pair(c(x[:, s])), stats)
-    close16(stats, scale=1.0)
-    for s in sl:
-        y = Pair.nan((rows, s.stop - s.start))
-        both(K, "layernorm_forward", dict(rows=rows, e=s.stop - s.start, e_total=e_total,
-                                          eps=eps),
-             Pair(c(x[:, s])), stats, Pair(c(gamma[s])), Pair(c(bet[s])), y)
-        close16(y, rtol=2e-2)
-    rowacc = Pair.nan((rows, 2))
-    for t, s in enumerate(sl):
-        dg, db = rnd16(rng, s.stop - s.start), rnd16(rng, s.stop - s.start)
-        both(K, "layernorm_backward_reduce",
-             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps, init=int(t == 0)),
-             Pair(c(x[:, s])), Pair(c(dy[:, s])), stats, Pair(c(gamma[s])), rowacc, dg, db)
-        close16(dg, rtol=2e-2)
-        close16(db, rtol=2e-2)
-    close16(rowacc, rtol=2e-2, scale=np.abs(dy * gamma).sum(1).max())
-    for s in sl:
-        w = s.stop - s.start
-        dx = Pair.nan((rows, w)) if beta == 0 else rnd16(rng, (rows, w))
-        both(K, "layernorm_backward", dict(rows=rows, e=w, e_total=e_total, eps=eps,
-                                           beta=beta),
-             Pair(c(x[:, s])), Pair(c(dy[:, s])), stats, Pair(c(gamma[s])), rowacc, dx)
-        close16(dx, rtol=3e-2)
 
 
 @pytest.mark.parametrize("tA", [0, 1])
@@ -1269,7 +1229,7 @@ def assert_mixed(pairs, roles):
         np.testing.assert_array_equal(got, bf(ref) if r == "T" else ref)
 
 
-@pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 1, 1)])
+@pytest.mark.parametrize("m,k,n", [(3, 17, 1), (2, 5, 4), (1, 1, 1), (2, 6, 1)])
 def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
     rng = np.random.default_rng(m * k + n)
     x, y = rng.standard_normal((m, k, n)), rng.standard_normal((m, k, n))
@@ -1281,7 +1241,7 @@ def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
              ("sum_fiber", dict(mkn, alpha=1.5, beta=0.0), "TA", x, fib),
              ("sumprod_slice", dict(mkn, alpha=0.7, beta=1.0), "TTA", x, y, sl),
              ("softmax_backward", dict(mkn, alpha=0.5), "TAT", x, sl, y)]
-    stats = np.empty((m, n, 2))
+    stats = np.zeros((m, n, 2))  # written (init)
     cases.append(("maxsumexp", dict(mkn, init=1), "TA", x, stats))
     for op, args, roles, *arrays in cases:
         assert_mixed(mixed(K, op, args, roles, *arrays), roles)
@@ -1291,7 +1251,7 @@ def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
     rows, v = m * n, k
     logits, labels = x.reshape(rows, v), rng.integers(0, v, rows)
     xstats = mixed(K, "maxsumexp", dict(m=rows, k=v, n=1, init=1), "TA", logits,
-                   np.empty((rows, 2)))[1][1]
+                   np.zeros((rows, 2)))[1][1]
     assert_mixed(mixed(K, "xent_picked", dict(rows=rows, v=v, v_offset=0), "TIA", logits,
                        labels, np.zeros(rows)), "TIA")
     assert_mixed(mixed(K, "xent_grad_inplace", dict(rows=rows, v=v, v_offset=0, alpha=0.5),
@@ -1302,6 +1262,14 @@ def test_bf16_fp32_kernels_are_fp32_kernels_rounded_once(K, m, k, n):
       np.ascontiguousarray(lnx, np.float32), lnstats)
     assert_mixed(mixed(K, "layernorm_forward", dict(rows=rows, e=v, e_total=v, eps=1e-5),
                        "AAAAT", lnx, lnstats, fib, fib[::-1], x), "AAAAT")
+    sumsq = (lnx.astype(np.float32) ** 2).sum(1)
+    assert_mixed(mixed(K, "rmsnorm_forward", dict(rows=rows, e=v, e_total=v, eps=1e-5),
+                       "AAAT", lnx, sumsq, fib, x), "AAAT")
+    if v % 2 == 0:  # rotary positions: bf16 vectors, fp32 inverse frequencies
+        pos = rng.integers(0, 100, m * n)
+        assert_mixed(mixed(K, "rope_forward", dict(rows=m * n, heads=1, head_dim=v,
+                                                   scale=1.0),
+                           "IAT", pos, 1.0 / 500.0 ** (np.arange(0, v, 2) / v), lnx), "IAT")
 
 
 @pytest.mark.parametrize("tA,tB,beta", [(0, 0, 0.0), (1, 0, 1.0), (0, 1, -0.5)])

@@ -7,3 +7,5 @@
 #define ERF erff
 #define TANH tanhf
 #define SQRT sqrtf
+#define COS cosf
+#define SIN sinf

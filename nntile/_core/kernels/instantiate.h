@@ -15,7 +15,7 @@
  *   STORE_DOUBLE(x) double -> T rounded once (for scalar arguments)
  *   FN(op)     -> nntile_kernel_<op>_<suffix>
  *   PRIV(name) -> nntile_priv_<name>_<suffix> (for static helpers)
- *   EXP LOG ERF TANH SQRT: libm functions in the compute type
+ *   EXP LOG ERF TANH SQRT COS SIN: libm functions in the compute type
  *   VEXP       vectorisable exp in the compute type (see common.h)
  *   CBLAS_GEMM: cblas_sgemm / cblas_dgemm for the dtypes that CBLAS stores
  *              (left undefined for bf16: gemm.inc then converts to float
@@ -63,6 +63,8 @@
 #define ERF erf
 #define TANH tanh
 #define SQRT sqrt
+#define COS cos
+#define SIN sin
 #define CBLAS_GEMM cblas_dgemm
 #include "instantiate_one.h"
 

@@ -2,6 +2,7 @@
  * defined (T, C, SUFFIX, LOAD, STORE, ...); they are undefined again for the next dtype.
  * Deliberately without include guard: included once per dtype. */
 #include "reduce.inc"
+#include "formulas.h"
 #include NNTILE_KERNEL_BODY
 #undef T
 #undef ACC
@@ -18,4 +19,6 @@
 #undef ERF
 #undef TANH
 #undef SQRT
+#undef COS
+#undef SIN
 #undef CBLAS_GEMM

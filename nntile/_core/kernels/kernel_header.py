@@ -1,9 +1,9 @@
 """What nntile/_core/kernels/kernels.h declares, read from the header itself: the args structs
-(field order is the kernels' ABI), the op table (NNTILE_OPS, with its unary ops) and each
-op's buffers (NNTILE_BUFFERS_<op>).
+(field order is the kernels' ABI), the op table (NNTILE_OPS, with its activations) and each
+op's buffers (NNTILE_BUFFERS_<op>, with the access of each).
 
 The build (setup.py) writes the Cython copies of the structs and of the op enum, and the
-tensor ops of the unary ops, from it (write_cython), and the kernel tests build their ctypes
+tensor ops of the activations, from it (write_cython), and the kernel tests build their ctypes
 structs from it. Plain Python with no import of nntile: setup.py and the tests load this file
 by its path."""
 import os
@@ -12,8 +12,10 @@ import re
 KERNELS_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.h")
 _KINDS = {"int64_t": "int64", "double": "double"}
 _CYTHON_TYPES = {"int64": "int64_t", "double": "double", "int64[8]": "int64_t"}
-# an entry of NNTILE_OPS: kind, op, buffer count, columns
-_ENTRY = r"\b(X|X_OPT|X_BLAS)\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\w+)\s*\)"
+_OPS = "NNTILE_OPS(X, X_OPT, X_BLAS, X_TF32, X_ACT)"
+# an entry of NNTILE_OPS: kind, op, buffer count, columns; or an activation: X_ACT, act, columns
+_ENTRY = r"\b(X|X_OPT|X_BLAS|X_TF32)\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\w+)\s*\)"
+_ACT = r"\b(X_ACT)\(\s*X\s*,\s*(\w+)\s*,\s*(\w+)\s*\)"
 
 
 def _text(path=KERNELS_H):
@@ -32,66 +34,94 @@ def _macro(text, head):
 
 def args_structs(path=KERNELS_H):
     """{op: [(field, kind)]} with kind "int64", "double" or "int64[8]", in the header's
-    order."""
+    order (then the activations' structs, from NNTILE_ACT_ARGS)."""
+    text = _text(path)
+    structs = {op: fields for op, fields in _structs(text).items() if "#" not in op}
+    act_structs = _structs(_macro(text, "NNTILE_ACT_ARGS(X, act, columns)"))
+    for act in activations(path):
+        structs.update((name.replace("##act##", act), fields)
+                       for name, fields in act_structs.items())
+    return structs
+
+
+def _structs(text):
+    """{name: fields} of the structs nntile_<name>_args in text (name may be a macro's
+    ##act##...)."""
     structs = {}
-    for m in re.finditer(r"struct nntile_(\w+)_args\s*\{(.*?)\};", _text(path), re.S):
+    for m in re.finditer(r"struct nntile_([\w#]+)_args\s*\{(.*?)\};", text, re.S):
         fields = []
         for decl in filter(None, (d.strip() for d in m.group(2).split(";"))):
             typ, names = decl.split(None, 1)
-            for name in (n.strip() for n in names.split(",")):
-                array = re.fullmatch(r"(\w+)\[(\w+)\]", name)
+            for field in (n.strip() for n in names.split(",")):
+                array = re.fullmatch(r"(\w+)\[(\w+)\]", field)
                 if array:
-                    assert array.group(2) in ("8", "NNTILE_SUBCOPY_MAX_NDIM"), name
+                    assert array.group(2) in ("8", "NNTILE_SUBCOPY_MAX_NDIM"), field
                     fields.append((array.group(1), _KINDS[typ] + "[8]"))
                 else:
-                    fields.append((name, _KINDS[typ]))
+                    fields.append((field, _KINDS[typ]))
         structs[m.group(1)] = fields
     return structs
 
 
 def op_table(path=KERNELS_H):
     """[(op, nbuf, kind, columns)] of NNTILE_OPS in order (the op enum's order); kind is "X",
-    "X_OPT" or "X_BLAS", columns "PLAIN", "MIXED" or "MIXED_ONLY"."""
-    body = _macro(_text(path), "NNTILE_OPS(X, X_OPT, X_BLAS)")
-    entries = re.findall(_ENTRY, body)
-    if re.sub(r"\b(X|X_OPT|X_BLAS)\([^)]*\)", "", body).strip():
+    "X_OPT", "X_BLAS" or "X_TF32", columns "PLAIN", "MIXED" or "MIXED_ONLY". An activation
+    gives two entries of kind "X": act (2 buffers) and act_backward (3)."""
+    body = _macro(_text(path), _OPS)
+    if re.sub(_ENTRY + "|" + _ACT, "", body).strip():
         raise ValueError(f"kernels.h: NNTILE_OPS has an entry not of the form X(op, nbuf, "
-                         f"columns): {body!r}")
-    return [(op, int(nbuf), kind, columns) for kind, op, nbuf, columns in entries]
+                         f"columns) or X_ACT(X, act, columns): {body!r}")
+    table = []
+    for m in re.finditer(_ENTRY + "|" + _ACT, body):
+        kind, op, nbuf, columns, act, act_columns = m.group(1, 2, 3, 4, 6, 7)
+        if act:
+            table += [(act, 2, "X", act_columns), (act + "_backward", 3, "X", act_columns)]
+        else:
+            table.append((op, int(nbuf), kind, columns))
+    return table
 
 
-def unary_ops(path=KERNELS_H):
-    """{op: docstring} of the op table's lines that end with a comment "unary: <docstring>",
-    in the table's order. Each must be an X op of 2 buffers, P(const T *, src) P(T *, dst),
-    with args { int64_t n; }: its tensor op is then the plain one of unary_ops.pxi."""
+def activations(path=KERNELS_H):
+    """{act: docstring} of the op table's activations, X_ACT(X, act, columns) followed by a
+    comment "activation: <docstring>", in the table's order."""
     with open(path) as f:
-        body = _macro(f.read(), "NNTILE_OPS(X, X_OPT, X_BLAS)")
-    found = re.findall(_ENTRY + r"\s*/\*\s*unary:\s*(.*?)\s*\*/", body, re.S)
-    if len(found) != body.count("unary:"):
-        raise ValueError("kernels.h: a \"unary:\" comment of NNTILE_OPS does not follow an "
-                         "entry X(op, nbuf, columns)")
-    structs, buffers = args_structs(path), op_buffers(path)
-    ops = {}
-    for kind, op, nbuf, _, doc in found:
+        body = _macro(f.read(), _OPS)
+    found = re.findall(_ACT + r"\s*/\*\s*activation:\s*(.*?)\s*\*/", body, re.S)
+    if len(found) != len(re.findall(_ACT, body)):
+        raise ValueError("kernels.h: an X_ACT entry of NNTILE_OPS has no comment "
+                         "\"activation: <docstring>\"")
+    acts = {}
+    for _, act, _, doc in found:
         doc = " ".join(doc.split())
-        if (kind, nbuf) != ("X", "2") or structs.get(op) != [("n", "int64")] \
-                or buffers.get(op) != [("const T *", "src"), ("T *", "dst")]:
-            raise ValueError(f"kernels.h: unary op {op} must be X({op}, 2, ...) with args "
-                             f"{{ int64_t n; }} and buffers P(const T *, src) P(T *, dst)")
         if not doc or '"' in doc or "\\" in doc:
-            raise ValueError(f"kernels.h: unary op {op}: its docstring must be non-empty, "
+            raise ValueError(f"kernels.h: activation {act}: its docstring must be non-empty, "
                              f"without quotes or backslashes: {doc!r}")
-        ops[op] = doc
-    return ops
+        acts[act] = doc
+    return acts
 
 
 def op_buffers(path=KERNELS_H):
-    """{op: [(type, name)]} of the NNTILE_BUFFERS_<op>(P, T, ACC) lines, types as written
-    (in T and ACC)."""
+    """{op: [(type, name, access)]} of the NNTILE_BUFFERS_<op>(P, W, T, ACC) lines (and of
+    the activations, NNTILE_ACT_BUFFERS and NNTILE_ACT_BACKWARD_BUFFERS), types as written
+    (in T and ACC); access is "R" for a const buffer, "W" for one marked W (written; read
+    too where a task accumulates into it), "RW" for the others."""
     text = _text(path)
-    return {op: re.findall(r"P\(\s*([^,]+?)\s*,\s*(\w+)\s*\)",
-                           _macro(text, f"NNTILE_BUFFERS_{op}(P, T, ACC)"))
-            for op in re.findall(r"^#define NNTILE_BUFFERS_(\w+)\(P, T, ACC\)", text, re.M)}
+    lists = {op: f"NNTILE_BUFFERS_{op}(P, W, T, ACC)"
+             for op in re.findall(r"^#define NNTILE_BUFFERS_(\w+)\(P, W, T, ACC\)", text, re.M)}
+    for act in activations(path):
+        lists[act] = "NNTILE_ACT_BUFFERS(P, W, T, ACC)"
+        lists[act + "_backward"] = "NNTILE_ACT_BACKWARD_BUFFERS(P, W, T, ACC)"
+    ops = {}
+    for op, head in lists.items():
+        buffers = []
+        for marker, typ, name in re.findall(r"\b([PW])\(\s*([^,]+?)\s*,\s*(\w+)\s*\)",
+                                            _macro(text, head)):
+            const = typ.startswith("const ")
+            if const and marker == "W":
+                raise ValueError(f"kernels.h: buffer {name} of {op} is const but marked W")
+            buffers.append((typ, name, "R" if const else marker.replace("P", "RW")))
+        ops[op] = buffers
+    return ops
 
 
 def cython_args(path=KERNELS_H):
@@ -107,29 +137,40 @@ def cython_args(path=KERNELS_H):
 
 
 def cython_op_enum(path=KERNELS_H):
-    """op_enum.pxi: the op enum of codelets.h, in the op table's order."""
+    """op_enum.pxi: the op enum of codelets.h, in the op table's order, and the access of each
+    op's buffers (nntile_op_access[op], a letter a buffer: R, W, or M for read and written)
+    that submit gives its tasks."""
+    table, buffers = op_table(path), op_buffers(path)
     lines = ["# Generated by setup.py from kernels/kernels.h (kernel_header.py): do not edit.",
              'cdef extern from "codelets.h" nogil:', "    enum nntile_op:"]
-    lines += [f"        NNTILE_OP_{op}" for op, _, _, _ in op_table(path)]
-    lines.append("        NNTILE_OP_COUNT")
+    lines += [f"        NNTILE_OP_{op}" for op, _, _, _ in table]
+    lines += ["        NNTILE_OP_COUNT", "", "cdef extern from *:", '    """',
+              "    static const char *const nntile_op_access[] = {"]
+    lines += [f'        "{"".join("M" if a == "RW" else a for _, _, a in buffers[op])}",  '
+              f"/* {op} */" for op, _, _, _ in table]
+    lines += ["    };", '    """', "    const char *const nntile_op_access[]"]
     return "\n".join(lines) + "\n"
 
 
-def cython_unary_ops(path=KERNELS_H):
-    """unary_ops.pxi: the tensor op of every unary op of the table (included by nn_ops.pxi,
-    which defines _unary: checks, then one task per tile)."""
+def cython_activations(path=KERNELS_H):
+    """activations.pxi: the two tensor ops of every activation of the table (included by
+    nn_ops.pxi, which defines _unary and _unary_backward: checks, then one task per tile)."""
     lines = ["# Generated by setup.py from kernels/kernels.h (kernel_header.py): do not edit."]
-    for op, doc in unary_ops(path).items():
-        lines += ["", "", f"def {op}(Tensor src, Tensor dst):", f'    """{doc}"""',
-                  f'    _unary("{op}", NNTILE_OP_{op}, src, dst)']
+    for act, doc in activations(path).items():
+        lines += ["", "", f"def {act}(Tensor src, Tensor dst):", f'    """dst = f(src), f = {doc}"""',
+                  f'    _unary("{act}", NNTILE_OP_{act}, src, dst)',
+                  "", "", f"def {act}_backward(Tensor x, Tensor dy, beta, Tensor dx):",
+                  f'    """dx = dy * f\'(x) + beta * dx, f = {doc}"""',
+                  f'    _unary_backward("{act}_backward", NNTILE_OP_{act}_backward, x, dy, beta, '
+                  "dx)"]
     return "\n".join(lines) + "\n"
 
 
 def write_cython(core_dir):
-    """Writes kernel_args.pxd, op_enum.pxi and unary_ops.pxi into core_dir where their text has
+    """Writes kernel_args.pxd, op_enum.pxi and activations.pxi into core_dir where their text has
     changed (an unchanged file keeps its time, so that Cython does not rebuild)."""
     for name, text in (("kernel_args.pxd", cython_args()), ("op_enum.pxi", cython_op_enum()),
-                       ("unary_ops.pxi", cython_unary_ops())):
+                       ("activations.pxi", cython_activations())):
         path = os.path.join(core_dir, name)
         if os.path.exists(path):
             with open(path) as f:
