@@ -5,6 +5,7 @@ except inside attention, whose fused c_attn is kept as q, k, v so that heads can
 import numpy as np
 
 from nntile._core.core cimport Tensor
+from nntile._core.core import current_context
 from nntile import ops
 from nntile.declare import TensorSpec
 from nntile.models.config import GPT2Config, TILING_KEYS
@@ -22,9 +23,11 @@ cdef class GPT2LMHead(Module):
     """GPT-2 language model over tiles.
 
     ``tiling`` gives tile sizes for keys batch, seq, embd, head (heads per tile), inner (MLP)
-    and vocab; a missing key means one tile for that dimension (the vocabulary: tiles of
-    8192 where it is larger, GPT2Config.sizes). Batch and seq tiles are clipped to the data's
-    shape, so any [batch, seq] with seq <= n_positions can be used.
+    and vocab; a missing key gets the tile nntile.policy picks for the running Context's
+    workers (Context.default_tiles, printed by its describe()), or outside one, one tile for
+    that dimension (the vocabulary: tiles of 8192 where it is larger, GPT2Config.sizes).
+    Batch and seq tiles are clipped to the data's shape, so any [batch, seq] with seq <=
+    n_positions can be used.
     ``dtype`` is a precision (nntile.precision): fp32, tf32, fp64, bf16 or bf16-mixed.
 
     ``create=False`` builds the layers and their declarations only, and no tensor: what
@@ -45,6 +48,7 @@ cdef class GPT2LMHead(Module):
     cdef bint _ready_for_backward
     cdef public bint layer_priorities
     cdef public bint free_activations
+    cdef readonly int batch_count  # batch tiles where no batch tile size was given
 
     def __init__(self, config, tiling=None, str dtype="fp32", bint create=True):
         if dtype not in PRECISIONS:
@@ -54,6 +58,7 @@ cdef class GPT2LMHead(Module):
         super().__init__(dtype)
         self.config = config
         self.tiles = self.check_tiling(tiling or {}, config)
+        self.batch_count = self.tiles.pop("batch_count", 1)
         t = self.tiles
         E, V = config.n_embd, config.vocab_size
         self.wte = self.add_child("transformer.wte", Embedding(
@@ -94,7 +99,12 @@ cdef class GPT2LMHead(Module):
             raise ValueError(f"tiling: unknown keys {sorted(unknown)}; use {list(TILING_KEYS)}")
         sizes = {key: size for key, (size, _) in config.sizes().items()}
         defaults = {key: tile for key, (_, tile) in config.sizes().items()}
-        tiles = {}
+        ctx = current_context()
+        if ctx is not None and hasattr(ctx, "default_tiles"):
+            # in a running Context: the tiles nntile.policy picks for its workers
+            chosen = ctx.default_tiles(config.sizes(), given=tiling)
+            defaults = {key: value for key, (value, _) in chosen.items()}
+        tiles = {"batch_count": defaults.pop("batch_count", 1)}
         for key in TILING_KEYS:
             value = tiling.get(key, defaults[key])
             if value is None:  # batch: one tile for the whole batch unless told otherwise
@@ -112,7 +122,8 @@ cdef class GPT2LMHead(Module):
 
     cdef tuple _lead_for(self, int B, int T):
         """[batch, seq] and their tiles (clipped to the data's shape)."""
-        return (B, T), (min(self.tiles["batch"] or B, B), min(self.tiles["seq"], T))
+        cdef int batch_tile = self.tiles["batch"] or -(-B // self.batch_count)
+        return (B, T), (min(batch_tile, B), min(self.tiles["seq"], T))
 
     def declare(self, tuple lead, tuple tiles):
         """The tensors of a [batch, seq] shape of the data: token ids, targets and positions,
