@@ -16,8 +16,8 @@ import sys
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_dtype, model_from_checkpoint, model_tiling, resolve_tiling,
-                               run_cli, start_context, tiling_from_args)
+                               check_dtype, default_tiles, model_from_checkpoint, model_tiling,
+                               resolve_tiling, run_cli, start_context, tiling_from_args)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
                 "pytorch_model.bin.index.json")
@@ -127,7 +127,9 @@ def import_main(args):
     if not os.path.isdir(out_dir):
         raise CLIError(f"directory {out_dir} of {args.out} does not exist")
     config = _read_hf_config(args.hf_dir)
-    tiles = resolve_tiling(tiling_from_args(args), config, None, None)
+    given = tiling_from_args(args)  # else chosen for this machine, as nntile-train does
+    tiles = resolve_tiling(given, config, None, None, default_tiles(
+        config, None, None, given, args, dtype, training=False))
     if args.tokenizer:
         tokenizer = {"name": "byte"} if args.tokenizer == "byte" else \
             {"name": "gpt2", "path": os.path.abspath(args.tokenizer)
