@@ -124,8 +124,10 @@ class Context(Runtime):
         ``sizes`` (a config's sizes()) on this Context's workers; remembered for describe()."""
         run = policy.Run(sizes, batch, seq, run_bytes if run_bytes is not None
                          else self.run_bytes, dict(given or {}))
-        self.tiles = policy.tiles(run, self.settings(), self.machine())
-        return self.tiles
+        choices = policy.tiles(run, self.settings(), self.machine())
+        if any(reason != "given" for _, reason in choices.values()):
+            self.tiles = choices  # a model whose tiles were all given keeps the program's
+        return choices
 
     def start(self):
         from nntile.memory import check_disk_swap_env

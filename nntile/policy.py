@@ -318,7 +318,8 @@ def tiles(run, settings, machine):
     out["head"] = Choice(max(1, min(n_head, embd_tile // head_dim)),
                          "the heads that fill an embd tile")
     out["vocab"] = Choice(min(sizes["vocab"][0], VOCAB_TILE),
-                          "tiles of 8192: cuBLAS's tensor-core kernels")
+                          "one tile up to 8192, tiles of 8192 beyond: cuBLAS's tensor-core "
+                          "kernels")
     seq = run.seq or sizes["seq"][0]
     out["seq"] = Choice(seq, "one tile")
     count, why = batch_tiles(settings, machine)
