@@ -6,8 +6,8 @@
 Both sides start from the same random weights (ours is copied from the transformers model):
 untied head, no dropout, AdamW. On a machine with a GPU (and nntile built with CUDA) both
 train there: PyTorch with TF32 matrix products for tf32, the model cast to bfloat16 for
-bf16. Otherwise both train on the CPU; pass --tile-batch 1 (or other tiles) there, since a
-single tile per dimension leaves all but one StarPU worker idle. PyTorch runs first, with
+bf16. Otherwise both train on the CPU. Tiles no flag gives are nntile's choice for the
+machine (nntile.policy.tiles, printed by the Context). PyTorch runs first, with
 StarPU's workers paused and before our model exists, and gives its memory back before ours
 is built from the same initial weights. A side that runs out of memory is reported as "oom",
 any other failure as "error" with its text.
@@ -179,6 +179,7 @@ def main(argv=None):
             torch.cuda.empty_cache()
         try:
             model = GPT2LMHead.from_transformers(hf, tiling, args.dtype)
+            print(ctx.describe().splitlines()[-1], flush=True)  # the tiles, and why
             ctx.wait()
         except Exception as exc:
             model, ours = None, failure(exc)

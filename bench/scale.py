@@ -167,8 +167,17 @@ def main(argv=None):
     config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=E,
                         n_layer=args.n_layer, n_head=args.n_head or max(1, E // 128),
                         tie_word_embeddings=False)
-    tiling = {k: getattr(args, f"tile_{k}") for k in ("batch", "seq", "embd", "head", "inner", "vocab")
-              if getattr(args, f"tile_{k}")}
+    given = {k: getattr(args, f"tile_{k}") for k in ("batch", "seq", "embd", "head", "inner", "vocab")
+             if getattr(args, f"tile_{k}")}
+    for flag, variable in ((args.limit_cuda_mem, "STARPU_LIMIT_CUDA_MEM"),
+                           (args.limit_cpu_mem, "STARPU_LIMIT_CPU_MEM")):
+        if flag:
+            os.environ[variable] = str(flag)
+    # the tiles no flag gives: chosen for this machine and run, as nntile-train does
+    from nntile.cli_common import default_tiles
+    from nntile.policy import describe_tiles
+    choices = default_tiles(config, args.batch, args.seq, given, args, args.dtype)
+    tiling = {k: v for k, (v, _) in choices.items() if k != "batch_count"}
     nparams = config.num_parameters()
     tokens = args.batch * args.seq
     flops_per_step = model_flops_per_step(nparams, args.n_layer, E, args.seq, tokens)
@@ -177,6 +186,7 @@ def main(argv=None):
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"model: n_embd {E}, {args.n_layer} layers, {nparams / 1e9:.2f}B parameters, "
         f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}", flush=True)
+    say(f"tiles: {describe_tiles(choices)}", flush=True)
 
     from nntile.cli_common import CLIError
     from nntile.distributed import Distribution
@@ -184,10 +194,6 @@ def main(argv=None):
     distribution = Distribution.parse(args.distribution, nranks) if nranks > 1 else None
     est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=init)
     backend = set_disk_swap(args, est)
-    for flag, variable in ((args.limit_cuda_mem, "STARPU_LIMIT_CUDA_MEM"),
-                           (args.limit_cpu_mem, "STARPU_LIMIT_CPU_MEM")):
-        if flag:
-            os.environ[variable] = str(flag)
     if args.force:
         os.environ["NNTILE_MEMORY_CHECK"] = "0"
     try:  # under mpirun: this rank's share, and all ranks agree

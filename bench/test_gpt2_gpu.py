@@ -9,7 +9,8 @@ profiling). Skipped without a CUDA build.
     python3 -m pytest -q -s -p no:cacheprovider bench/test_gpt2_gpu.py --benchmark-only
 
 NNTILE_BENCH_GPU_BATCH / _SEQ / _LAYERS shrink it for a quick look; NNTILE_BENCH_GPU_DTYPES
-picks precisions (comma-separated), NNTILE_BENCH_GPU_TILING our tiles.
+picks precisions (comma-separated), NNTILE_BENCH_GPU_TILING our tiles (default: none given,
+nntile's choice; "batch=4,vocab=8192" is the hand tiling it replaces).
 NNTILE_BENCH_GPU_KERNELS=DIR also runs two steps of each side under PyTorch's profiler and
 prints what the GPU ran (every kernel, through CUPTI) against the wall time, and the longest
 idle gaps; the traces are written to DIR.
@@ -37,11 +38,11 @@ BATCH = int(os.environ.get("NNTILE_BENCH_GPU_BATCH", "8"))
 SEQ = int(os.environ.get("NNTILE_BENCH_GPU_SEQ", "1024"))
 CONFIG = dict(vocab_size=50257, n_positions=1024, n_embd=768,
               n_layer=int(os.environ.get("NNTILE_BENCH_GPU_LAYERS", "12")), n_head=12)
-# our tiles (GPT2LMHead's tiling keys; the rest default), e.g. "batch=8,vocab=50257". Two
-# batch tiles give the GPU's two workers two independent chains of tasks, so that one runs
-# while the other waits on StarPU's scheduling: 12% idle instead of 28% (docs/performance.md).
+# our tiles (GPT2LMHead's tiling keys), e.g. "batch=8,vocab=50257"; the keys not given are
+# nntile.policy's (none given: batch 4, vocabulary 8192, the rest whole, the hand tiling of
+# docs/performance.md's fastest figures)
 TILING = {key: int(value) for key, value in (
-    item.split("=") for item in os.environ.get("NNTILE_BENCH_GPU_TILING", "batch=4").split(","))}
+    item.split("=") for item in os.environ.get("NNTILE_BENCH_GPU_TILING", "").split(",") if item)}
 DTYPES = os.environ.get("NNTILE_BENCH_GPU_DTYPES", "tf32,bf16-mixed,bf16").split(",")
 STEPS = 5
 KERNELS_DIR = os.environ.get("NNTILE_BENCH_GPU_KERNELS")

@@ -1,6 +1,8 @@
 """nntile: GPT training on tiled tensors scheduled by the StarPU runtime."""
-from nntile._core.core import (Context, StarpuError, Tensor, TensorTraits, current_context,
-                               launched_by_mpirun, launcher_rank, HAVE_CUDA, HAVE_MPI, DTYPES)
+from nntile._core.core import (StarpuError, Tensor, TensorTraits, current_context, HAVE_CUDA,
+                               HAVE_MPI, DTYPES)
+from nntile.context import Context
+from nntile.policy import launched_by_mpirun, launcher_rank
 from nntile import ops
 from nntile.distributed import Distribution
 

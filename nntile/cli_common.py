@@ -5,14 +5,11 @@ import os
 import sys
 import time
 
-from nntile._core.core import launcher_rank  # noqa: F401 (the programs import it from here)
+from nntile.errors import CLIError
 from nntile.models.config import DEFAULT_VOCAB_TILE
+from nntile.policy import WIDE_TILE, launcher_rank  # noqa: F401 (programs import it here)
 
 TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
-
-
-class CLIError(Exception):
-    """Bad input: printed as one line on stderr, exit code 2, no traceback."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -92,8 +89,10 @@ nonneg_int = _int_at_least(0)
 
 def add_tiling_args(parser):
     group = parser.add_argument_group(
-        f"tiling (tile sizes; default: one tile per dimension, a vocabulary larger than "
-        f"{DEFAULT_VOCAB_TILE} in tiles of {DEFAULT_VOCAB_TILE})")
+        "tiling (tile sizes; default: chosen for the machine and the run, nntile.policy.tiles: "
+        f"the batch in one tile per worker, the vocabulary in tiles of {DEFAULT_VOCAB_TILE}, "
+        f"n_embd in tiles of {WIDE_TILE} where wider, MLP weights in tiles of at most "
+        f"{WIDE_TILE}x{WIDE_TILE}, the rest whole; printed at start)")
     for key in TILE_FLAGS:
         group.add_argument(f"--tile-{key}", type=positive_int, default=None, metavar="N")
 
@@ -102,12 +101,24 @@ def add_runtime_args(parser):
     group = parser.add_argument_group("StarPU runtime (default: StarPU's environment)")
     group.add_argument("--ncpu", type=nonneg_int, default=None, help="CPU workers")
     group.add_argument("--ncuda", type=nonneg_int, default=None, help="CUDA workers")
-    group.add_argument("--sched", default=None, help="StarPU scheduler (lws, dmdasd, ...)")
+    group.add_argument("--sched", default=None, type=scheduler_name,
+                       help="StarPU scheduler (lws, dmdas, ...)")
     group.add_argument("--distribution", default="data", metavar="data|tensor|mixed[:DxT]",
                        help="under mpirun: which rank owns which tiles (data: batch tiles "
                        "shared out; tensor: each activation's other tiles shared out; mixed: "
                        "a D x T grid of both). Weights and optimizer states are spread over "
                        "all ranks in every case (default: data)")
+
+
+def scheduler_name(text):
+    """A scheduler StarPU has (it would warn and fall back to its default on another)."""
+    from nntile._core.core import schedulers
+    from nntile.policy import check_scheduler
+    try:
+        check_scheduler(text, schedulers())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def resolve_distribution(args, batch_size=None, tiles=None, config=None):
@@ -147,12 +158,42 @@ def check_dtype(dtype):
     return dtype
 
 
-def resolve_tiling(tiling, config, batch=None, seq=None):
+def default_tiles(config, batch, seq, given, args=None, dtype="fp32", training=True):
+    """{key: Choice} of the tiles for this run where ``given`` has none: nntile.policy.tiles
+    for this machine, the runtime flags in ``args`` (--ncpu, --ncuda) and the memory the run
+    needs (nntile.memory.estimate, whose total does not depend on the tiles)."""
+    from nntile import memory, policy
+    run_bytes = memory.estimate(config, batch or 1, seq or config.max_position_embeddings, None, dtype,
+                                optimizer="adamw" if training else None,
+                                training=training).total
+    flags = {name: getattr(args, name, None) for name in ("ncpu", "ncuda", "sched")}
+    env = {k: v for k, v in os.environ.items() if k.startswith("STARPU_")}
+    nranks = launcher_rank()[1]
+    machine = memory.machine(nranks > 1)
+    settings = policy.runtime_settings(machine, flags, env, run_bytes)
+    data_groups = 1
+    if nranks > 1:
+        from nntile.distributed import Distribution
+        try:
+            data_groups = Distribution.parse(getattr(args, "distribution", None) or "data",
+                                             nranks).data
+        except ValueError:
+            pass  # resolve_distribution says what is wrong with it
+    run = policy.run_of(config, batch, seq, run_bytes, given, data_groups)
+    return policy.tiles(run, settings, machine)
+
+
+def resolve_tiling(tiling, config, batch=None, seq=None, defaults=None):
     """Tile sizes, each checked against its dimension and the family's rules
-    (config.check_tiles); a full dict for the checkpoint."""
+    (config.check_tiles); a full dict for the checkpoint.
+    ``defaults``: {key: Choice} for the keys ``tiling`` leaves out (default_tiles); without,
+    one tile per dimension (the vocabulary in tiles of 8192)."""
     dims = dict(config.sizes(), batch=(batch, batch))  # one tile by default, as the model
     if seq is not None:
         dims["seq"] = (seq, seq)
+    for key, (value, _) in (defaults or {}).items():
+        if key in dims and value is not None:
+            dims[key] = (dims[key][0], min(value, dims[key][0] or value))
     what = config.dimension_names()
     sizes = {key: size for key, (size, _) in dims.items()}
     out = {}
@@ -178,10 +219,11 @@ def model_tiling(tiles):
     return {k: v for k, v in tiles.items() if v is not None}
 
 
-def start_context(args, verbose=True, distribution=None, run_bytes=None):
+def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=None):
     """Start StarPU with the runtime flags (and StarPU-MPI under mpirun); print its workers
     and settings on stderr. ``run_bytes``: the pre-check's estimate, which some defaults
-    depend on (nntile.Context)."""
+    depend on (nntile.Context); ``tiles``: {key: Choice} of the run's tiles, for
+    describe()."""
     import nntile
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
@@ -191,6 +233,7 @@ def start_context(args, verbose=True, distribution=None, run_bytes=None):
                              distribution=distribution, run_bytes=run_bytes)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CLIError(f"cannot start StarPU: {exc}") from None
+    ctx.tiles = tiles
     if verbose:
         print(ctx.describe(), file=sys.stderr)
     return ctx

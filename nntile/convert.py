@@ -15,8 +15,9 @@ import sys
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_dtype, family_model, model_from_checkpoint, model_tiling,
-                               resolve_tiling, run_cli, start_context, tiling_from_args)
+                               check_dtype, default_tiles, family_model,
+                               model_from_checkpoint, model_tiling, resolve_tiling, run_cli,
+                               start_context, tiling_from_args)
 
 
 def build_parser():
@@ -78,7 +79,9 @@ def import_main(args):
                        "another name")
     config, notes = read_config(args.hf_dir)
     model_type = family_model(config)
-    tiles = resolve_tiling(tiling_from_args(args), config, None, None)
+    given = tiling_from_args(args)  # else chosen for this machine, as nntile-train does
+    tiles = resolve_tiling(given, config, None, None, default_tiles(
+        config, None, None, given, args, dtype, training=False))
     tokenizer = _tokenizer(args, config)
     state = read_state(args.hf_dir, np.float64 if dtype == "fp64" else np.float32)
     try:  # every name and shape, before StarPU starts

@@ -39,10 +39,11 @@ import numpy as np
 
 # the declarations are nntile.declare's; DTYPE_BYTES and TensorSpec stay importable from here
 from nntile.declare import CATEGORIES, DTYPE_BYTES, TensorSpec
+from nntile.errors import CLIError
+from nntile.policy import STARPU_MARGIN, launcher_rank
+# the rule lives in nntile.policy; the name stays importable from here
+from nntile.policy import cuda_limit_mib as default_cuda_limit_mib
 
-STARPU_MARGIN = 0.9                # FREE_MARGIN in driver_cuda.c, "global_mem *= 0.9" in topology.c
-GPU_RESERVE_MIN = 3 << 30          # CUDA context, cuBLAS; nvidia-smi shows ~0.5 GiB more than CUDA
-GPU_RESERVE_FRACTION = 0.03
 SUBALLOC_MAX = 4 << 20             # CHUNK_ALLOC_MAX = 32 MiB / 8 (src/datawizard/malloc.h)
 SUBALLOC_BLOCK = 16 << 10          # CHUNK_ALLOC_MIN
 PAGE = 4096                        # unistd_o_direct reads and writes whole pages only
@@ -366,6 +367,16 @@ def host_memory():
     return min(free, cgroup) if cgroup is not None else free
 
 
+def machine(mpi=False):
+    """What this process may use, as nntile.policy's rules read it: its cores, the memory of
+    each visible GPU (none in a build without CUDA), whether it is an MPI rank of one core."""
+    from nntile import HAVE_CUDA
+    from nntile.distributed import one_core_rank, rank_cores
+    from nntile.policy import Machine
+    return Machine(cores=len(rank_cores()), gpus=tuple(gpu_memory()) if HAVE_CUDA else (),
+                   mpi=mpi, one_core=mpi and one_core_rank(), cuda_built=HAVE_CUDA)
+
+
 def available(ncuda=None):
     """(GPU bytes, host bytes): the total memory of the GPUs StarPU would use (the first
     ``ncuda`` visible ones; 0 without GPUs) and the host memory available now."""
@@ -388,14 +399,6 @@ class Budget(dict):
         if self["disk"]:
             parts.append(f"disk swap {fmt_bytes(self['disk'])}")
         return ", ".join(parts)
-
-
-def default_cuda_limit_mib(gpu_total_bytes):
-    """What nntile lets StarPU use of a GPU of that size, in MiB: all but max(3 GiB, 3%),
-    and never less than StarPU's own 90%. On an 80 GB H100 this is 76.7 GiB instead of 71.3,
-    which took the wide n_embd 8192 GPT-2 (77.4 GiB) from 0.83 to 0.51 s per step."""
-    reserve = max(GPU_RESERVE_MIN, GPU_RESERVE_FRACTION * gpu_total_bytes)
-    return int(max(gpu_total_bytes - reserve, STARPU_MARGIN * gpu_total_bytes) // MiB)
 
 
 def budget(gpu_bytes, host_bytes, limit_cuda_mem=None, limit_cpu_mem=None, disk_bytes=0,
@@ -574,7 +577,6 @@ def _agree(refusal):
     """Under mpirun, a rank that fits learns the first other rank's refusal (a rank that does
     not fit keeps its own), so that all stop or all go on: a lone refusal would leave the
     other ranks waiting in StarPU-MPI's start for it."""
-    from nntile.cli_common import launcher_rank
     _, size = launcher_rank()
     if size < 2:
         return refusal
@@ -598,7 +600,6 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     against its GPUs and its part of the node's host memory, and all ranks agree: one rank
     that cannot fit stops them all, each with the message."""
     import sys
-    from nntile.cli_common import CLIError, launcher_rank
     rank, _ = launcher_rank()
     est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training, init,
                    distribution=distribution, rank=rank)

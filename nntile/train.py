@@ -23,17 +23,16 @@ import time
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_dtype, check_seq_len, family_model, launcher_rank,
-                               model_tiling, nonneg_int, positive_int, resolve_distribution,
-                               resolve_tiling, run_cli, start_context, tiling_from_args)
+                               check_dtype, check_seq_len, default_tiles, family_model,
+                               launcher_rank, model_tiling, nonneg_int, positive_int,
+                               resolve_distribution, resolve_tiling, run_cli, start_context,
+                               tiling_from_args)
 from nntile.models import FAMILIES
 
 DEFAULT_SEQ_LEN = 128
 TRAIN_DEFAULTS = dict(batch_size=8, grad_accum=1, steps=1500, lr=2e-3, min_lr=2e-4, warmup=100,
                       weight_decay=0.01, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0,
                       eval_every=250, eval_batches=4, save_every=500, keep=3, seed=1337)
-# Tiles of the default run: two batch tiles keep two CPU workers busy.
-DEFAULT_TILES = dict(batch=4)
 # the model flags, and the canonical config attribute each one sets (CausalLMConfig)
 CONFIG_FLAGS = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
                 "n_kv_head": "num_key_value_heads", "n_embd": "hidden_size",
@@ -296,7 +295,7 @@ def resolve(args):
         "name": s.data.meta.get("tokenizer") or tok_prev.get("name") or s.data.tokenizer,
         "path": s.data.meta.get("tokenizer_path", tok_prev.get("path"))}
 
-    # tiling: flags, else the checkpoint's, else the defaults of the default run
+    # tiling: flags, else the checkpoint's, else chosen for the machine and the run
     given = tiling_from_args(args)
     tiling = dict(given)
     if base is not None:
@@ -305,10 +304,8 @@ def resolve(args):
         for key, value in (base.get("tiling") or {}).items():
             if value is not None and key not in given:
                 tiling[key] = min(value, sizes.get(key, value))
-    else:
-        for key, value in DEFAULT_TILES.items():
-            tiling.setdefault(key, min(value, s.batch_size if key == "batch" else value))
-    s.tiles = resolve_tiling(tiling, config, s.batch_size, s.seq_len)
+    s.tile_choices = default_tiles(config, s.batch_size, s.seq_len, tiling, args, s.dtype)
+    s.tiles = resolve_tiling(tiling, config, s.batch_size, s.seq_len, s.tile_choices)
     return s
 
 
@@ -562,7 +559,8 @@ def train_main(argv=None):
 
     stop = StopRequest()
     # described once the state is loaded
-    ctx = start_context(args, verbose=False, distribution=distribution, run_bytes=est.total)
+    ctx = start_context(args, verbose=False, distribution=distribution, run_bytes=est.total,
+                        tiles=s.tile_choices)
     stop.install()  # after StarPU started: its handlers must not replace ours
     stop.can_abandon = ctx.world_size == 1
     try:

@@ -20,6 +20,13 @@
 #   levers     the wide model on one GPU once per variant in $NNTILE_LEVERS (';'-separated
 #              options and NAME=value environment, e.g. ";--no-layer-priorities;--sched lws"), each
 #              after $NNTILE_LEVER_BASE (e.g. "--batch 8"): out-of-core levers side by side
+#   defaults   the wide model with no tile, worker or scheduler flag (nntile.policy's choices)
+#              for each EMBDxBATCH of $NNTILE_DEFAULT_CONFIGS (default 8192x4 10240x16: in
+#              memory, and 6.07B past an H100's memory), each from fresh StarPU models (its own
+#              STARPU_HOME, as on a new machine): step 1 against the later ones. Words
+#              NAME=value of $NNTILE_DEFAULTS_ENV are its environment (e.g.
+#              STARPU_CALIBRATE_MINIMUM=10, StarPU's own default); $NNTILE_DEFAULTS_ARGS are
+#              more options (e.g. "--precision bf16-mixed")
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 #   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
 #              configurations EMBDxBATCH in $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
@@ -162,6 +169,16 @@ if want levers; then
             --n-embd "$wide_embd" --ncuda 1 "${wide[@]}" ${NNTILE_LEVER_BASE:-} "${opts[@]}"
     done
 fi
+if want defaults; then
+    for config in ${NNTILE_DEFAULT_CONFIGS:-8192x4 10240x16}; do
+        home="$(mktemp -d)"
+        step "defaults-$config${NNTILE_DEFAULTS_ENV:+-env}" timeout "$run_limit" env \
+            STARPU_HOME="$home" ${NNTILE_DEFAULTS_ENV:-} python3 bench/scale.py \
+            --n-embd "${config%x*}" --batch "${config#*x}" --n-layer 4 \
+            --steps "${NNTILE_DEFAULT_STEPS:-4}" ${NNTILE_DEFAULTS_ARGS:-}
+        rm -rf "$home"
+    done
+fi
 if want compare; then
     for e in ${NNTILE_COMPARE_SIZES:-4096 8192}; do
         step "compare-$e" timeout "$run_limit" python3 bench/compare_torch.py --n-embd "$e" \
@@ -188,7 +205,7 @@ if want node-table; then
         --timeout "$run_limit" --out "$logs/node-table.json" --logs "$logs/node-table"
     sed -n '/^## Node table/,$p' "$logs/node-table.log"
 fi
-grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/lever-*.log \
+grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/defaults-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/lever-*.log \
     "$logs"/largest-*.log "$logs"/depth-*.log \
     "$logs"/compare-*.log "$logs"/mixed-*.log "$logs"/ooc-*.log 2>/dev/null
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null

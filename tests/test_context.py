@@ -101,33 +101,83 @@ def test_no_workers_is_a_clear_error():
     assert "error: StarPU found no worker" in result.stdout
 
 
-def test_default_scheduler_follows_the_situation():
-    """The measured choices of docs/performance.md, "Defaults at scale": lws without GPUs and
-    on several GPUs alone; dmdas on one GPU alone and wherever CPU workers join GPUs."""
-    from nntile._core.core import _default_sched
-    assert _default_sched(0, True)[0] == "lws"
-    assert _default_sched(1, True)[0] == "dmdas"
-    assert _default_sched(4, True)[0] == "dmdas"
-    assert _default_sched(1, False)[0] == "dmdas"
-    assert _default_sched(2, False)[0] == "lws"
-    assert "4 GPUs" in _default_sched(4, False)[1]
-
-
-def test_workers_per_gpu_follow_the_situation():
-    """Two per GPU; four on one GPU that cannot hold the run (docs/performance.md,
-    "Activations dropped after backward"); two where the run's size is not known."""
-    from nntile._core.core import _default_workers_per_gpu
-    GiB = 2**30
-    assert _default_workers_per_gpu(1, 50 * GiB, 76 * GiB)[0] == 2
-    assert _default_workers_per_gpu(1, 175 * GiB, 76 * GiB)[0] == 4
-    assert "cannot hold" in _default_workers_per_gpu(1, 175 * GiB, 76 * GiB)[1]
-    assert _default_workers_per_gpu(2, 175 * GiB, 76 * GiB)[0] == 2  # several: not measured
-    assert _default_workers_per_gpu(1, None, 76 * GiB)[0] == 2
-    assert _default_workers_per_gpu(1, 175 * GiB, None)[0] == 2
+def test_run_bytes_must_be_a_byte_count():
     import pytest
     import nntile
     with pytest.raises(ValueError, match="run_bytes"):
         nntile.Context(start=False, run_bytes=-1)
+
+
+def test_unknown_scheduler_is_refused_with_the_list():
+    """StarPU warns and falls back to its default on a scheduler it lacks; nntile refuses it,
+    from the argument and from STARPU_SCHED, before StarPU starts."""
+    import pytest
+    import nntile
+    with pytest.raises(ValueError, match="'no-such-sched' does not exist; StarPU has: .*lws"):
+        nntile.Context(sched="no-such-sched", start=False)
+    result = run_python("""
+        import nntile
+        try:
+            nntile.Context(ncpu=1)
+        except ValueError as exc:
+            print("refused:", exc)
+        print(nntile.current_context())
+    """, env={"STARPU_SCHED": "no-such-sched"})
+    assert result.returncode == 0, result.stderr
+    assert "refused: scheduler 'no-such-sched' does not exist; StarPU has:" in result.stdout
+    assert result.stdout.splitlines()[-1] == "None"
+
+
+def test_programs_refuse_an_unknown_scheduler_in_one_line():
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "nntile.train", "--sched", "no-such-scheduler"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'no-such-scheduler' does not exist; StarPU has:" in lines[0]
+    assert "dmdas" in lines[0] and "lws" in lines[0]
+
+
+def test_starpu_variables_starpu_would_abort_on_are_refused():
+    """STARPU_NCPU=-1 and STARPU_CALIBRATE=abc made StarPU abort (exit 134): one line now."""
+    for name, value in (("STARPU_NCPU", "-1"), ("STARPU_CALIBRATE", "abc")):
+        result = run_python("""
+            import nntile
+            try:
+                nntile.Context()
+            except ValueError as exc:
+                print("refused:", exc)
+        """, env={name: value})
+        assert result.returncode == 0, result.stderr
+        assert f"refused: {name}={value!r} should be" in result.stdout
+
+
+def test_a_tensor_larger_than_starpu_may_use_is_refused(ctx):
+    """It used to be registered, and the first task on it waited for room for ever."""
+    import pytest
+    import nntile
+    with pytest.raises(MemoryError, match="more than StarPU may use in all its memory nodes"):
+        nntile.Tensor((2**40,), (2**28,))
+    total = max(n["total"] for n in ctx.memory_nodes())
+    elements = total // 8 + 1  # fp64: one tile more than the largest node holds
+    with pytest.raises(MemoryError, match="more than StarPU may use"):
+        nntile.Tensor((2, elements), (1, elements), "fp64", zero=False)
+    assert nntile.Tensor((4,), (2,)).to_array().tolist() == [0, 0, 0, 0]
+
+
+def test_shutdown_checks_what_it_calls():
+    """A clean shutdown raises nothing and leaves nothing running; a second is a no-op."""
+    result = run_python("""
+        import numpy as np, nntile
+        ctx = nntile.Context(ncpu=1)
+        x = nntile.Tensor.from_array(np.ones((4, 4)), (2, 2))
+        ctx.shutdown()
+        ctx.shutdown()
+        print(ctx.running, nntile.current_context())
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False None"
 
 
 def test_cpu_only_build_keeps_cpu_workers_and_lws(monkeypatch):

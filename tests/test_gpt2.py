@@ -71,6 +71,25 @@ def test_parity_with_transformers(ctx, tiling, tied, dtype, tol):
     model.unregister()
 
 
+def test_no_tiling_takes_the_tiles_of_the_situation(ctx):
+    """A model built with no tiling in a running Context gets nntile.policy's tiles for its
+    workers (here the batch in one tile per CPU worker), which describe() names, and the same
+    numbers as transformers: a batch of 3 in tiles of 2 and 1."""
+    hf = hf_model(False, torch.float32)
+    model = GPT2LMHead.from_transformers(hf, None, "fp32")
+    workers = ctx.ncpu_workers
+    assert model.tiles["batch"] is None and model.batch_count == workers
+    assert model.tiles["vocab"] == CONFIG["vocab_size"] and model.tiles["embd"] == 96
+    assert (f"tiles: batch - (the batch in {workers} tiles, one per CPU worker ({workers}))"
+            in ctx.describe())
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, CONFIG["vocab_size"], (3, T))
+    targets = rng.integers(0, CONFIG["vocab_size"], (3, T))
+    ref_logits, ref_loss, _ = hf_loss_and_grads(hf, ids, targets)
+    assert rel(model.forward(ids), ref_logits) < 1e-5
+    model.unregister()
+
+
 def test_adamw_with_warmup_and_clipping_matches_torch(ctx):
     hf = hf_model(False, torch.float32)
     model = GPT2LMHead.from_transformers(hf, TILINGS["partial everywhere"], "fp32")

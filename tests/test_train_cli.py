@@ -67,6 +67,9 @@ def test_small_run_writes_metrics_checkpoints_plot_and_summary(tmp_path, data_di
     assert result.returncode == 0, result.stderr
     assert "workers" in result.stderr and "CPU 0" in result.stderr  # ctx.describe()
     assert "sched = " in result.stderr
+    # the tiles and why: the flags' as given, the rest chosen (nntile.policy.tiles)
+    assert ("  tiles: batch 2, seq 16 (given); embd 32 (one tile up to 4096, tiles of 4096 "
+            "beyond)") in result.stderr
     summary = result.stdout.strip().splitlines()
     assert len(summary) == 1 and "step 12/12" in summary[0] and "tokens/s" in summary[0]
     records = read_metrics(out / "metrics.jsonl")

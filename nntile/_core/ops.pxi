@@ -96,12 +96,12 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles, cons
         # rank just sends what it owns of the task's inputs (the call consumes the task)
         with nogil:
             ret = nntile_mpi_submit(task)
-        return check(ret, "starpu-mpi task submission")
+        return CHKERR(ret, "starpu-mpi task submission")
     with nogil:
         ret = starpu_task_submit(task)
     if ret != 0:
         nntile_task_discard(task)
-    return check(ret, "starpu_task_submit")
+    return CHKERR(ret, "starpu_task_submit")
 
 
 def _codelet_kernels(str op, str dtype):
@@ -459,4 +459,4 @@ def _bench_bare_task_insert(Tensor dst, Py_ssize_t ntasks):
             ret = starpu_task_insert(cl, rw, h, STARPU_CL_ARGS, args, sizeof(nntile_scal_args), 0)
             if ret != 0:
                 break
-    check(ret, "starpu_task_insert")
+    CHKERR(ret, "starpu_task_insert")

@@ -1,6 +1,12 @@
 # Declarations of the parts of StarPU's C API that nntile uses, C names kept so that
 # each can be looked up in StarPU's documentation (starpu.h and the headers it includes).
+# A function whose return code matters is also declared in starpu_checked.h with
+# warn_unused_result: the core builds with -Werror=unused-result, so each call goes through
+# CHKERR (runtime.pxi) or does not build (tests/test_policy.py checks the two lists agree).
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t, int32_t
+
+cdef extern from "starpu_checked.h":
+    pass
 
 cdef extern from "starpu.h" nogil:
     ctypedef struct _starpu_data_state
@@ -37,6 +43,11 @@ cdef extern from "starpu.h" nogil:
         int nopencl
         int calibrate
         int bus_calibrate
+
+    struct starpu_sched_policy:
+        const char *policy_name
+        const char *policy_description
+    starpu_sched_policy **starpu_sched_get_predefined_policies()
 
     int starpu_conf_init(starpu_conf *conf)
     int starpu_init(starpu_conf *conf)

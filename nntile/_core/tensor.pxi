@@ -120,6 +120,7 @@ cdef class Tensor:
             raise ValueError(f"{ntiles} tiles of {self.traits.basetile}: nntile registers "
                              "fewer than 2**32 tiles a tensor; use larger tiles")
         self.owners = _resolve_owners(ctx, self.traits, owners)
+        _check_fits_starpu(self.traits, self.itemsize, self.owners)
         self.handles = <starpu_data_handle_t *> malloc(ntiles * sizeof(starpu_data_handle_t))
         if self.handles == NULL:
             raise MemoryError()
@@ -254,7 +255,7 @@ cdef class Tensor:
                 values = float_to_bf16_bits(values)
             with nogil:
                 ret = starpu_data_acquire(h, STARPU_W)
-            check(ret, "starpu_data_acquire")
+            CHKERR(ret, "starpu_data_acquire")
             try:
                 view = _tile_view(h, self.itemsize * _prod(shape), npdtype, shape)
                 view[...] = values
@@ -284,7 +285,7 @@ cdef class Tensor:
                 nntile_mpi_get_on_all(h)
             with nogil:
                 ret = starpu_data_acquire(h, STARPU_R)
-            check(ret, "starpu_data_acquire")
+            CHKERR(ret, "starpu_data_acquire")
             try:
                 shape = self.traits.tile_shape(i)
                 result[self.traits.tile_slices(i)] = _tile_view(
@@ -306,7 +307,7 @@ cdef class Tensor:
         cdef int ret
         with nogil:
             ret = starpu_data_acquire(h, STARPU_R)
-        check(ret, "starpu_data_acquire")
+        CHKERR(ret, "starpu_data_acquire")
         try:
             shape = self.traits.tile_shape(i)
             tile = _tile_view(h, self.itemsize * _prod(shape), DTYPES[self.dtype][1], shape).copy()
@@ -393,6 +394,36 @@ cdef class Tensor:
         state = "" if self.is_registered else ", unregistered"
         return (f"nntile.Tensor(shape={self.traits.shape}, basetile={self.traits.basetile}, "
                 f"dtype={self.dtype}{state})")
+
+
+cdef _check_fits_starpu(TensorTraits traits, Py_ssize_t itemsize, owners):
+    """Refuse, before registering, a tensor whose tiles (on this rank: those it owns) are more
+    than all of StarPU's memory nodes may hold together, or a tile larger than the largest
+    node: StarPU would wait for room that never comes."""
+    cdef unsigned node
+    cdef long total
+    capacity, largest = 0, 0
+    for node in range(starpu_memory_nodes_get_count()):
+        total = starpu_memory_get_total(node)
+        if total < 0:  # a node without a limit: nothing to compare with
+            return
+        capacity += total
+        largest = max(largest, total)
+    tile_bytes = _prod(traits.basetile) * itemsize
+    nbytes = traits.size * itemsize
+    if owners is not None:
+        nbytes = min(nbytes, sum(1 for rank in owners if rank == _mpi_rank) * tile_bytes)
+    if nbytes > capacity:
+        raise MemoryError(f"a tensor of shape {traits.shape} needs {_bytes(nbytes)}, more than "
+                          f"StarPU may use in all its memory nodes ({_bytes(capacity)})")
+    if tile_bytes > largest:
+        raise MemoryError(f"a tile of {traits.basetile} needs {_bytes(tile_bytes)}, more than "
+                          f"StarPU may use in any one memory node ({_bytes(largest)}); use "
+                          "smaller tiles")
+
+
+def _bytes(n):
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 cdef object _resolve_owners(object ctx, TensorTraits traits, object owners):

@@ -18,6 +18,7 @@ cdef class CausalLM(Module):
     cdef bint _ready_for_backward
     cdef public bint layer_priorities
     cdef public bint free_activations
+    cdef readonly int batch_count  # batch tiles where no batch tile size was given
     # the family's embeddings: built, run forward into the residual stream, run backward
     cdef Embedding _build_embeddings(self)
     cdef Tensor _embed(self, dict ws)

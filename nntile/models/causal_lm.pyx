@@ -24,6 +24,7 @@ construction; ``state_dict``, ``load_state_dict``, ``gradients``, ``from_transfo
 import numpy as np
 
 from nntile._core.core cimport Tensor
+from nntile._core.core import current_context
 from nntile import ops
 from nntile.declare import TensorSpec
 from nntile.models.config import TILING_KEYS
@@ -69,6 +70,7 @@ cdef class CausalLM(Module):
         super().__init__(dtype)
         self.config = config
         self.tiles = self.check_tiling(tiling or {}, config)
+        self.batch_count = self.tiles.pop("batch_count")
         cdef dict t = self.tiles
         cdef int E = config.hidden_size
         self.embedding = self._build_embeddings()
@@ -123,7 +125,12 @@ cdef class CausalLM(Module):
             raise ValueError(f"tiling: unknown keys {sorted(unknown)}; use {list(TILING_KEYS)}")
         sizes = {key: size for key, (size, _) in config.sizes().items()}
         defaults = {key: tile for key, (_, tile) in config.sizes().items()}
-        tiles = {}
+        ctx = current_context()
+        if ctx is not None and hasattr(ctx, "default_tiles"):
+            # in a running Context: the tiles nntile.policy picks for its workers
+            chosen = ctx.default_tiles(config, given=tiling)
+            defaults = {key: value for key, (value, _) in chosen.items()}
+        tiles = {"batch_count": defaults.pop("batch_count", 1)}
         for key in TILING_KEYS:
             value = tiling.get(key, defaults[key])
             if value is None:  # batch: one tile for the whole batch unless told otherwise
@@ -156,7 +163,8 @@ cdef class CausalLM(Module):
 
     cdef tuple _lead_for(self, int B, int T):
         """[batch, seq] and their tiles (clipped to the data's shape)."""
-        return (B, T), (min(self.tiles["batch"] or B, B), min(self.tiles["seq"], T))
+        cdef int batch_tile = self.tiles["batch"] or -(-B // self.batch_count)
+        return (B, T), (min(batch_tile, B), min(self.tiles["seq"], T))
 
     def declare(self, tuple lead, tuple tiles):
         """The tensors of a [batch, seq] shape of the data: token ids, targets and positions,

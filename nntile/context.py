@@ -1,0 +1,275 @@
+"""nntile.Context: StarPU for this process, with every setting resolved before it starts.
+
+An argument wins, then StarPU's environment variable, then nntile's rule for the situation
+(nntile.policy); the core (nntile._core.core.Runtime) starts StarPU with the resolved values.
+"""
+import os
+import sys
+
+from nntile import policy
+from nntile._core.core import (HAVE_CUDA, HAVE_MPI, STARPU_VERSION, Runtime,
+                               current_context, schedulers)
+
+
+def _positive_int_or_none(name, value, allow_zero):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"Context({name}=...) must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"Context({name}={value!r}) is not an integer") from None
+    if number < 0 or (number == 0 and not allow_zero):
+        raise ValueError(f"Context({name}={number}) must be {'>= 0' if allow_zero else '> 0'}")
+    return number
+
+
+def _check_mpi_env():
+    """StarPU-MPI settings that cannot work, refused before MPI or StarPU starts."""
+    frequency = os.environ.get("STARPU_MPI_DRIVER_CALL_FREQUENCY", "").strip()
+    if frequency.isdigit() and int(frequency) > 0:
+        # measured: a 2-rank run and a 1-rank run, each waiting for ever on its first task
+        raise RuntimeError(
+            f"STARPU_MPI_DRIVER_CALL_FREQUENCY={frequency} has StarPU-MPI's progress thread "
+            "run CPU worker 0 itself, but in StarPU 1.4 that thread sleeps while no message "
+            "is pending, and the worker's tasks wait for ever; unset it (on a rank with one "
+            "core, nntile shares the core between a worker and the MPI thread by itself)")
+
+
+class Context(Runtime):
+    """Starts StarPU for this process; use as ``with nntile.Context(...) as ctx:``.
+
+    Arguments left as None fall back to StarPU's environment variables (STARPU_NCPU,
+    STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
+    STARPU_CALIBRATE, STARPU_NWORKER_PER_CUDA, STARPU_CALIBRATE_MINIMUM) and then to nntile's
+    defaults, which depend on the machine and the run (nntile.policy): on GPUs, GPU workers
+    only, two per GPU (four where a process alone on one GPU cannot hold ``run_bytes``, the
+    bytes the run registers as nntile.memory estimates them), and the scheduler measured
+    fastest for that number of GPUs. Under MPI, a rank bound to one core runs one CPU worker
+    there beside StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT,
+    seconds, default 300) is how long a rank may go without progress before the programs'
+    watchdog ends the run. A scheduler StarPU does not have, and a STARPU_ variable StarPU
+    would abort on, are refused before it starts.
+    ``describe()`` says which defaults were taken and why, the tiles of a model built with
+    no tiling (``tiles``), and which cores StarPU's threads use. Only one Context runs at a
+    time.
+    """
+
+    def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
+                 limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
+                 distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
+                 run_bytes=None):
+        self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
+        self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
+        self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
+        self.limit_cpu_mem = _positive_int_or_none("limit_cpu_mem", limit_cpu_mem, False)
+        self.calibrate = _positive_int_or_none("calibrate", calibrate, allow_zero=True)
+        if self.calibrate is not None and self.calibrate > 2:
+            raise ValueError(f"Context(calibrate={self.calibrate}) must be 0, 1 or 2")
+        self.workers_per_gpu = _positive_int_or_none("workers_per_gpu", workers_per_gpu, False)
+        self.calibrate_minimum = None
+        self.run_bytes = _positive_int_or_none("run_bytes", run_bytes, allow_zero=True)
+        if sched is not None and (not isinstance(sched, str) or not sched.strip()):
+            raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
+        if sched is not None:
+            policy.check_scheduler(sched, schedulers())
+        self.sched = sched
+        self.verbose = verbose
+        self.tiles = None  # {key: Choice} of a model's tiles chosen here (describe)
+        if mpi not in (None, True, False):
+            raise TypeError(f"Context(mpi={mpi!r}) must be True, False or None (automatic)")
+        # StarPU-MPI is used when asked, or by default when an MPI launcher started us.
+        self.mpi = policy.launched_by_mpirun() if mpi is None else mpi
+        if self.mpi and not HAVE_MPI:
+            launched = policy.launcher_rank()[1]
+            if mpi or launched > 1:
+                raise RuntimeError(
+                    (f"started by an MPI launcher with {launched} ranks" if mpi is None else
+                     "Context(mpi=True)") + ", but this nntile was built without StarPU-MPI, "
+                    "so each rank would train alone (rebuild StarPU with MPI, then nntile)")
+            self.mpi = False
+        self.mpi_stats = bool(mpi_stats)
+        # how long a rank may go without progress before the programs' watchdog ends the run
+        from nntile.distributed import watchdog_timeout
+        self.mpi_timeout = watchdog_timeout(mpi_timeout) if self.mpi else None
+        self.distribution = distribution
+        self.comm = None
+        self._machine = None
+        self._env_from_defaults = set()  # variables start() set from nntile's defaults
+        self._starpu_comm = None
+        if self.ncuda and not HAVE_CUDA:
+            raise RuntimeError(f"Context(ncuda={self.ncuda}) asked for GPUs, but this nntile "
+                               "was built without CUDA")
+        if start:
+            self.start()
+
+    def machine(self):
+        """What this process may use (nntile.policy.Machine), read once."""
+        if self._machine is None:
+            from nntile.memory import machine
+            self._machine = machine(self.mpi)
+        return self._machine
+
+    def settings(self):
+        """The effective value of each runtime setting, and where it came from:
+        {name: (value, origin)}."""
+        given = {name: getattr(self, name) for name, _ in policy.SETTINGS}
+        env = {var: value for var, value in os.environ.items()
+               if var.startswith("STARPU_") and var not in self._env_from_defaults}
+        return policy.runtime_settings(self.machine(), given, env, self.run_bytes)
+
+    def default_tiles(self, config, batch=None, seq=None, run_bytes=None, given=None):
+        """{key: Choice} of the tiles nntile.policy.tiles picks for a model of this ``config``
+        on this Context's workers; remembered for describe()."""
+        run = policy.run_of(config, batch, seq, run_bytes if run_bytes is not None
+                            else self.run_bytes, given)
+        choices = policy.tiles(run, self.settings(), self.machine())
+        if any(reason != "given" for _, reason in choices.values()):
+            self.tiles = choices  # a model whose tiles were all given keeps the program's
+        return choices
+
+    def start(self):
+        from nntile.memory import check_disk_swap_env
+        policy.check_starpu_env(os.environ)  # StarPU would abort on what it cannot read
+        check_disk_swap_env()  # StarPU would abort on a disk swap it cannot take
+        if self.running:
+            raise RuntimeError("this Context is already running")
+        if current_context() is not None:
+            raise RuntimeError("another nntile.Context is already running in this process; "
+                               "shut it down (ctx.shutdown() or leave its 'with' block) first")
+        if self.mpi:
+            _check_mpi_env()
+            from nntile.distributed import share_node_cores
+            share_node_cores()  # before settings(), which depend on the rank's cores
+            self._machine = None
+        settings = self.settings()
+        sched = str(settings["sched"].value)
+        policy.check_scheduler(sched, schedulers())
+        env, defaults = {}, set()
+        for name, var in policy.SETTINGS:  # StarPU reads these at start-up
+            value, origin = settings[name]
+            if getattr(self, name) is not None:
+                env[var] = value  # an argument wins over an inherited variable
+            elif name in policy.DEFAULTS_IN_ENV and origin.startswith("nntile default"):
+                env[var] = value
+                defaults.add(var)
+        ncpus = settings["ncpu"].value if settings["ncpu"].reason in (
+            policy.GPU_ONLY, policy.SHARED_CORE) else None  # an explicit count: StarPU-MPI
+        ncuda = 0 if not HAVE_CUDA else None                  # then reserves no core
+        comm_handle = None
+        try:
+            if self.mpi:
+                env.update(self._gpus_of_local_rank())
+                env.update(self._mpi_thread_on_one_core())
+                comm_handle = self._start_mpi()
+                self._check_distribution(self.comm.Get_size())
+            else:
+                self._check_distribution(1)
+        except BaseException:
+            self._free_comm()
+            raise
+        self._env_from_defaults = defaults
+        try:
+            self._start_starpu(sched, ncpus, ncuda, env, comm_handle)
+        except BaseException:
+            self._env_from_defaults = set()
+            self._free_comm()
+            raise
+        if self.verbose:
+            print(self.describe(), file=sys.stderr)
+        return self
+
+    def _gpus_of_local_rank(self):
+        """Several ranks on one node would all take GPU 0: give each local rank its own
+        (nntile.distributed.local_rank_gpus), unless STARPU_WORKERS_CUDAID already says
+        which."""
+        if not HAVE_CUDA:
+            return {}
+        from nntile.distributed import local_rank_gpus
+        gpus = local_rank_gpus(self.ncuda)
+        if gpus is None:
+            return {}
+        return {"STARPU_WORKERS_CUDAID": ",".join(str(g) for g in gpus),
+                "STARPU_NCUDA": len(gpus)}
+
+    def _mpi_thread_on_one_core(self):
+        """On a rank with one core, StarPU-MPI's progress thread would be pinned onto the core
+        a worker holds (with a warning); leave it unpinned instead (nntile.policy)."""
+        from nntile.distributed import one_core_rank, placement_chosen
+        if (policy.mpi_progress_thread_unbound(one_core_rank(), placement_chosen())
+                and not os.environ.get("STARPU_MPI_NOBIND")):
+            return {"STARPU_MPI_NOBIND": 1}
+        return {}
+
+    def _start_mpi(self):
+        """Initialise MPI through mpi4py; returns the handle of the communicator that
+        StarPU-MPI gets (a duplicate of COMM_WORLD, so that its messages never meet the
+        ones nntile's Python code exchanges on COMM_WORLD)."""
+        from nntile.distributed import mpi
+        try:
+            MPI = mpi()
+        except ImportError:
+            raise RuntimeError("StarPU-MPI needs mpi4py (pip install mpi4py)") from None
+        if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+            raise RuntimeError("MPI was initialised with a thread level below "
+                               "MPI_THREAD_SERIALIZED, which StarPU-MPI needs; let mpi4py "
+                               "initialise it (mpi4py.rc.thread_level = 'multiple')")
+        self.comm = MPI.COMM_WORLD
+        self._starpu_comm = MPI.COMM_WORLD.Dup()
+        handle = getattr(self._starpu_comm, "handle", None)
+        return MPI._handleof(self._starpu_comm) if handle is None else handle
+
+    def _free_comm(self):
+        if self._starpu_comm is not None:
+            self._starpu_comm.Free()
+            self._starpu_comm = None
+
+    def _stopped(self):
+        self._free_comm()
+        self._env_from_defaults = set()
+
+    def _check_distribution(self, world_size):
+        """Every rank checks the same thing and raises the same error, before StarPU starts."""
+        if self.distribution is None:
+            return
+        check = getattr(self.distribution, "check", None)
+        if check is None:
+            raise TypeError("Context(distribution=...) needs an nntile.distributed.Distribution,"
+                            f" got {type(self.distribution).__name__}")
+        check(world_size)
+
+    def owners_for(self, grid, batched):
+        """Rank of each tile (C order over ``grid``) under this Context's distribution, or
+        None when there is one process."""
+        if self.world_size == 1:
+            return None
+        if self.distribution is None:
+            from nntile.distributed import Distribution
+            self.distribution = Distribution(tensor=self.world_size)
+        return self.distribution.owners(grid, batched)
+
+    def barrier(self):
+        """Wait here until every rank gets here (no-op with one process)."""
+        self._check_running()
+        if self.mpi:
+            self.comm.Barrier()
+
+    def describe(self):
+        lines = [f"nntile: StarPU {STARPU_VERSION}, {len(self.workers)} workers: "
+                 + ", ".join(self.workers)]
+        from nntile.distributed import core_list, rank_cores, thread_cores
+        if self.mpi:
+            allowed = rank_cores()
+            lines.append(f"  StarPU-MPI rank {self.rank} of {self.world_size}, on "
+                         f"{len(allowed)} core{'s' if len(allowed) > 1 else ''} "
+                         f"({core_list(allowed)})")
+        threads = thread_cores() if self.running else {}
+        if threads:
+            lines.append("  cores: " + ", ".join(f"{name} thread on {core_list(cores)}"
+                                                 for name, cores in threads.items()))
+        for name, (value, origin) in self.settings().items():
+            lines.append(f"  {name} = {value} ({origin})")
+        if self.tiles:
+            lines.append(f"  tiles: {policy.describe_tiles(self.tiles)}")
+        return "\n".join(lines)

@@ -1,0 +1,404 @@
+"""The defaults nntile takes where it is not told: plain functions of the situation.
+
+What the machine offers (a ``Machine``: cores, GPUs and their memory, MPI ranks) and what the
+run is (the model's dimensions, the data's shape, the memory estimate) go in; a ``Choice``
+(the value and why) comes out. Nothing here starts StarPU or imports nntile's core, so every
+rule can be tested alone (tests/test_policy.py), as mpi4py keeps ``mpi4py.rc`` apart from its
+binding. ``nntile.Context`` asks these rules for what its arguments and the ``STARPU_*``
+variables leave open and hands the resolved values to the core; the programs ask ``tiles``
+for the tile sizes that no flag gives.
+
+Each rule's docstring names the measurement in docs/performance.md that it rests on.
+"""
+import os
+import re
+from dataclasses import dataclass, field
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+class Choice(tuple):
+    """(value, reason): a setting and where it came from (an argument, a variable, a rule)."""
+
+    def __new__(cls, value, reason):
+        return super().__new__(cls, (value, reason))
+
+    value = property(lambda self: self[0])
+    reason = property(lambda self: self[1])
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What this process may use. ``gpus``: bytes of each GPU StarPU would use (empty without
+    CUDA); ``cores``: the cores this process may run on; ``mpi``: whether it is a StarPU-MPI
+    rank, ``one_core``: whether that rank has a single core; ``cuda_built``: whether nntile
+    was built with CUDA."""
+    cores: int = 1
+    gpus: tuple = ()
+    mpi: bool = False
+    one_core: bool = False
+    cuda_built: bool = False
+
+
+# ---- MPI launchers --------------------------------------------------------------------------
+
+# (rank, size) environment variables that MPI launchers (Open MPI, MPICH/PMI, PMIx) set in
+# every process they start.
+LAUNCHER_VARS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                 ("PMIX_RANK", "PMIX_SIZE"))
+
+
+def _launcher(env=None):
+    env = os.environ if env is None else env
+    for rank_var, size_var in LAUNCHER_VARS:
+        rank = env.get(rank_var, "")
+        if rank.isdigit():
+            size = env.get(size_var, "")
+            return int(rank), int(size) if size.isdigit() else 1
+    return None
+
+
+def launcher_rank(env=None):
+    """(rank, number of ranks) that an MPI launcher gave this process, read from its
+    environment without starting MPI; (0, 1) when no launcher started it."""
+    return _launcher(env) or (0, 1)
+
+
+def launched_by_mpirun(env=None):
+    """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
+    return _launcher(env) is not None
+
+
+def rank_core_share(cores, local_rank, ranks_on_node):
+    """The cores local rank ``local_rank`` of ``ranks_on_node`` takes when the launcher bound
+    nothing: a contiguous share of ``cores`` (one core each, in turn, when there are more ranks
+    than cores). Two ranks that both took every core pinned their threads to the same first
+    cores, where they took turns: a step of 3.7 s had not finished in 95 s
+    (docs/performance.md, "Third session", "Why the two-rank run stalled")."""
+    cores = sorted(cores)
+    if len(cores) >= ranks_on_node:
+        return cores[local_rank * len(cores) // ranks_on_node:
+                     (local_rank + 1) * len(cores) // ranks_on_node]
+    return [cores[local_rank % len(cores)]]
+
+
+def mpi_yield_when_idle(one_core):
+    """Open MPI's ``mpi_yield_when_idle`` for a rank (None: leave MPI's default). On a rank of
+    one core, StarPU-MPI's progress thread shares the core with a worker; yielding after each
+    poll that finds nothing was 1.0-1.9x faster on the README's MPI lines (6-8x slower with
+    tiny tiles; nntile.distributed.mpi has the numbers)."""
+    return "1" if one_core else None
+
+
+def mpi_progress_thread_unbound(one_core, placement_chosen):
+    """Whether StarPU-MPI's progress thread is left unpinned (STARPU_MPI_NOBIND): on a rank of
+    one core it would be pinned onto the worker's core with a warning; unpinned, it runs on the
+    rank's one core all the same (README, "Several processes and machines")."""
+    return one_core and not placement_chosen
+
+
+# ---- workers and scheduler ------------------------------------------------------------------
+
+GPU_ONLY = "nntile default with GPUs: GPU workers only; give ncpu to add CPU workers"
+SHARED_CORE = ("nntile default on an MPI rank with one core: one CPU worker, sharing it with "
+               "the MPI thread")
+CUDA_LIMIT = "nntile default: GPU memory less max(3 GiB, 3%)"
+TWO_PER_GPU = "nntile default with GPUs: two workers per GPU overlap transfers and kernels"
+FOUR_PAST_MEMORY = ("nntile default on one GPU that cannot hold the run: four workers keep "
+                    "more transfers in flight")
+CALIBRATE_FAST = ("nntile default: a performance model is trusted after its first measurement, "
+                  "so the first step is scheduled by models instead of calibrating")
+
+
+def cpu_workers(gpu_workers, machine):
+    """CPU workers where ``ncpu`` is not given (None: StarPU's default, every core).
+
+    With GPUs, none: a CPU worker that takes a matrix product the GPU would run 100x faster
+    holds up every task after it (docs/performance.md, "Defaults at scale"; lws with 8 CPU
+    workers beside one H100: 1,132 against 52,645 tokens/s, "Scheduler study"). On an MPI rank
+    of one core, one: StarPU-MPI would keep that core for its progress thread and leave no
+    worker (README, "Several processes and machines")."""
+    if gpu_workers:
+        return Choice(0, GPU_ONLY)
+    if machine.mpi and machine.one_core:
+        return Choice(1, SHARED_CORE)
+    return Choice(None, "StarPU default")
+
+
+def scheduler(gpu_workers, cpu_workers):
+    """The scheduler where none is given (docs/performance.md, "Defaults at scale", the table
+    "lws against dmdas, where users run", and "Scheduler study")."""
+    if not gpu_workers:
+        return Choice("lws", "nntile default without GPUs: locality work stealing")
+    if cpu_workers:
+        # lws lets CPU workers steal matrix products from the GPUs and collapses (1,132 vs
+        # 52,645 tokens/s with 8 CPU workers beside one H100); dmdas places each task where
+        # its performance model says it ends first
+        return Choice("dmdas", "nntile default for GPU and CPU workers together")
+    if gpu_workers > 1:
+        # once tiles fill the GPUs, dmdas's history models keep being flushed ("Too big
+        # deviation") and its placements turn to noise: lws was 2.35x faster at 14.5B on 2
+        # H200s and 10x on 4; dmdas leads by 3-10% only where a model leaves GPUs half empty
+        return Choice("lws", f"nntile default for {gpu_workers} GPUs")
+    # one GPU: a tie in memory; past it lws fetches a task's tiles only when the task starts,
+    # while dmdas prefetches as it places (1.27x faster at twice the GPU's memory, 3.8x at its
+    # limit, on an H100)
+    return Choice("dmdas", "nntile default for one GPU")
+
+
+def workers_per_gpu(gpu_workers, run_bytes, gpu_bytes):
+    """CUDA workers per GPU where none is given. ``run_bytes``: what the run registers (None:
+    not known, or not this process's alone, as under MPI); ``gpu_bytes``: what StarPU may use
+    of each GPU.
+
+    Two, each with its own CUDA stream, so that one waits for its tiles or launches while the
+    other's kernels run (H100, tf32, n_embd 8192: 0.53 -> 0.47 s per step in memory, 3.39 ->
+    2.37-2.63 s at 1.23x its memory; docs/performance.md, "Past GPU memory on one GPU: two
+    workers per GPU"). Four on one GPU that cannot hold the run (6.07B at batch 16: 9.1-10.7 s
+    against 10.6-12.3 s with two; in memory four are no faster and vary more: "Activations
+    dropped after backward"). Several GPUs past their memory were not measured: two."""
+    if (gpu_workers == 1 and run_bytes is not None and gpu_bytes is not None
+            and run_bytes > gpu_bytes):
+        return Choice(4, FOUR_PAST_MEMORY)
+    return Choice(2, TWO_PER_GPU)
+
+
+# ---- memory ---------------------------------------------------------------------------------
+
+GPU_RESERVE_MIN = 3 << 30          # CUDA context, cuBLAS; nvidia-smi shows ~0.5 GiB more than CUDA
+GPU_RESERVE_FRACTION = 0.03
+STARPU_MARGIN = 0.9                # FREE_MARGIN in driver_cuda.c, "global_mem *= 0.9" in topology.c
+
+
+def cuda_limit_mib(gpu_total_bytes):
+    """What nntile lets StarPU use of a GPU of that size, in MiB: all but max(3 GiB, 3%), and
+    never less than StarPU's own 90%. On an 80 GB H100 this is 76.7 GiB instead of 71.3, which
+    took the wide n_embd 8192 GPT-2 (77.4 GiB) from 0.83 to 0.51 s per step
+    (docs/performance.md, "Third session", "StarPU's GPU memory margin")."""
+    reserve = max(GPU_RESERVE_MIN, GPU_RESERVE_FRACTION * gpu_total_bytes)
+    return int(max(gpu_total_bytes - reserve, STARPU_MARGIN * gpu_total_bytes) // MiB)
+
+
+def calibrate_minimum():
+    """Measurements StarPU wants of a task's size on a worker before it trusts the model
+    (STARPU_CALIBRATE_MINIMUM; StarPU's default is 10). Until then dmda-type schedulers place
+    such a task on the least loaded worker to measure it, ignoring where its tiles are, and
+    prefetch nothing: the first step of 6.07B past an H100's memory took 92.6 s against
+    7.04-7.42 s later. One measurement makes the model usable from the first occurrence of each
+    tile size on; later ones refine its mean (docs/performance.md, "The first step")."""
+    return Choice(1, CALIBRATE_FAST)
+
+
+# ---- resolving a Context's settings ---------------------------------------------------------
+
+# Each runtime setting, with the StarPU environment variable it falls back to.
+SETTINGS = (
+    ("ncpu", "STARPU_NCPU"),
+    ("ncuda", "STARPU_NCUDA"),
+    ("sched", "STARPU_SCHED"),
+    ("limit_cuda_mem", "STARPU_LIMIT_CUDA_MEM"),
+    ("limit_cpu_mem", "STARPU_LIMIT_CPU_MEM"),
+    ("calibrate", "STARPU_CALIBRATE"),
+    ("workers_per_gpu", "STARPU_NWORKER_PER_CUDA"),
+    ("calibrate_minimum", "STARPU_CALIBRATE_MINIMUM"),
+)
+# the settings whose nntile default reaches StarPU through its environment variable
+DEFAULTS_IN_ENV = ("limit_cuda_mem", "workers_per_gpu", "calibrate_minimum")
+
+
+def runtime_settings(machine, given, env, run_bytes=None):
+    """{setting: Choice} for every setting of SETTINGS: the argument (``given``), else the
+    STARPU_ variable (``env``, as the user set it), else nntile's rule for the ``machine``,
+    else StarPU's own default. ``run_bytes``: the bytes the run registers (the memory
+    estimate), None when not known."""
+    result = {}
+    for name, var in SETTINGS:
+        if given.get(name) is not None:
+            result[name] = Choice(given[name], "argument")
+        elif env.get(var):
+            result[name] = Choice(env[var], f"${var}")
+        else:
+            result[name] = Choice(None, "StarPU default")
+    if result["ncuda"].value is None and not machine.cuda_built:
+        result["ncuda"] = Choice(0, "built without CUDA")
+    gpus = gpu_workers(machine, result["ncuda"].value)
+    if result["limit_cuda_mem"].value is None and gpus and machine.gpus:
+        result["limit_cuda_mem"] = Choice(cuda_limit_mib(min(machine.gpus)), CUDA_LIMIT)
+    if result["ncpu"].value is None:
+        result["ncpu"] = cpu_workers(gpus, machine)
+    if result["sched"].value is None:
+        cpus = result["ncpu"].value
+        result["sched"] = scheduler(gpus, cpus is None or int(cpus) > 0)
+    if result["workers_per_gpu"].value is None and gpus:
+        limit = result["limit_cuda_mem"].value
+        gpu_bytes = int(limit) * MiB if limit is not None else None
+        # under MPI other processes share the node's GPUs and host memory: not measured
+        result["workers_per_gpu"] = workers_per_gpu(gpus, None if machine.mpi else run_bytes,
+                                                    gpu_bytes)
+    if result["calibrate_minimum"].value is None:
+        result["calibrate_minimum"] = calibrate_minimum()
+    return result
+
+
+def gpu_workers(machine, ncuda):
+    """How many CUDA devices StarPU will drive: ``ncuda`` when given, else every visible GPU."""
+    if not machine.cuda_built:
+        return 0
+    return int(ncuda) if ncuda is not None else len(machine.gpus)
+
+
+# ---- tiles ----------------------------------------------------------------------------------
+
+WIDE_TILE = 4096   # the embd and inner tiles of every wide run in docs/performance.md
+VOCAB_TILE = 8192  # the vocabulary's tiles where it is larger
+
+
+@dataclass
+class Run:
+    """What a run trains: ``sizes`` as a config's ``sizes()`` gives them ({key: (size,
+    default tile)}, keys batch, seq, embd, head, inner, vocab), the ``batch`` and ``seq`` of its
+    data where known, and ``run_bytes``, the memory estimate (None: not known)."""
+    sizes: dict
+    batch: int = None
+    seq: int = None
+    run_bytes: int = None
+    tiles_given: dict = field(default_factory=dict)
+    data_groups: int = 1  # under StarPU-MPI, the ranks that share the batch out
+    head_dim: int = None  # default: embd / heads
+    head_group: int = 1   # query heads that share a key/value head (grouped-query attention)
+
+
+def run_of(config, batch=None, seq=None, run_bytes=None, given=None, data_groups=1):
+    """The Run of a model family's config (nntile.models: sizes(), and the canonical
+    head_dim, num_attention_heads, num_key_value_heads)."""
+    return Run(config.sizes(), batch, seq, run_bytes, dict(given or {}), data_groups,
+               head_dim=config.head_dim,
+               head_group=config.num_attention_heads // config.num_key_value_heads)
+
+
+def batch_tiles(settings, machine):
+    """How many tiles the batch is cut into, and why: one per worker that runs in parallel.
+
+    On one GPU, one per CUDA worker: two workers then run two independent chains of tasks and
+    the GPU idles between dependent tasks far less (GPT-2 124M on an H100, batch 8 in 2 tiles:
+    12% idle instead of 28%, 0.956 -> 1.06x PyTorch; three tiles were slower; the XL shape
+    and n_embd 8192 b4 were measured with two; docs/performance.md, "GPT-2 124M on the H100:
+    where the step went"). Past its memory, with four workers, four (6.07B at batch 16: 7.50 s
+    per step against 9.06 s with two tiles, "Activations dropped after backward"). Several
+    GPUs: the same per GPU count (not measured against others). On CPU workers, one per
+    worker (``make train`` and bench/test_gpt2_cpu.py, docs/performance.md, "Tiles by
+    situation")."""
+    if gpu_workers(machine, settings["ncuda"].value):
+        count = int(settings["workers_per_gpu"].value or 2)
+        return count, f"one per CUDA worker of a GPU ({count})"
+    cpus = settings["ncpu"].value
+    count = max(1, int(cpus) if cpus is not None else machine.cores)
+    return count, f"one per CPU worker ({count})"
+
+
+def tiles(run, settings, machine):
+    """{tiling key: Choice} of the tiles no one gave (``run.tiles_given`` wins where given).
+
+    * vocab: tiles of 8192 where it is larger. A GEMM whose rows are not a multiple of 8
+      elements (GPT-2's 50,257) falls off cuBLAS's tensor-core kernels: the head's GEMMs ran
+      5x slower (124M bf16-mixed on an H100: 63 -> 51 ms of kernels per step; tiles of 4096
+      and 16384 were no better), docs/performance.md, "GPT-2 124M on the H100".
+    * embd: one tile up to 4096, tiles of 4096 beyond; inner: weight tiles of at most 4096 x
+      4096 elements. This gives the hand tiles of every wide run (n_embd 4096, 8192 and
+      10240: 4096 and 4096, in memory, past it and on two GPUs; docs/performance.md
+      "Defaults at scale", "Activations dropped after backward") and of GPT-2 124M and the
+      XL shape (1600 wide, inner 6400), which ran fastest in one tile ("GPT-2 124M on the
+      H100", "Depth, GPT-2 XL shape"). One tile of a 6.07B model's MLP weight is 1.6 GiB.
+    * head: as many heads as fill the embd tile (32 of 128 in 4096; all of 124M's 12).
+    * seq: one tile (every measured run).
+    * batch: ``batch_tiles`` tiles (under StarPU-MPI, that many for each data-parallel group
+      of ranks, nntile.distributed).
+    """
+    sizes = run.sizes
+    embd, n_head = sizes["embd"][0], sizes["head"][0]
+    head_dim = run.head_dim or embd // n_head
+    out = {}
+    embd_tile = min(embd, WIDE_TILE)
+    out["embd"] = Choice(embd_tile, "one tile up to 4096, tiles of 4096 beyond")
+    # an MLP weight tile of at most 4096 x 4096, in whole multiples of 256 where cut
+    inner_tile = WIDE_TILE * WIDE_TILE // embd_tile // 256 * 256
+    out["inner"] = Choice(min(sizes["inner"][0], inner_tile),
+                          "weight tiles of at most 4096 x 4096")
+    # whole groups of heads sharing a key/value head (the family's check_tiles)
+    group = run.head_group
+    out["head"] = Choice(max(group, min(n_head, embd_tile // head_dim) // group * group),
+                         "the heads that fill an embd tile")
+    out["vocab"] = Choice(min(sizes["vocab"][0], VOCAB_TILE),
+                          "one tile up to 8192, tiles of 8192 beyond: cuBLAS's tensor-core "
+                          "kernels")
+    seq = run.seq or sizes["seq"][0]
+    out["seq"] = Choice(seq, "one tile")
+    count, why = batch_tiles(settings, machine)
+    if run.data_groups > 1:  # each data-parallel group of ranks takes its own batch tiles
+        count, why = count * run.data_groups, f"{why} on each of {run.data_groups} data groups"
+    if run.batch is not None:
+        out["batch"] = Choice(-(-run.batch // count), f"the batch in {count} tiles, {why}")
+    else:
+        out["batch"] = Choice(None, f"the batch in {count} tiles, {why}")
+        out["batch_count"] = Choice(count, why)
+    for key, value in run.tiles_given.items():
+        if value is not None and key in out:
+            out[key] = Choice(value, "given")
+    if out["batch"].reason == "given":
+        out.pop("batch_count", None)
+    order = ("batch", "seq", "embd", "head", "inner", "vocab", "batch_count")
+    return {key: out[key] for key in order if key in out}
+
+
+def describe_tiles(choices):
+    """One line: each tile and, grouped, why."""
+    by_reason = {}
+    for key, (value, reason) in choices.items():
+        if key == "batch_count":
+            continue
+        by_reason.setdefault(reason, []).append(f"{key} {value if value is not None else '-'}")
+    return "; ".join(f"{', '.join(keys)} ({reason})" for reason, keys in by_reason.items())
+
+
+# ---- StarPU's environment -------------------------------------------------------------------
+
+def _whole(minimum):
+    def check(text):
+        return re.fullmatch(r"\s*\d+\s*", text) is not None and int(text) >= minimum
+    return check
+
+
+# The STARPU_ variables nntile reads or sets, and what StarPU accepts without aborting (StarPU
+# asserts on a negative STARPU_NCPU and on a STARPU_CALIBRATE that is not a number).
+STARPU_ENV = {
+    "STARPU_NCPU": (_whole(0), "a whole number of CPU workers (0 or more)"),
+    "STARPU_NCUDA": (_whole(0), "a whole number of GPUs (0 or more)"),
+    "STARPU_NWORKER_PER_CUDA": (_whole(1), "a whole number of workers per GPU (1 or more)"),
+    "STARPU_LIMIT_CUDA_MEM": (_whole(1), "a whole number of MiB (1 or more)"),
+    "STARPU_LIMIT_CPU_MEM": (_whole(1), "a whole number of MiB (1 or more)"),
+    "STARPU_CALIBRATE": (lambda t: t.strip() in ("0", "1", "2"), "0, 1 or 2"),
+    "STARPU_CALIBRATE_MINIMUM": (_whole(1), "a whole number of measurements (1 or more)"),
+    "STARPU_SILENT": (_whole(0), "0 or 1"),
+    "STARPU_CATCH_SIGNALS": (_whole(0), "0 or 1"),
+    "STARPU_MPI_NOBIND": (_whole(0), "0 or 1"),
+    "STARPU_WORKERS_CUDAID": (lambda t: re.fullmatch(r"\s*\d+(\s*[, ]\s*\d+)*\s*", t)
+                              is not None, "GPU numbers separated by commas or spaces"),
+}
+
+
+def check_starpu_env(env):
+    """Raise ValueError, naming the variable and what it should be, for a STARPU_ variable that
+    StarPU would abort on (or misread) at start-up."""
+    for name, (valid, what) in STARPU_ENV.items():
+        text = env.get(name)
+        if text is not None and text != "" and not valid(text):
+            raise ValueError(f"{name}={text!r} should be {what}")
+
+
+def check_scheduler(name, schedulers):
+    """Raise ValueError for a scheduler StarPU does not have (StarPU warns and falls back to
+    its default), listing those it has."""
+    if name not in schedulers:
+        raise ValueError(f"scheduler {name!r} does not exist; StarPU has: "
+                         f"{', '.join(schedulers)}")

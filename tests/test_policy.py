@@ -1,0 +1,238 @@
+"""nntile.policy: the defaults as plain functions of the situation, tested without StarPU
+(each test loads the module by its path, so the core is not imported); and the one check of
+every StarPU call whose code matters (CHKERR)."""
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GiB = 2**30
+
+
+def _load_policy():
+    spec = importlib.util.spec_from_file_location("nntile_policy_alone",
+                                                  os.path.join(ROOT, "nntile", "policy.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+policy = _load_policy()
+H100 = 80 * 10**9  # bytes nvidia-smi reports, about
+CPU2 = policy.Machine(cores=2)
+ONE_H100 = policy.Machine(cores=16, gpus=(H100,), cuda_built=True)
+TWO_H200 = policy.Machine(cores=32, gpus=(141 * 10**9,) * 2, cuda_built=True)
+
+
+def gpt2_sizes(n_embd, n_head, vocab=50257, seq=1024, inner=None):
+    """What GPT2Config.sizes() gives (the vocabulary's default tile is not read here)."""
+    inner = inner or 4 * n_embd
+    return {"batch": (None, None), "seq": (seq, seq), "embd": (n_embd, n_embd),
+            "head": (n_head, n_head), "inner": (inner, inner), "vocab": (vocab, vocab)}
+
+
+def tiles_for(machine, sizes, batch, run_bytes=None, given=None):
+    settings_ = policy.runtime_settings(machine, {}, {}, run_bytes)
+    run = policy.Run(sizes, batch, None, run_bytes, dict(given or {}))
+    return {k: v for k, (v, _) in policy.tiles(run, settings_, machine).items()}
+
+
+def test_the_module_stands_alone():
+    """policy.py runs with no nntile package and no StarPU: it imports nothing of either."""
+    code = (f"import importlib.util, sys; s = importlib.util.spec_from_file_location('p', "
+            f"{os.path.join(ROOT, 'nntile', 'policy.py')!r}); m = importlib.util.module_from_spec(s);"
+            " s.loader.exec_module(m); print(sorted(n for n in sys.modules if n.startswith('nntile')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_default_scheduler_follows_the_situation():
+    """docs/performance.md, "Defaults at scale": lws without GPUs and on several GPUs alone;
+    dmdas on one GPU alone and wherever CPU workers join GPUs."""
+    assert policy.scheduler(0, True)[0] == "lws"
+    assert policy.scheduler(1, True)[0] == "dmdas"
+    assert policy.scheduler(4, True)[0] == "dmdas"
+    assert policy.scheduler(1, False)[0] == "dmdas"
+    assert policy.scheduler(2, False)[0] == "lws"
+    assert "4 GPUs" in policy.scheduler(4, False)[1]
+
+
+def test_workers_per_gpu_follow_the_situation():
+    """Two per GPU; four on one GPU that cannot hold the run ("Activations dropped after
+    backward"); two where the run's size is not known or there are several GPUs."""
+    assert policy.workers_per_gpu(1, 50 * GiB, 76 * GiB)[0] == 2
+    assert policy.workers_per_gpu(1, 175 * GiB, 76 * GiB)[0] == 4
+    assert "cannot hold" in policy.workers_per_gpu(1, 175 * GiB, 76 * GiB)[1]
+    assert policy.workers_per_gpu(2, 175 * GiB, 76 * GiB)[0] == 2  # several: not measured
+    assert policy.workers_per_gpu(1, None, 76 * GiB)[0] == 2
+    assert policy.workers_per_gpu(1, 175 * GiB, None)[0] == 2
+
+
+def test_runtime_settings_argument_then_variable_then_rule():
+    cpu = policy.runtime_settings(CPU2, {}, {})
+    assert cpu["ncpu"] == (None, "StarPU default") and cpu["sched"][0] == "lws"
+    assert cpu["ncuda"] == (0, "built without CUDA") and cpu["workers_per_gpu"][0] is None
+    assert cpu["calibrate_minimum"] == (1, policy.CALIBRATE_FAST)
+    env = policy.runtime_settings(CPU2, {}, {"STARPU_NCPU": "1", "STARPU_SCHED": "eager",
+                                             "STARPU_CALIBRATE_MINIMUM": "10"})
+    assert env["ncpu"] == ("1", "$STARPU_NCPU") and env["sched"] == ("eager", "$STARPU_SCHED")
+    assert env["calibrate_minimum"] == ("10", "$STARPU_CALIBRATE_MINIMUM")
+    arg = policy.runtime_settings(CPU2, {"ncpu": 2, "sched": "dmdas"}, {"STARPU_NCPU": "1"})
+    assert arg["ncpu"] == (2, "argument") and arg["sched"] == ("dmdas", "argument")
+
+    gpu = policy.runtime_settings(ONE_H100, {}, {})
+    assert gpu["ncpu"] == (0, policy.GPU_ONLY) and gpu["sched"][0] == "dmdas"
+    assert gpu["limit_cuda_mem"] == (policy.cuda_limit_mib(H100), policy.CUDA_LIMIT)
+    assert gpu["workers_per_gpu"] == (2, policy.TWO_PER_GPU)
+    past = policy.runtime_settings(ONE_H100, {}, {}, run_bytes=175 * GiB)
+    assert past["workers_per_gpu"] == (4, policy.FOUR_PAST_MEMORY)
+    mpi = policy.runtime_settings(policy.Machine(cores=16, gpus=(H100,), cuda_built=True,
+                                                 mpi=True), {}, {}, run_bytes=175 * GiB)
+    assert mpi["workers_per_gpu"][0] == 2  # other ranks share the node: not measured
+    assert policy.runtime_settings(TWO_H200, {}, {})["sched"][0] == "lws"
+    assert policy.runtime_settings(ONE_H100, {"ncpu": 8}, {})["sched"][0] == "dmdas"
+    assert policy.runtime_settings(ONE_H100, {"ncuda": 0}, {})["sched"][0] == "lws"
+    one_core = policy.Machine(cores=1, mpi=True, one_core=True)
+    assert policy.runtime_settings(one_core, {}, {})["ncpu"] == (1, policy.SHARED_CORE)
+
+
+def test_cuda_limit_leaves_three_gib_or_three_percent():
+    assert policy.cuda_limit_mib(80 * GiB) == (80 * GiB - 3 * GiB) // 2**20
+    assert policy.cuda_limit_mib(200 * GiB) == int(200 * GiB * 0.97) // 2**20
+    assert policy.cuda_limit_mib(16 * GiB) == int(0.9 * 16 * GiB) // 2**20
+
+
+def test_tiles_of_the_measured_runs():
+    """No tile flags give the hand tiles of docs/performance.md's fastest figures."""
+    # GPT-2 124M, batch 8, one H100: two batch tiles, the vocabulary in 8192, the rest whole
+    assert tiles_for(ONE_H100, gpt2_sizes(768, 12), 8) == dict(
+        batch=4, seq=1024, embd=768, head=12, inner=3072, vocab=8192)
+    # the XL shape (48 layers, n_embd 1600, 25 heads), batch 8
+    assert tiles_for(ONE_H100, gpt2_sizes(1600, 25), 8) == dict(
+        batch=4, seq=1024, embd=1600, head=25, inner=6400, vocab=8192)
+    # n_embd 8192 batch 4 in memory: tiles 4096, 32 heads of 128
+    assert tiles_for(ONE_H100, gpt2_sizes(8192, 64), 4, run_bytes=70 * GiB) == dict(
+        batch=2, seq=1024, embd=4096, head=32, inner=4096, vocab=8192)
+    # 6.07B (n_embd 10240) batch 16 past the H100's memory: four workers, four batch tiles
+    assert tiles_for(ONE_H100, gpt2_sizes(10240, 80), 16, run_bytes=175 * GiB) == dict(
+        batch=4, seq=1024, embd=4096, head=32, inner=4096, vocab=8192)
+    # the 2-core machine: make train's default run and bench/test_gpt2_cpu.py, one batch tile
+    # per CPU worker
+    assert tiles_for(CPU2, gpt2_sizes(128, 4, vocab=256, seq=128), 8)["batch"] == 4
+    assert tiles_for(CPU2, gpt2_sizes(256, 4, seq=1024), 8)["batch"] == 4
+
+
+def test_each_data_parallel_group_gets_its_batch_tiles():
+    rank = policy.Machine(cores=1, mpi=True, one_core=True)
+    settings_ = policy.runtime_settings(rank, {}, {})
+    choices = policy.tiles(policy.Run(gpt2_sizes(128, 4, vocab=256, seq=128), 8,
+                                      data_groups=2), settings_, rank)
+    assert choices["batch"].value == 4 and "2 data groups" in choices["batch"].reason
+
+
+def test_given_tiles_win_and_reasons_are_printed():
+    settings_ = policy.runtime_settings(ONE_H100, {}, {})
+    run = policy.Run(gpt2_sizes(768, 12), 8, None, None, {"batch": 8, "vocab": 50257})
+    choices = policy.tiles(run, settings_, ONE_H100)
+    assert choices["batch"] == (8, "given") and choices["vocab"] == (50257, "given")
+    line = policy.describe_tiles(choices)
+    assert line.startswith("batch 8, vocab 50257 (given); seq 1024 (one tile)")
+    assert "embd 768 (one tile up to 4096, tiles of 4096 beyond)" in line
+    unknown_batch = policy.tiles(policy.Run(gpt2_sizes(768, 12)), settings_, ONE_H100)
+    assert unknown_batch["batch"].value is None and unknown_batch["batch_count"].value == 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(heads=st.integers(1, 96), head_dim=st.sampled_from([16, 64, 80, 128]),
+       batch=st.integers(1, 64), gpus=st.integers(0, 8), past=st.booleans())
+def test_tiles_fit_their_dimensions(heads, head_dim, batch, gpus, past):
+    machine = policy.Machine(cores=8, gpus=(H100,) * gpus, cuda_built=True)
+    sizes = gpt2_sizes(heads * head_dim, heads)
+    t = tiles_for(machine, sizes, batch, run_bytes=(500 if past else 1) * GiB)
+    for key in ("seq", "embd", "head", "inner", "vocab"):
+        assert 1 <= t[key] <= sizes[key][0]
+    assert 1 <= t["batch"] <= batch
+    assert t["embd"] <= policy.WIDE_TILE
+    assert t["embd"] * t["inner"] <= policy.WIDE_TILE**2 or t["inner"] == sizes["inner"][0]
+    assert t["head"] * head_dim <= max(t["embd"], head_dim)  # heads of a tile fit its embd
+    # the batch is cut into as many tiles as workers run chains (or fewer, for a small batch)
+    assert -(-batch // t["batch"]) <= (4 if past and gpus == 1 else 2 if gpus else 8)
+
+
+def test_starpu_variables_that_would_abort_are_refused():
+    for name, value in (("STARPU_NCPU", "-1"), ("STARPU_CALIBRATE", "abc"),
+                        ("STARPU_NWORKER_PER_CUDA", "0"), ("STARPU_LIMIT_CPU_MEM", "1.5G"),
+                        ("STARPU_WORKERS_CUDAID", "0;1")):
+        with pytest.raises(ValueError, match=f"{name}={value!r} should be"):
+            policy.check_starpu_env({name: value})
+    policy.check_starpu_env({"STARPU_NCPU": "2", "STARPU_CALIBRATE": "1", "STARPU_SCHED": "x",
+                             "STARPU_WORKERS_CUDAID": "0,1", "STARPU_LIMIT_CUDA_MEM": ""})
+    with pytest.raises(ValueError, match="'nope' does not exist; StarPU has: lws, eager"):
+        policy.check_scheduler("nope", {"lws": "", "eager": ""})
+
+
+def test_launcher_and_rank_cores():
+    assert policy.launcher_rank({}) == (0, 1) and not policy.launched_by_mpirun({})
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}
+    assert policy.launcher_rank(env) == (1, 4) and policy.launched_by_mpirun(env)
+    assert policy.launcher_rank({"PMI_RANK": "0"}) == (0, 1)
+    assert policy.rank_core_share(range(8), 1, 2) == [4, 5, 6, 7]
+    assert policy.rank_core_share(range(2), 2, 3) == [0]
+    assert policy.mpi_yield_when_idle(True) == "1" and policy.mpi_yield_when_idle(False) is None
+    assert policy.mpi_progress_thread_unbound(True, False)
+    assert not policy.mpi_progress_thread_unbound(True, True)
+
+
+# ---- CHKERR: a StarPU call whose code matters cannot be left unchecked ------------------------
+
+# int-returning functions of starpu.pxd whose result is a value, not an error code
+RETURNS_A_VALUE = {"starpu_is_initialized", "starpu_memory_node_get_name",
+                   "starpu_worker_get_id", "starpu_bus_get_count", "starpu_bus_get_src",
+                   "starpu_bus_get_dst"}
+
+
+def _declared(path, pattern):
+    with open(os.path.join(ROOT, path)) as f:
+        return set(re.findall(pattern, f.read(), re.M))
+
+
+def test_every_error_code_is_declared_checked():
+    returning_int = _declared("nntile/_core/starpu.pxd", r"^\s+int (starpu_\w+)\(")
+    checked = _declared("nntile/_core/starpu_checked.h", r"^int (starpu_\w+)\(.*NNTILE_CHECKED;")
+    assert returning_int - RETURNS_A_VALUE == checked
+    glue = _declared("nntile/_core/mpi_glue.h", r"^int (nntile_mpi_\w+)\(.*NNTILE_CHECKED;")
+    assert glue == {"nntile_mpi_start", "nntile_mpi_stop", "nntile_mpi_submit",
+                    "nntile_mpi_wait_for_all", "nntile_mpi_barrier", "nntile_mpi_bytes_sent"}
+
+
+def _starpu_include():
+    prefixes = [os.environ.get("NNTILE_STARPU_PREFIX", "")]
+    prefixes += glob.glob(os.path.expanduser("~/.cache/nntile/starpu-1.4*"))
+    for prefix in prefixes:
+        include = os.path.join(prefix, "include", "starpu", "1.4")
+        if prefix and os.path.exists(os.path.join(include, "starpu.h")):
+            return include
+    return None
+
+
+def test_a_dropped_error_code_does_not_build(tmp_path):
+    """The core's compiler flags turn a dropped code into an error, even cast to void, which
+    is how Cython writes a call whose result is not used."""
+    include = _starpu_include()
+    if include is None:
+        pytest.skip("StarPU's headers were not found")
+    for body, builds in (("(void) starpu_task_wait_for_all();", False),
+                         ("if (starpu_task_wait_for_all() != 0) return -1;", True)):
+        source = tmp_path / "call.c"
+        source.write_text(f'#include "starpu_checked.h"\nint f(void) {{ {body} return 0; }}\n')
+        out = subprocess.run(["cc", "-c", "-o", os.devnull, "-Werror=unused-result",
+                              f"-I{ROOT}/nntile/_core", f"-I{include}", str(source)],
+                             capture_output=True, text=True)
+        assert (out.returncode == 0) == builds, out.stderr
