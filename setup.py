@@ -197,6 +197,7 @@ def extensions():
     # Layers and models are typed Cython classes that only call the core module's ops.
     python_level = [Extension(name, [path], include_dirs=include_dirs, define_macros=macros)
                     for name, path in (("nntile.nn.layers", "nntile/nn/layers.pyx"),
+                                       ("nntile.nn.attention", "nntile/nn/attention.pyx"),
                                        ("nntile.models.gpt2", "nntile/models/gpt2.pyx"))]
     print(f"nntile build: StarPU from {libdir}, CUDA {'on' if cuda else 'off'}, "
           f"MPI {'on' if mpi else 'off'}")

@@ -9,8 +9,9 @@ _BEFORE_OPS = frozenset(globals())
 include "ops.pxi"
 include "nn_ops.pxi"
 include "attention.pxi"
+include "flash.pxi"
 
-# The tensor ops, in the order defined: the public names that the three op parts define.
+# The tensor ops, in the order defined: the public names that the op parts define.
 # nntile.ops exports them.
 OPS = tuple(name for name in globals() if name not in _BEFORE_OPS and not name.startswith("_"))
 del _BEFORE_OPS
