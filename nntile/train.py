@@ -10,6 +10,7 @@ signal abandons the step (the checkpoint then holds the step before).
 """
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -69,6 +70,8 @@ def build_parser():
     g.add_argument("--precision", "--dtype", dest="dtype",
                    help="fp32 (default), tf32, bf16 (bf16 storage, fp32 arithmetic), fp64, "
                    "bf16-mixed (fp32 master weights and Adam states, bf16 GEMMs)")
+    g.add_argument("--attention", help="fused (default: flash attention, nothing [seq, seq] kept) or unfused "
+                   "(the scores and probabilities as tensors: the reference)")
     add_tiling_args(p)
     g = p.add_argument_group("training")
     g.add_argument("--batch-size", type=positive_int, help="sequences per micro-batch (8)")
@@ -153,9 +156,13 @@ def resolve(args):
             config = GPT2Config.from_json(args.config)
         except (OSError, ValueError, TypeError) as exc:
             raise CLIError(f"--config {args.config}: {exc}") from None
-        if base is not None and config.to_dict() != base.config.to_dict():
-            raise CLIError(f"--config {args.config} differs from the model of checkpoint "
-                           f"{base.path}")
+        if base is not None:
+            # the model must be the same; how attention is computed may differ
+            if dict(config.to_dict(), attention=None) != \
+                    dict(base.config.to_dict(), attention=None):
+                raise CLIError(f"--config {args.config} differs from the model of checkpoint "
+                               f"{base.path}")
+            config = base.config
     elif base is not None:
         config = base.config
         for key in CONFIG_FLAGS:
@@ -222,6 +229,11 @@ def resolve(args):
                                 n_head=args.n_head or MODEL_DEFAULTS["n_head"])
         except ValueError as exc:
             raise CLIError(str(exc).replace("GPT2Config.", "")) from None
+    if args.attention is not None:
+        try:
+            config = dataclasses.replace(config, attention=args.attention)
+        except ValueError as exc:
+            raise CLIError(str(exc).replace("GPT2Config.attention=", "--attention ")) from None
     s.config = config
     s.data.check(config.vocab_size, s.seq_len)
     tok_prev = (base.get("tokenizer") if base else None) or {}

@@ -4,6 +4,8 @@ import json
 
 
 TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
+# how attention may be computed (GPT2Config.attention)
+ATTENTION = ("fused", "unfused")
 # the default width of the vocabulary's tiles, where it is larger (GPT2Config.sizes)
 DEFAULT_VOCAB_TILE = 8192
 
@@ -19,6 +21,11 @@ class GPT2Config:
     layer_norm_epsilon: float = 1e-5
     activation_function: str = "gelu_new"
     tie_word_embeddings: bool = True
+    # how attention is computed, not what: "fused" (flash attention: no [seq, seq] tensor is
+    # kept) or "unfused" (the scores are tensors; the reference). Like transformers'
+    # attn_implementation, it is not part of the model; checkpoints keep it so that a resumed
+    # run computes as before.
+    attention: str = "fused"
 
     def __post_init__(self):
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
@@ -30,6 +37,9 @@ class GPT2Config:
                              f"n_head={self.n_head}")
         if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner < 1):
             raise ValueError(f"GPT2Config.n_inner={self.n_inner!r} must be a positive integer")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"GPT2Config.attention={self.attention!r}: use "
+                             f"{' or '.join(ATTENTION)}")
         if self.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"GPT2Config.activation_function={self.activation_function!r}: "
                              "only the tanh approximation of GELU (gelu_new) is implemented")
