@@ -1,7 +1,7 @@
 """The fused-attention CPU kernels (flash_forward, flash_backward) through ctypes, against a
 float64 numpy reference that builds the whole [T, T] score matrix: causal and not, GQA,
 sequence offsets, several query and key tiles merged with the accumulate flags, blocks of the
-kernel cut unevenly (query blocks of 64 rows, key blocks of 256)."""
+kernel cut unevenly (query blocks of 64 rows, key blocks of 128)."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -113,13 +113,13 @@ def test_flash_tiles_against_reference(K, column, seed, B, T, hkv, g, D, causal,
 
 @pytest.mark.parametrize("column", ["fp64", "fp32", "bf16_fp32"])
 @pytest.mark.parametrize("T,H,Hkv,D,causal,qtile,ktile", [
-    (300, 2, 1, 64, True, 300, 300),     # key blocks of 256 and a partial one, query blocks
+    (300, 2, 1, 64, True, 300, 300),     # key blocks of 128 and a partial one, query blocks
     (300, 4, 1, 80, True, 130, 300),     # a 4:1 group, head dim 80, two query tiles
     (200, 8, 1, 96, False, 200, 70),     # 8:1, three key tiles merged
     (130, 2, 2, 128, True, 65, 65),      # no group, head dim 128, 2x2 tiles
 ])
 def test_flash_blocks(K, column, T, H, Hkv, D, causal, qtile, ktile):
-    """The kernel's own blocks (64 queries, 256 keys) cut unevenly, at the head dims of real
+    """The kernel's own blocks (64 queries, 128 keys) cut unevenly, at the head dims of real
     models."""
     rng = np.random.default_rng(T + H + D)
     got, want = case(K, rng, column, 1, T, H, Hkv, D, causal, qtile, ktile)
