@@ -1,8 +1,8 @@
 """Tests of the pure-C CPU kernels (nntile/_core/kernels) through ctypes,
 against float64 numpy references (and torch for the optimizers).
 
-A session fixture compiles every kernels/*.c file with the system C compiler
-into a temporary shared library.  The args structs are mirrored here from the
+A session fixture (conftest.py) compiles every kernels/*.c file with the system
+C compiler into a temporary shared library.  The args structs are mirrored here from the
 kernel contract (FIELDS); test_header_matches_contract checks that kernels.h
 declares exactly these fields in this order."""
 import ctypes
