@@ -199,6 +199,7 @@ def extensions():
     # Layers and models are typed Cython classes that only call the core module's ops.
     python_level = [Extension(name, [path], include_dirs=include_dirs, define_macros=macros)
                     for name, path in (("nntile.nn.layers", "nntile/nn/layers.pyx"),
+                                       ("nntile.nn.attention", "nntile/nn/attention.pyx"),
                                        ("nntile.models.causal_lm", "nntile/models/causal_lm.pyx"),
                                        ("nntile.models.gpt2", "nntile/models/gpt2.pyx"),
                                        ("nntile.models.llama", "nntile/models/llama.pyx"))]

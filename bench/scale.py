@@ -38,6 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--precision", "--dtype", dest="dtype", default="tf32",
                    help="tf32 (default), fp32, bf16 or bf16-mixed")
+    p.add_argument("--attention", default="fused", help="fused (default) or unfused "
+                   "(GPT2Config.attention)")
     p.add_argument("--ncpu", type=int)
     p.add_argument("--ncuda", type=int)
     p.add_argument("--sched")
@@ -166,7 +168,7 @@ def main(argv=None):
     E = args.n_embd
     config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=E,
                         n_layer=args.n_layer, n_head=args.n_head or max(1, E // 128),
-                        tie_word_embeddings=False)
+                        tie_word_embeddings=False, attention=args.attention)
     given = {k: getattr(args, f"tile_{k}") for k in ("batch", "seq", "embd", "head", "inner", "vocab")
              if getattr(args, f"tile_{k}")}
     for flag, variable in ((args.limit_cuda_mem, "STARPU_LIMIT_CUDA_MEM"),
@@ -185,7 +187,8 @@ def main(argv=None):
     rank, nranks = launcher_rank()
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"model: n_embd {E}, {args.n_layer} layers, {nparams / 1e9:.2f}B parameters, "
-        f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}", flush=True)
+        f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}, "
+        f"{args.attention} attention", flush=True)
     say(f"tiles: {describe_tiles(choices)}", flush=True)
 
     from nntile.cli_common import CLIError

@@ -28,6 +28,7 @@ from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_t
                                resolve_distribution, resolve_tiling, run_cli, start_context,
                                tiling_from_args)
 from nntile.models import FAMILIES
+from nntile.models.config import ATTENTION
 
 DEFAULT_SEQ_LEN = 128
 TRAIN_DEFAULTS = dict(batch_size=8, grad_accum=1, steps=1500, lr=2e-3, min_lr=2e-4, warmup=100,
@@ -78,6 +79,9 @@ def build_parser():
     g.add_argument("--precision", "--dtype", dest="dtype",
                    help="fp32 (default), tf32, bf16 (bf16 storage, fp32 arithmetic), fp64, "
                    "bf16-mixed (fp32 master weights and Adam states, bf16 GEMMs)")
+    g.add_argument("--attention", choices=ATTENTION, help="fused (default: flash attention, "
+                   "nothing [seq, seq] kept) or unfused (the scores and probabilities as "
+                   "tensors: the reference)")
     add_tiling_args(p)
     g = p.add_argument_group("training")
     g.add_argument("--batch-size", type=positive_int, help="sequences per micro-batch (8)")
@@ -203,8 +207,11 @@ def resolve(args):
             raise CLIError(f"--config and {', '.join(given)} conflict: the model comes from "
                            "the config file")
         config = _read_config_file(args.config)
-        if known is not None and config.to_dict() != known.to_dict():
-            raise CLIError(f"--config {args.config} differs from the model of {source}")
+        if known is not None:
+            # the model must be the same; how attention is computed may differ
+            if not config.same_model(known):
+                raise CLIError(f"--config {args.config} differs from the model of {source}")
+            config = known
     elif known is not None:
         config = known
         for key, name in CONFIG_FLAGS.items():
@@ -278,6 +285,8 @@ def resolve(args):
     if config is None:
         config = _fresh_config(args, args.vocab_size or s.data.vocab_hint, s.seq_len)
         family_model(config)
+    if args.attention is not None:  # argparse checked it
+        config = config.replace(attention=args.attention)
     s.config = config
     # the model's own tokenizer, where it comes with one: the data must be made with it
     model_tokenizer = None

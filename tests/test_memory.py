@@ -40,6 +40,10 @@ CASES = {
                            tie_word_embeddings=False), 3, 10,
                       dict(batch=2, seq=4, embd=10, head=2, inner=40, vocab=16), "bf16-mixed",
                       "adamw"),
+    # the unfused attention: scores and probabilities as tensors
+    "unfused": (dict(vocab_size=50, n_positions=16, n_embd=24, n_layer=2, n_head=3,
+                     attention="unfused"), 3, 10, dict(batch=2, seq=4, head=2), "bf16-mixed",
+                "adamw"),
     # tied: the token embedding has the copy; SGD refreshes it with a cast
     "mixed-tied-sgd": (dict(vocab_size=37, n_positions=12, n_embd=16, n_layer=1, n_head=2), 2,
                        12, {}, "bf16-mixed", "sgd"),
@@ -190,6 +194,26 @@ def test_forward_only_estimate(ctx):
             t.unregister()
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16-mixed"])
+def test_fused_attention_keeps_no_scores(dtype):
+    """Fused, nothing [batch, heads, seq, seq] is declared: per layer, forward keeps o and the
+    log-sum-exp [batch, seq, heads] (fp32) instead of o, the probabilities and their softmax
+    statistics [batch, heads, seq, 2]; backward's scratch loses the probabilities' gradient
+    and their row sums (shared by the layers)."""
+    B, T, H, L = 3, 16, 4, 2
+    est = {att: memory.estimate(GPT2Config(vocab_size=40, n_positions=T, n_embd=32, n_layer=L,
+                                           n_head=H, attention=att), B, T, dict(seq=6), dtype)
+           for att in ("fused", "unfused")}
+    master, compute = (memory.DTYPE_BYTES[d] for d in precision_dtypes(dtype))
+    assert not [s for s in est["fused"].specs if s.shape == (B, H, T, T)]
+    assert len([s for s in est["unfused"].specs if s.shape == (B, H, T, T)]) == L + 1
+    scores, rows = B * H * T * T, B * H * T
+    assert est["unfused"]["activations"] - est["fused"]["activations"] == \
+        L * (scores * compute + rows * 2 * master - rows * 4)
+    assert est["unfused"]["workspaces"] - est["fused"]["workspaces"] == \
+        scores * compute + rows * master
+
+
 def test_tile_sizes_count_partial_tiles():
     spec = memory.TensorSpec("x", (5, 7), (2, 3), "fp32", "activations")
     assert spec.tile_sizes() == [(1, 1), (2, 2), (3, 2), (6, 4)]  # (1,1), (2,1)x2, (1,3)x2, (2,3)x4
@@ -211,8 +235,10 @@ def test_estimate_scales_as_expected():
     assert big["parameters"] == small["parameters"]
     assert big["activations"] > small["activations"]
     assert big["logits"] == 2 * small["logits"]
-    # int64 token ids, labels and positions do not shrink with the dtype
-    assert _estimate(dtype="bf16").total * 2 == _estimate(dtype="fp32").total + 3 * 4 * 256 * 8
+    # int64 token ids, labels and positions do not shrink with the dtype, nor the fp32
+    # log-sum-exp [batch, seq, heads] of each layer's fused attention
+    assert _estimate(dtype="bf16").total * 2 == \
+        _estimate(dtype="fp32").total + 3 * 4 * 256 * 8 + 4 * 4 * 256 * 8 * 4
     assert _estimate().init_host_peak == _estimate()["parameters"] + 512 * 2048 * 8
     assert "parameters" in _estimate().summary()
 
@@ -470,7 +496,8 @@ def _train_with_disk_swap(tmp_path, host_mib, disk_mib, steps=2):
 
 
 SWAP_RUN = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--seq-len", "32",
-            "--batch-size", "4", "--tile-embd", "64", "--tile-inner", "256", "--ncpu", "2",
+            "--batch-size", "4", "--tile-batch", "4", "--tile-embd", "64", "--tile-inner", "256",
+            "--ncpu", "2",
             "--eval-every", "0", "--save-every", "0", "--no-progress"]
 
 

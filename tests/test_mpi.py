@@ -27,10 +27,12 @@ needs_mpi = pytest.mark.skipif(not (nntile.HAVE_MPI and MPIRUN),
                                reason="nntile built without StarPU-MPI, or no mpirun")
 
 # A small model cut so that every dimension has several tiles, batch included.
+# Two sequence tiles: fused attention's backward tasks then write dq and dk tiles that a
+# tensor distribution gives to different ranks.
 TRAIN = ["--steps", "4", "--eval-every", "0", "--eval-batches", "1", "--n-layer", "2",
          "--n-embd", "64", "--n-head", "4", "--seq-len", "32", "--batch-size", "4",
-         "--tile-batch", "2", "--tile-embd", "32", "--tile-inner", "128", "--tile-head", "2",
-         "--ncpu", "1", "--no-progress", "--save-every", "2", "--keep", "0"]
+         "--tile-batch", "2", "--tile-seq", "16", "--tile-embd", "32", "--tile-inner", "128",
+         "--tile-head", "2", "--ncpu", "1", "--no-progress", "--save-every", "2", "--keep", "0"]
 
 
 def _env(placed=False, **extra):

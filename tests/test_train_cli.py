@@ -260,6 +260,7 @@ def test_bad_flags(tmp_path, data_dir):
         (base + ["--out", out, "--tile-seq", "33"], "larger than the sequence length"),
         (base + ["--out", out, "--n-embd", "33"], "divisible"),
         (base + ["--out", out, "--dtype", "fp16"], "fp16"),
+        (base + ["--out", out, "--attention", "flash"], "--attention: invalid choice: 'flash'"),
         (base + ["--out", out, "--lr", "-1"], "--lr"),
         (base + ["--out", out, "--warmup", "5"], "--warmup"),
         (base + ["--out", out, "--steps", "0"], "--steps"),
@@ -283,6 +284,24 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, data_dir):
     assert train(out, data_dir, "--steps", "1", "--eval-every", "0").returncode == 0
     result = train(out, data_dir, "--steps", "2", "--resume", "latest", "--n-embd", "64")
     assert_clean_error(result, "--n-embd 64 conflicts with checkpoint", "n_embd = 32")
+
+
+def test_attention_flag_and_checkpoints(tmp_path, data_dir):
+    """--attention unfused trains to the fused run's losses; the checkpoint keeps the choice,
+    which a resumed run takes unless told otherwise."""
+    from nntile.train import build_parser, resolve
+    steps = ["--steps", "3", "--eval-every", "0"]
+    runs = {att: train(tmp_path / att, data_dir, *steps, "--attention", att)
+            for att in ("fused", "unfused")}
+    assert all(r.returncode == 0 for r in runs.values()), runs
+    losses = {att: [r["loss"] for r in read_metrics(tmp_path / att / "metrics.jsonl")]
+              for att in runs}
+    np.testing.assert_allclose(losses["fused"], losses["unfused"], rtol=1e-5)
+    ckpt = str(tmp_path / "unfused" / "ckpt-3.h5")
+    for flags, want in (([], "unfused"), (["--attention", "fused"], "fused")):
+        s = resolve(build_parser().parse_args(["--resume", ckpt, "--data", str(data_dir),
+                                               *flags]))
+        assert s.config.attention == want
 
 
 def test_second_signal_abandons_the_step_and_resume_stays_exact(tmp_path, data_dir):

@@ -1,6 +1,7 @@
 # Ops of the attention and linear layers that work on several tensor dimensions at once:
-# bias over trailing dimensions, and per-head products between [B, T, H, D] activations and
-# [B, H, Tq, Tk] score tensors (strided tile GEMMs, so no transposed copies are made).
+# bias over trailing dimensions, per-head products between [B, T, H, D] activations and
+# [B, H, Tq, Tk] score tensors (strided tile GEMMs, so no transposed copies are made), and the
+# keys and values of grouped-query attention laid out per query head for those products.
 
 
 cdef int _trailing_match(str op, Tensor small, str sname, Tensor big, str bname) except -1:
@@ -225,3 +226,65 @@ cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, bint causal, bint tra
             _head_gemm(P, pt.tile_linear(pc), Y, Y.traits.tile_linear(yc), O, i, &args)
         if first:
             raise AssertionError("causal attention left an output tile without contributions")
+
+
+cdef Py_ssize_t _check_groups(str op, Tensor q, str qrole, Tensor k, str krole) except -1:
+    """q [B, T, H, D] tiled (bt, tt, ht, D) and k [B, T, Hkv, D] tiled (bt, tt, ht / g, D),
+    g = H / Hkv query heads sharing each kv head (grouped-query attention), a head tile of q
+    covering whole groups; returns g."""
+    for t, role in ((q, qrole), (k, krole)):
+        if t.traits.ndim != 4:
+            raise ValueError(f"{op}: {role} has shape {t.traits.shape}; it must be "
+                             "[batch, seq, heads, head_dim]")
+    cdef tuple qs = q.traits.shape, qt = q.traits.basetile, ks = k.traits.shape
+    if qt[3] != qs[3]:
+        raise ValueError(f"{op}: {qrole} is tiled {qt}; its head dimension must be one tile")
+    if ks[0] != qs[0] or ks[1] != qs[1] or ks[3] != qs[3]:
+        raise ValueError(f"{op}: {krole}{ks} must match {qrole}{qs} in batch, sequence and "
+                         "head_dim")
+    if qs[2] % ks[2]:
+        raise ValueError(f"{op}: {qrole} has {qs[2]} heads, {krole} has {ks[2]}: the query "
+                         "heads must be a whole number of groups of one kv head each")
+    cdef Py_ssize_t g = qs[2] // ks[2]
+    if qt[2] % g:
+        raise ValueError(f"{op}: a head tile of {qt[2]} query heads does not cover whole "
+                         f"groups of {g} (the heads that share a kv head); use a multiple of {g}")
+    _expect_traits(op, k, krole, ks, (qt[0], qt[1], qt[2] // g, qt[3]),
+                   f"{qrole}'s tiles, with {g} query heads per kv head")
+    return g
+
+
+cdef _kv_groups(str name, int op, Tensor src, str srole, Tensor dst, str drole, bint repeat):
+    """One task per tile: a tile of the per-query-head tensor is [m, g, D] to the kernel and
+    its kv tile [m, D] (m = batch x seq x kv heads of the tile): add_slice broadcasts the kv
+    tile over the group, sum_slice sums the group into it."""
+    _float_same(name, [(src, srole), (dst, drole)])
+    _distinct(name, [(src, srole), (dst, drole)])
+    cdef Tensor heads = dst if repeat else src, kv = src if repeat else dst
+    cdef Py_ssize_t g = _check_groups(name, heads, drole if repeat else srole, kv,
+                                      srole if repeat else drole)
+    cdef nntile_add_slice_args args  # same layout as nntile_sum_slice_args
+    cdef starpu_data_handle_t h[2]
+    cdef Py_ssize_t i
+    args.alpha = 1.0
+    args.beta = 0.0
+    args.k = g
+    args.n = kv.traits.shape[3]
+    for i in range(kv.traits.ntiles):
+        args.m = _tile_nelems(kv, i) // args.n
+        h[0] = src.handles[i]  # the two grids are the same
+        h[1] = dst.handles[i]
+        submit(op, dst.dtype_id, 2, h, &args, sizeof(args))
+
+
+def repeat_kv(Tensor kv, Tensor dst):
+    """dst[b, t, h, :] = kv[b, t, h // g, :], g = dst's heads / kv's heads: the keys or values
+    of grouped-query attention, one copy per query head, for attn_qk and attn_pv. dst is
+    tiled as kv with head tiles g times larger (whole groups)."""
+    _kv_groups("repeat_kv", NNTILE_OP_add_slice, kv, "kv", dst, "dst", True)
+
+
+def sum_kv(Tensor src, Tensor kv):
+    """kv[b, t, j, :] = the sum over the g query heads h of group j of src[b, t, h, :]
+    (overwrites kv): the gradient of the keys or values that repeat_kv copied."""
+    _kv_groups("sum_kv", NNTILE_OP_sum_slice, src, "src", kv, "kv", False)

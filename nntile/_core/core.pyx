@@ -10,6 +10,7 @@ include "ops.pxi"
 include "nn_ops.pxi"
 include "attention.pxi"
 include "llama_ops.pxi"
+include "flash.pxi"
 
 # The tensor ops, in the order defined: the public names that the op parts define.
 # nntile.ops exports them.

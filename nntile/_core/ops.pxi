@@ -48,11 +48,13 @@ def set_task_workers(kind):
 
 
 cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles, const void *args,
-                size_t argsize, bint accumulate=False) except -1:
+                size_t argsize, unsigned accumulate=0) except -1:
     """Submit one task of ``op`` on ``nbuf`` tiles; the only place tasks are created. Each
     tile's access mode follows from the op's buffers in kernels.h (nntile_op_access): a
-    const buffer is read, a W buffer written (and read too where the task ``accumulate``s
-    into it: a beta != 0, a later tile of a reduction), any other read and written."""
+    const buffer is read, a W buffer written (and read too where the task accumulates into
+    it: a beta != 0, a later tile of a reduction), any other read and written.
+    ``accumulate`` says which W buffers the task accumulates into, bit j for the j-th W
+    buffer in the op's order (True: the first, an op's only one)."""
     if nbuf > STARPU_NMAXBUFS:  # a StarPU built without scripts/install_starpu.sh
         raise RuntimeError(f"op {nntile_op_name(op).decode()} takes {nbuf} tiles, but this "
                            f"StarPU was built for at most {STARPU_NMAXBUFS} per task")
@@ -67,17 +69,18 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles, cons
     cdef starpu_task *task = starpu_task_create()
     if task == NULL:
         raise MemoryError("starpu_task_create")
-    cdef int i, ret
+    cdef int i, ret, written = 0
     task.cl = cl
     task.nbuffers = nbuf
     for i in range(nbuf):
         task.handles[i] = handles[i]
         if access[i] == b'R':
             task.modes[i] = STARPU_R
-        elif access[i] == b'M' or accumulate:
+        elif access[i] == b'M':
             task.modes[i] = STARPU_RW
         else:
-            task.modes[i] = STARPU_W
+            task.modes[i] = STARPU_RW if accumulate >> written & 1 else STARPU_W
+            written += 1
     if _task_record is not None:
         _task_record.append((nntile_op_name(op).decode(),
                              tuple(_MODE_NAMES[task.modes[i]] for i in range(nbuf))))

@@ -18,6 +18,8 @@ import math
 TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
 # the default width of the vocabulary's tiles, where it is larger (CausalLMConfig.sizes)
 DEFAULT_VOCAB_TILE = 8192
+# how attention may be computed (a family config's ``attention`` field)
+ATTENTION = ("fused", "unfused")
 
 
 class CausalLMConfig:
@@ -56,6 +58,19 @@ class CausalLMConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{type(self).__name__}.{name}={value!r} must be a positive "
                                  "integer")
+
+    def _check_attention(self):
+        """``attention`` says how attention is computed, not what: "fused" (flash attention:
+        no [seq, seq] tensor is kept) or "unfused" (the scores are tensors; the reference).
+        Like transformers' attn_implementation it is not part of the model, but checkpoints
+        keep it, so that a resumed run computes as before."""
+        if self.attention not in ATTENTION:
+            raise ValueError(f"{type(self).__name__}.attention={self.attention!r}: use "
+                             f"{' or '.join(ATTENTION)}")
+
+    def same_model(self, other):
+        """Whether two configs describe the same model (how attention is computed aside)."""
+        return dict(self.to_dict(), attention=None) == dict(other.to_dict(), attention=None)
 
     # ---- reading and writing ------------------------------------------------------------
 

@@ -30,9 +30,11 @@ class GPT2Config(CausalLMConfig):
     layer_norm_epsilon: float = 1e-5
     activation_function: str = "gelu_new"
     tie_word_embeddings: bool = True
+    attention: str = "fused"  # CausalLMConfig._check_attention
 
     def __post_init__(self):
         self._check_positive("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+        self._check_attention()
         if self.n_embd % self.n_head:
             raise ValueError(f"GPT2Config: n_embd={self.n_embd} is not divisible by "
                              f"n_head={self.n_head}")

@@ -69,6 +69,7 @@ class LlamaConfig(CausalLMConfig):
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
+    attention: str = "fused"  # CausalLMConfig._check_attention
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
@@ -76,6 +77,7 @@ class LlamaConfig(CausalLMConfig):
         self._check_positive("vocab_size", "hidden_size", "intermediate_size",
                              "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                              "max_position_embeddings")
+        self._check_attention()
         H, Hkv = self.num_attention_heads, self.num_key_value_heads
         if self.head_dim is None:
             if self.hidden_size % H:
@@ -178,6 +180,7 @@ class LlamaConfig(CausalLMConfig):
         """transformers' config.json for this model, with weights of ``torch_dtype``; rotary
         positions both as transformers 5 writes them and as transformers 4 reads them."""
         fields = dataclasses.asdict(self)  # copies: transformers changes the dicts it reads
+        del fields["attention"]  # ours: how we compute it
         rope = dict(self.rope_scaling or {"rope_type": "default"}, rope_theta=self.rope_theta)
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **fields,
                 "rope_parameters": rope,

@@ -66,7 +66,7 @@ cdef class Attention(Module):
     cdef readonly int head_dim
     cdef readonly int head_tile
     cdef readonly Linear q, k, v, c_proj
-    cdef Tensor q_out, k_out, v_out, p, o
+    cdef readonly Module core  # nntile.nn.attention.CoreAttention
     cpdef Tensor forward(self, Tensor x)
     cpdef backward(self, Tensor dy, Tensor dx, double beta)
 

@@ -15,7 +15,6 @@ activations between GEMMs. Under bf16-mixed the ops that join the two (a bf16 br
 to the fp32 stream, a layer norm writing bf16, GEMMs accumulating into fp32 gradients) run
 kernels with bf16 data and fp32 accumulators.
 """
-import math
 
 import numpy as np
 
@@ -367,14 +366,18 @@ cdef class Embedding(Module):
 
 
 cdef class Attention(Module):
-    """Causal multi-head self-attention, heads tiled ``tiles['head']`` per tile.
+    """Causal multi-head self-attention, heads tiled ``tiles['head']`` per tile: the
+    projections q, k, v and c_proj around the attention core (nntile.nn.attention), fused or
+    not (``fused``).
 
-    Queries, keys and values are [batch, seq, heads, head_dim]; scores [batch, heads, seq, seq].
-    transformers' fused c_attn is kept as three projections (q, k, v) so that heads can be
-    tiled; conversion splits and joins the weight.
+    Queries, keys and values are [batch, seq, heads, head_dim]. transformers' fused c_attn is
+    kept as three projections (q, k, v) so that heads can be tiled; conversion splits and
+    joins the weight.
     """
 
-    def __init__(self, int n_embd, int n_head, dict tiles, str dtype):
+    def __init__(self, int n_embd, int n_head, dict tiles, str dtype, bint fused=True):
+        # imported here: nntile.nn.attention cimports this module
+        from nntile.nn.attention import CoreAttention
         super().__init__(dtype)
         self.n_head = n_head
         self.head_dim = n_embd // n_head
@@ -384,55 +387,30 @@ cdef class Attention(Module):
         self.q = self.add_child("q", Linear((n_embd,), (e,), heads, (h, d), dtype))
         self.k = self.add_child("k", Linear((n_embd,), (e,), heads, (h, d), dtype))
         self.v = self.add_child("v", Linear((n_embd,), (e,), heads, (h, d), dtype))
+        self.core = self.add_child("core", CoreAttention(n_head, n_head, d, h, dtype, fused))
         self.c_proj = self.add_child("c_proj", Linear(heads, (h, d), (n_embd,), (e,), dtype,
                                                       residual=True))
 
     def declare(self, tuple lead, tuple tiles):
-        """Forward keeps the probabilities p, their softmax statistics and o = p @ v; backward
-        needs the gradients of o, p, q, k and v and the row sums of p * dp."""
-        cdef int B = lead[0], T = lead[1], bt = tiles[0], tt = tiles[1]
-        cdef int H = self.n_head, D = self.head_dim, h = self.head_tile
-        cdef tuple heads = lead + (H, D), heads_tiles = tiles + (h, D)
-        cdef tuple scores = (B, H, T, T), scores_tiles = (bt, h, tt, tt)
-        return [self.buffer_spec("p", scores, scores_tiles),
-                self.buffer_spec("stats", scores[:3] + (2,), scores_tiles[:3] + (2,),
-                                 self.master),
-                self.buffer_spec("o", heads, heads_tiles),
-                self.scratch_spec("attn.do", heads, heads_tiles),
-                self.scratch_spec("attn.dp", scores, scores_tiles),
-                self.scratch_spec("attn.dv", heads, heads_tiles),
-                self.scratch_spec("attn.sums", scores[:3], scores_tiles[:3], self.master),
-                self.scratch_spec("attn.dq", heads, heads_tiles),
-                self.scratch_spec("attn.dk", heads, heads_tiles)]
+        """Backward needs the gradients of o, q, k and v."""
+        cdef tuple heads = lead + (self.n_head, self.head_dim)
+        cdef tuple heads_tiles = tiles + (self.head_tile, self.head_dim)
+        return [self.scratch_spec(name, heads, heads_tiles)
+                for name in ("attn.do", "attn.dq", "attn.dk", "attn.dv")]
 
     cpdef Tensor forward(self, Tensor x):
-        cdef dict buffers = self.buffers(x)
-        cdef Tensor q = self.q.forward(x)
-        cdef Tensor k = self.k.forward(x)
-        cdef Tensor v = self.v.forward(x)
-        cdef Tensor p = buffers["p"], stats = buffers["stats"], o = buffers["o"]
-        ops.attn_qk(1.0 / math.sqrt(self.head_dim), q, k, p)
-        ops.mask_causal(p)
-        ops.maxsumexp(p, stats, 3)
-        ops.softmax_inplace(stats, p, 3)
-        ops.attn_pv(1.0, p, v, o)
-        self.q_out, self.k_out, self.v_out, self.p, self.o = q, k, v, p, o
+        self.buffers(x)  # none, but backward's scratch follows this input's shape
+        cdef Tensor o = self.core.forward(self.q.forward(x), self.k.forward(x),
+                                          self.v.forward(x))
         return self.c_proj.forward(o)
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         """dx (master dtype) = gradient of the input + beta*dx, from dy (master dtype)."""
-        cdef Tensor q = self.q_out, k = self.k_out, v = self.v_out, p = self.p
         cdef dict scratch = self.scratch()
-        cdef Tensor do = scratch["attn.do"], dp = scratch["attn.dp"], dv = scratch["attn.dv"]
-        cdef Tensor sums = scratch["attn.sums"], dq = scratch["attn.dq"], dk = scratch["attn.dk"]
+        cdef Tensor do = scratch["attn.do"], dq = scratch["attn.dq"]
+        cdef Tensor dk = scratch["attn.dk"], dv = scratch["attn.dv"]
         self.c_proj.backward(dy, do)
-        # tiles above the diagonal hold zero probabilities: their gradient is never needed
-        ops.attn_qk(1.0, do, v, dp, masked_value=0.0)
-        ops.attn_ptv(1.0, p, do, dv)
-        ops.sumprod_slice(1.0, p, dp, 0.0, sums, 3)
-        ops.softmax_backward(1.0 / math.sqrt(self.head_dim), p, sums, dp, 3)
-        ops.attn_pv(1.0, dp, k, dq)
-        ops.attn_ptv(1.0, dp, q, dk)
+        self.core.backward(do, dq, dk, dv)
         self.q.backward(dq, dx, beta)
         self.k.backward(dk, dx, 1.0)
         self.v.backward(dv, dx, 1.0)
@@ -480,7 +458,8 @@ cdef class Block(Module):
         cdef int E = config.n_embd
         eps = config.layer_norm_epsilon
         self.ln_1 = self.add_child("ln_1", LayerNorm(E, tiles["embd"], eps, dtype))
-        self.attn = self.add_child("attn", Attention(E, config.n_head, tiles, dtype))
+        self.attn = self.add_child("attn", Attention(E, config.n_head, tiles, dtype,
+                                                     config.attention == "fused"))
         self.ln_2 = self.add_child("ln_2", LayerNorm(E, tiles["embd"], eps, dtype))
         self.mlp = self.add_child("mlp", MLP(E, config.inner, tiles, dtype))
 

@@ -41,6 +41,9 @@ def args_structs(path=KERNELS_H):
     for act in activations(path):
         structs.update((name.replace("##act##", act), fields)
                        for name, fields in act_structs.items())
+    # an op whose args are another struct: #define nntile_<op>_args nntile_<other>_args
+    for op, other in re.findall(r"^#define nntile_(\w+)_args nntile_(\w+)_args", text, re.M):
+        structs[op] = structs[other]
     return structs
 
 

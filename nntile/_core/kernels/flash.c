@@ -1,0 +1,3 @@
+/* flash_forward, flash_backward (fused attention, see kernels.h) */
+#define NNTILE_KERNEL_BODY "flash.inc"
+#include "instantiate.h"
