@@ -102,6 +102,30 @@ struct nntile_sgd_step_args {
 /* adam_step_refresh (adam_step that also writes the bf16 copy of the
  * parameter) takes adam_step's args. */
 #define nntile_adam_step_refresh_args nntile_adam_step_args
+/* Fused attention (flash attention) of one tile of queries against one tile
+ * of keys, for one (batch tile, head tile, query tile, key tile); only the
+ * output and each row's log-sum-exp are kept, backward recomputes the
+ * probabilities. Activations are [batch, seq, heads, head_dim] tiles with the
+ * head dimension whole; k and v have hkv heads, query head h reading kv head
+ * h / (hq / hkv) (grouped-query attention, K/V never repeated). lse is
+ * [batch, tq, hq] in the accumulator dtype: the natural log of the sum of
+ * exp of the row's scaled, masked scores. A row whose keys are all masked in
+ * a tile gets nothing from it: in a first tile its lse is -inf and o is 0. */
+struct nntile_flash_args {
+    int64_t batch, tq, tk, hq, hkv, d; /* tile extents: q, o, dq [batch, tq, hq, d];
+                                          k, v, dk, dv [batch, tk, hkv, d]; lse [batch, tq, hq] */
+    int64_t q_offset, k_offset;        /* sequence positions of the tiles' first rows */
+    int64_t causal;                    /* 1: key position > query position is masked */
+    int64_t accumulate;                /* forward: 0 = the first key tile of these queries
+                                          (o and lse are written), 1 = merge this key tile's
+                                          result into o and lse (online-softmax merge, o kept
+                                          normalised);
+                                          backward: bit 0 set = dq accumulates (+=), else is
+                                          written; bit 1 set = dk and dv accumulate */
+    double scale;                      /* the scores are scale * q.k */
+};
+#define nntile_flash_forward_args nntile_flash_args
+#define nntile_flash_backward_args nntile_flash_args
 
 /* ---- the op table ----
  * One line per op: X(op, nbuf, columns), with X_OPT for an op whose last
@@ -137,7 +161,8 @@ struct nntile_sgd_step_args {
     X(layernorm_backward_reduce, 7, PLAIN) X(layernorm_backward, 6, PLAIN) \
     X_BLAS(gemm, 3, MIXED) X(sumsq, 2, PLAIN) X_OPT(adam_step, 4, PLAIN) \
     X_OPT(sgd_step, 3, PLAIN) X(cast, 2, MIXED_ONLY) \
-    X_OPT(adam_step_refresh, 5, MIXED_ONLY)
+    X_OPT(adam_step_refresh, 5, MIXED_ONLY) X(flash_forward, 5, MIXED) \
+    X(flash_backward, 9, MIXED)
 
 /* NNTILE_IF_PLAIN(columns, ...) is what follows columns where the op has the
  * plain dtypes' kernels, and nothing otherwise; NNTILE_IF_MIXED the same for
@@ -217,6 +242,12 @@ struct nntile_sgd_step_args {
     P(const ACC *, normsq)
 #define NNTILE_BUFFERS_sgd_step(P, T, ACC) \
     P(ACC *, p) P(const ACC *, g) P(ACC *, buf) P(const ACC *, normsq)
+#define NNTILE_BUFFERS_flash_forward(P, T, ACC) \
+    P(const T *, q) P(const T *, k) P(const T *, v) P(T *, o) P(ACC *, lse)
+/* delta = rowsum(dout * o) is computed by the kernel; lse is forward's. */
+#define NNTILE_BUFFERS_flash_backward(P, T, ACC) \
+    P(const T *, q) P(const T *, k) P(const T *, v) P(const T *, o) \
+    P(const T *, dout) P(const ACC *, lse) P(T *, dq) P(T *, dk) P(T *, dv)
 
 /* ---- prototypes ----
  * void nntile_kernel_<op>_<S>(const struct nntile_<op>_args *args, <buffers>)
