@@ -1,6 +1,7 @@
 """Fused attention, the op alone, on one GPU: forward and forward + backward TFLOP/s of
-nntile's kernels (bf16 through cuDNN's SDPA, our bf16 and TF32 tensor-core kernels) beside
-PyTorch's scaled_dot_product_attention (bf16, and fp32 with TF32 allowed), causal.
+nntile's kernels (bf16 through cuDNN's SDPA, our bf16 and TF32 tensor-core kernels, and at
+the shortest sequence the plain fp32 ones) beside PyTorch's scaled_dot_product_attention
+(bf16, and fp32 with TF32 allowed), causal.
 
     python3 bench/attention_op.py [--dims 64,128] [--seqs 2048,4096,8192,16384]
 
@@ -34,8 +35,12 @@ from harness import RESULT_PREFIX  # noqa: E402
 OURS = [("cudnn-bf16", "bf16_fp32", torch.bfloat16, torch.float32),
         ("ours-bf16", "bf16", torch.bfloat16, torch.bfloat16),
         ("ours-tf32", "tf32", torch.float32, torch.float32)]
+# the fp32 column (plain kernels, no tensor cores) at the shortest sequence only: it is slow
+PLAIN = ("ours-fp32", "fp32", torch.float32, torch.float32)
+PLAIN_MAX_SEQ = 2048
 TORCH = [("torch-bf16", torch.bfloat16), ("torch-tf32", torch.float32)]
-BASELINE = {"cudnn-bf16": "torch-bf16", "ours-bf16": "torch-bf16", "ours-tf32": "torch-tf32"}
+BASELINE = {"cudnn-bf16": "torch-bf16", "ours-bf16": "torch-bf16", "ours-tf32": "torch-tf32",
+            "ours-fp32": "torch-tf32"}
 
 
 def flash_args_type():
@@ -192,8 +197,9 @@ def main():
             flops_fwd = 4 * b * h * t * t * d / 2
             q, k, v, do = (torch.randn((b, t, h, d), device="cuda", generator=g)
                            for _ in range(4))
+            ours = OURS + ([PLAIN] if t <= PLAIN_MAX_SEQ else [])
             impls = {name: Ours(lib, args_type, col, dt, ldt, q, k, v, do)
-                     for name, col, dt, ldt in OURS}
+                     for name, col, dt, ldt in ours}
             impls.update({name: Torch(dt, q, k, v, do) for name, dt in TORCH})
             outputs = {}
             for name, impl in impls.items():
@@ -220,7 +226,7 @@ def main():
     counts = cudnn_counts(lib)
     print(f"\ncuDNN ran {counts[0]} forward and {counts[1]} backward calls; nntile's "
           f"kernels ran {counts[2]} and {counts[3]} of the bf16_fp32 column")
-    names = [n for n, *_ in OURS] + [n for n, _ in TORCH]
+    names = [n for n, *_ in OURS] + [n for n, _ in TORCH] + [PLAIN[0]]
     print("\nTFLOP/s, causal, forward / forward+backward (batch*seq = 16384, heads*d = 2048)")
     print(f"{'d':>4} {'seq':>6}  " + "  ".join(f"{n:>17}" for n in names))
     for d in sorted({r["head_dim"] for r in rows}):
@@ -228,7 +234,7 @@ def main():
             cells = {r["impl"]: r for r in rows if r["head_dim"] == d and r["seq"] == t}
             print(f"{d:>4} {t:>6}  " + "  ".join(
                 f"{cells[n]['fwd_tflops']:>8.1f}/{cells[n]['fwd_bwd_tflops']:<8.1f}"
-                for n in names))
+                if n in cells else f"{'-':>17}" for n in names))
 
 
 if __name__ == "__main__":

@@ -51,18 +51,38 @@ __device__ void plain_load(C *dst, int ldd, const T *src, int64_t stride,
 
 /* Cm[m][n] (+)= sum_k A(m, k) B(k, n) over the block, for m < M, n < N:
  * A(m, k) = A[m * am + k * ak], B(k, n) = B[k * bk + n * bn] (strides make
- * the transposes), Cm row stride ldc. */
+ * the transposes), Cm row stride ldc.  A thread computes 2 x 2 outputs, so
+ * that each value it reads from shared memory serves two products (rows or
+ * columns past the edge read the last one again and are not stored). */
 template <typename C>
 __device__ void block_gemm(int M, int N, int K, const C *A, int am, int ak,
                            const C *B, int bk, int bn, C *Cm, int ldc,
                            bool accumulate)
 {
-    for (int i = threadIdx.x; i < M * N; i += blockDim.x) {
-        const int m = i / N, n = i - m * N;
-        C s = 0;
-        for (int k = 0; k < K; ++k)
-            s += A[m * am + k * ak] * B[k * bk + n * bn];
-        Cm[m * ldc + n] = accumulate ? Cm[m * ldc + n] + s : s;
+    const int tn = (N + 1) / 2, tiles = (M + 1) / 2 * tn;
+    for (int i = threadIdx.x; i < tiles; i += blockDim.x) {
+        const int m = i / tn * 2, n = i % tn * 2;
+        const bool m2 = m + 1 < M, n2 = n + 1 < N;
+        const C *a0 = A + m * am, *a1 = A + (m2 ? m + 1 : m) * am;
+        const C *b0 = B + n * bn, *b1 = B + (n2 ? n + 1 : n) * bn;
+        C s00 = 0, s01 = 0, s10 = 0, s11 = 0;
+        for (int k = 0; k < K; ++k) {
+            const C x0 = a0[k * ak], x1 = a1[k * ak];
+            const C y0 = b0[k * bk], y1 = b1[k * bk];
+            s00 += x0 * y0;
+            s01 += x0 * y1;
+            s10 += x1 * y0;
+            s11 += x1 * y1;
+        }
+        C *c0 = Cm + m * ldc + n, *c1 = c0 + ldc;
+        c0[0] = accumulate ? c0[0] + s00 : s00;
+        if (n2)
+            c0[1] = accumulate ? c0[1] + s01 : s01;
+        if (m2) {
+            c1[0] = accumulate ? c1[0] + s10 : s10;
+            if (n2)
+                c1[1] = accumulate ? c1[1] + s11 : s11;
+        }
     }
 }
 
