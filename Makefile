@@ -48,6 +48,7 @@ starpu: deps
 install: starpu
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	$(PIP) install -q setuptools wheel Cython numpy
+	PYTHON=$(PYTHON) NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) scripts/cuda_deps.sh
 	NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) $(PIP) install -q --no-build-isolation -e ".[test]"
 
 # everything setup.py generates or builds (.gitignore lists the same files)

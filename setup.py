@@ -2,7 +2,10 @@
 
 Environment:
   NNTILE_STARPU_PREFIX  StarPU install prefix (else pkg-config's search path)
-  NNTILE_CUDA           auto|0|1: compile nntile/cuda/*.cu with nvcc and link cuBLAS
+  NNTILE_CUDA           auto|0|1: compile nntile/cuda/*.cu and *.cpp with nvcc, link cuBLAS and
+                        cuDNN (nntile/cuda/find_cudnn.py says where cuDNN, the cudnn-frontend
+                        headers and NVRTC are looked for: CUDNN_HOME, CUDNN_INCLUDE, CUDNN_LIB,
+                        CUDNN_FRONTEND_INCLUDE)
   NNTILE_MARCH          value of -march for the C kernels (default: native)
   NNTILE_MPI            auto|0|1: link StarPU-MPI (needs StarPU built with MPI, and mpicc)
 """
@@ -20,6 +23,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CU_SOURCES = {}  # extension name -> CUDA sources compiled by nvcc
+CUDNN_COMPILE = []  # nvcc flags of the cuDNN headers (cudnn_attention.cpp)
 
 
 def fail(message):
@@ -130,9 +134,14 @@ class BuildWithNvcc(build_ext):
                 obj = os.path.join(objdir, os.path.basename(src) + ".o")
                 if (not os.path.exists(obj)
                         or os.path.getmtime(obj) < max(os.path.getmtime(src), newest_header)):
-                    cmd = [os.path.join(home, "bin", "nvcc"), "-c", src, "-o", obj, "-O3",
-                           "-std=c++17", "-Xcompiler", "-fPIC", "-DNNTILE_HAVE_CUDA=1",
-                           *gencode, *include]
+                    # .cpp: host code around the header-only cudnn-frontend, whose templates
+                    # make -O3 slow for nothing; its symbols hidden (cudnn_attention.cpp)
+                    host = src.endswith(".cpp")
+                    cmd = [os.path.join(home, "bin", "nvcc"), "-c", src, "-o", obj,
+                           "-O1" if host else "-O3", "-std=c++17", "-Xcompiler",
+                           "-fPIC,-fvisibility=hidden" if host else "-fPIC",
+                           "-DNNTILE_HAVE_CUDA=1", *gencode, *include,
+                           *(CUDNN_COMPILE if host else [])]
                     print(" ".join(cmd))
                     subprocess.run(cmd, check=True)
                 return obj
@@ -144,16 +153,22 @@ class BuildWithNvcc(build_ext):
         super().build_extension(ext)
 
 
+def load_by_path(name, *path):
+    """A plain-Python module of the tree, loaded by its path (nntile itself is not built yet)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, *path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_cython_headers():
     """kernel_args.pxd and op_enum.pxi, the Cython copies of kernels.h's args structs and op
     table, and activations.pxi, the tensor ops of its activations, written by
     nntile/_core/kernels/kernel_header.py (loaded by its path: nntile itself is not built
     yet)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "nntile_kernel_header", os.path.join(HERE, "nntile", "_core", "kernels", "kernel_header.py"))
-    kernel_header = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernel_header)
+    kernel_header = load_by_path("nntile_kernel_header", "nntile", "_core", "kernels",
+                                 "kernel_header.py")
     kernel_header.write_cython(os.path.join(HERE, "nntile", "_core"))
 
 
@@ -179,9 +194,15 @@ def extensions():
     if cuda:
         home = cuda_home()
         include_dirs.append(os.path.join(home, "include"))
-        link_args += [f"-L{os.path.join(home, 'lib64')}", "-lcudart", "-lcublas", "-lstdc++",
-                      f"-Wl,-rpath,{os.path.join(home, 'lib64')}"]
-        cu_sources = sorted(glob.glob("nntile/cuda/*.cu"))
+        find_cudnn = load_by_path("nntile_find_cudnn", "nntile", "cuda", "find_cudnn.py")
+        try:
+            cudnn_compile, cudnn_link = find_cudnn.build_flags()
+        except find_cudnn.NotFound as err:
+            fail(f"CUDA is on, but {err} (NNTILE_CUDA=0 builds without CUDA)")
+        CUDNN_COMPILE[:] = cudnn_compile
+        link_args += [f"-L{os.path.join(home, 'lib64')}", "-lcudart", "-lcublas", *cudnn_link,
+                      "-lstdc++", f"-Wl,-rpath,{os.path.join(home, 'lib64')}"]
+        cu_sources = sorted(glob.glob("nntile/cuda/*.cu") + glob.glob("nntile/cuda/*.cpp"))
     core = Extension(
         "nntile._core.core",
         sources=["nntile/_core/core.pyx", *c_sources],

@@ -2,7 +2,7 @@
 # Compares the CUDA kernels of the work tree with those of a git revision, on a machine
 # without a GPU (nvcc is enough):
 #   scripts/cuda_symbols.sh [REV]        (REV: default HEAD)
-# Compiles every nntile/cuda/*.cu of both with nvcc as setup.py does (for sm_90 unless
+# Compiles every nntile/cuda/*.cu (and *.cpp) of both with nvcc as setup.py does (for sm_90 unless
 # NNTILE_CUDA_ARCHS says otherwise), links each side into a shared library, then compares
 #   1. the exported symbols (nm -D): they must be the same, or the script exits 1;
 #   2. where cuobjdump is found, the machine code (SASS) of every kernel, names aside: it
@@ -26,6 +26,16 @@ home="$(dirname "$(dirname "$(realpath "$(command -v "$nvcc")")")")"
 flags=(-O3 -std=c++17 -Xcompiler -fPIC -DNNTILE_HAVE_CUDA=1 "-I$home/include")
 for a in ${archs//;/ }; do flags+=("-gencode=arch=compute_$a,code=sm_$a"); done
 [ -n "${CUBLAS_INCLUDE:-}" ] && flags+=("-I$CUBLAS_INCLUDE")
+# host files (*.cpp: cuDNN's attention) need cuDNN, its frontend and NVRTC headers; without
+# them they are left out of both sides, with their exported symbols
+if host_flags="$(python3 nntile/cuda/find_cudnn.py)"; then
+    read -ra host_flags <<< "$host_flags"
+    host_flags=(-O1 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden "-I$home/include"
+                "${host_flags[@]}")
+else
+    echo "host files (nntile/cuda/*.cpp): left out"
+    host_flags=()
+fi
 
 build() {  # build SIDE TREE: nntile/cuda of TREE -> $work/SIDE/libnntile_cuda.so
     local side="$1" tree="$2"
@@ -33,6 +43,12 @@ build() {  # build SIDE TREE: nntile/cuda of TREE -> $work/SIDE/libnntile_cuda.s
     printf '%s\n' "$tree"/nntile/cuda/*.cu | xargs -P "$jobs" -I{} sh -c \
         'f="$1"; shift; exec "$@" -I"$(dirname "$f")/../_core" -c "$f" -o "'"$work/$side"'/$(basename "$f").o"' \
         _ {} "$nvcc" "${flags[@]}"
+    if [ ${#host_flags[@]} -gt 0 ]; then
+        for f in "$tree"/nntile/cuda/*.cpp; do
+            [ -e "$f" ] && "$nvcc" "${host_flags[@]}" -I"$tree/nntile/_core" -c "$f" \
+                -o "$work/$side/$(basename "$f").o"
+        done
+    fi
     "$nvcc" -shared -cudart none -o "$work/$side/libnntile_cuda.so" "$work/$side"/*.o
     nm -D --defined-only "$work/$side/libnntile_cuda.so" | awk '$2 == "T" {print $3}' \
         | sort > "$work/$side/symbols.txt"

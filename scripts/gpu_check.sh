@@ -6,6 +6,8 @@
 # then prints a summary. Logs go to $NNTILE_GPU_LOGS (default build/gpu-check).
 # Arguments pick steps (default: build kernels model train bench):
 #   build kernels model train bench    the single-GPU checks
+#   attention  the fused-attention kernels: tests/cuda/test_flash.py, then bench/attention_op.py
+#              (cuDNN, ours and PyTorch's SDPA, bf16 and TF32, head dims 64 and 128)
 #   multigpu   wide GPT-2 n_embd $NNTILE_WIDE_EMBD (8192) on 1 GPU, then on every GPU in one process
 #   wide-1gpu  only the first of those (the baseline of the mpi step)
 #   mpi-small  a small model under mpirun, one rank per GPU (default pml; ob1 if that fails)
@@ -94,6 +96,11 @@ want model && step gpu-model python3 -m pytest -q -s -p no:cacheprovider tests/t
 want train && step gpu-train python3 -m nntile.train --ncuda 1 --ncpu 1 --steps 300 \
     --batch-size 16 --eval-every 100 --no-progress --overwrite --out build/gpu-train
 want bench && step gpu-bench python3 -m pytest -q -s -p no:cacheprovider bench/test_gpt2_gpu.py --benchmark-only
+if want attention; then
+    step attention-tests python3 -m pytest -q -p no:cacheprovider tests/cuda/test_flash.py
+    step attention-bench python3 bench/attention_op.py
+    sed -n '/^cuDNN workspace/p; /^cuDNN ran/,$p' "$logs/attention-bench.log"
+fi
 ngpu=$(nvidia-smi -L | wc -l)
 wide_embd="${NNTILE_WIDE_EMBD:-8192}"
 # batch 4 x 1024, two batch tiles (one per data-parallel rank), 4096-wide weight tiles

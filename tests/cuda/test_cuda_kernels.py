@@ -12,8 +12,10 @@ inputs).  Destinations documented as not read (beta == 0, init) are
 NaN-poisoned.
 
 Skipped cleanly without nvcc, cupy or a CUDA device.  Needs only numpy,
-cupy, nvcc and cuBLAS (no torch, no hypothesis).  Environment overrides:
-NVCC, NNTILE_CUDA_ARCH (e.g. 90), CUBLAS_INCLUDE, CUBLAS_LIB (a directory).
+cupy, nvcc, cuBLAS and cuDNN with the cudnn-frontend headers (no torch, no
+hypothesis).  Environment overrides: NVCC, NNTILE_CUDA_ARCH (e.g. 90),
+CUBLAS_INCLUDE, CUBLAS_LIB (a directory), and those of
+nntile/cuda/find_cudnn.py.  test_flash.py shares the library (shared_env).
 """
 import ctypes
 import glob
@@ -153,6 +155,16 @@ def _arch():
     return cp.cuda.Device().compute_capability  # e.g. "90"
 
 
+def _find_cudnn():
+    """nntile/cuda/find_cudnn.py, loaded by its path (as setup.py does)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("nntile_find_cudnn",
+                                                  os.path.join(CUDA_DIR, "find_cudnn.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _build_cuda(tmp):
     nvcc = _find_nvcc()
     if nvcc is None:
@@ -160,16 +172,26 @@ def _build_cuda(tmp):
     inc, libdir, libname = _cublas_dirs(nvcc)
     if inc is None or libdir is None:
         pytest.skip(f"cuBLAS not found (include {inc}, lib {libdir})")
+    find_cudnn = _find_cudnn()
+    try:
+        cudnn_compile, cudnn_link = find_cudnn.build_flags()
+    except find_cudnn.NotFound as err:
+        pytest.skip(str(err))
     arch = _arch()
-    flags = ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-             "-Xcompiler", "-fPIC,-Wall,-Wextra", "-I", KERNEL_DIR,
-             "-I", os.path.join(ROOT, "nntile", "_core"), "-I", inc]
-    srcs = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")))
+    flags = ["-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+             "-I", KERNEL_DIR, "-I", os.path.join(ROOT, "nntile", "_core"), "-I", inc]
+    srcs = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu"))
+                  + glob.glob(os.path.join(CUDA_DIR, "*.cpp")))
     assert srcs, "no .cu files"
-    objs = [os.path.join(tmp, os.path.basename(s)[:-3] + ".o") for s in srcs]
+    objs = [os.path.join(tmp, os.path.basename(s) + ".o") for s in srcs]
 
     def compile_one(so):
-        return _run([nvcc, *flags, "-c", so[0], "-o", so[1]])
+        if so[0].endswith(".cpp"):  # host code around cudnn-frontend, as setup.py builds it
+            extra = ["-O1", "-Xcompiler", "-fPIC,-Wall,-Wextra,-fvisibility=hidden",
+                     *cudnn_compile]
+        else:
+            extra = ["-O3", "-Xcompiler", "-fPIC,-Wall,-Wextra"]
+        return _run([nvcc, *flags, *extra, "-c", so[0], "-o", so[1]])
 
     with ThreadPoolExecutor(max_workers=min(len(srcs), os.cpu_count() or 4)) as ex:
         results = list(ex.map(compile_one, zip(srcs, objs)))
@@ -179,8 +201,11 @@ def _build_cuda(tmp):
         logs += log
     out = os.path.join(tmp, "libnntile_cuda_test.so")
     link = "-lcublas" if libname == "libcublas.so" else f"-l:{libname}"
+    nvcc_link = []  # find_cudnn's gcc flags, as nvcc takes them
+    for f in cudnn_link:
+        nvcc_link += ["-Xlinker", f[4:]] if f.startswith("-Wl,") else [f]
     rc, log = _run([nvcc, "-shared", "-o", out, *objs, "-L", libdir, link,
-                    "-Xlinker", f"-rpath,{libdir}"])
+                    "-Xlinker", f"-rpath,{libdir}", *nvcc_link])
     assert rc == 0, f"link failed:\n{log}"
     lib = ctypes.CDLL(out)
     # the very cuBLAS library the kernels use (matched by soname)
@@ -268,12 +293,19 @@ class Env:
         destroy(self.handle)
 
 
+_SHARED = {}
+
+
+def shared_env(tmp_path_factory):
+    """The one Env of the session (built on first use), for this file and test_flash.py."""
+    if "env" not in _SHARED:
+        _SHARED["env"] = Env(str(tmp_path_factory.mktemp("nntile_cuda")))
+    return _SHARED["env"]
+
+
 @pytest.fixture(scope="session")
 def env(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("nntile_cuda"))
-    e = Env(tmp)
-    yield e
-    e.close()
+    return shared_env(tmp_path_factory)
 
 
 # ---------------------------------------------------------------- helpers

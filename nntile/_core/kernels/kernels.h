@@ -186,8 +186,8 @@ struct nntile_flash_args {
     X(swiglu_forward, 3, PLAIN) X(swiglu_backward, 5, PLAIN) \
     X_BLAS(gemm, 3, MIXED) X(sumsq, 2, PLAIN) X_OPT(adam_step, 4, PLAIN) \
     X_OPT(sgd_step, 3, PLAIN) X(cast, 2, MIXED_ONLY) \
-    X_OPT(adam_step_refresh, 5, MIXED_ONLY) X(flash_forward, 5, MIXED) \
-    X(flash_backward, 9, MIXED)
+    X_OPT(adam_step_refresh, 5, MIXED_ONLY) X_TF32(flash_forward, 5, MIXED) \
+    X_TF32(flash_backward, 9, MIXED)
 
 /* An activation's two ops, as entries of the table. */
 #define NNTILE_ACT_OPS(X, act, columns) \
@@ -309,8 +309,8 @@ NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
 /* o and lse are written by a query tile's first key tile, merged into after it */
 #define NNTILE_BUFFERS_flash_forward(P, W, T, ACC) \
     P(const T *, q) P(const T *, k) P(const T *, v) W(T *, o) W(ACC *, lse)
-/* delta = rowsum(dout * o) is computed by the kernel; lse is forward's. A task that
- * accumulates into any of dq, dk and dv reads all three (args.accumulate says which). */
+/* delta = rowsum(dout * o) is computed by the kernel; lse is forward's. dq is written by
+ * its queries' first key tile, dk and dv by their keys' first query tile (args.accumulate). */
 #define NNTILE_BUFFERS_flash_backward(P, W, T, ACC) \
     P(const T *, q) P(const T *, k) P(const T *, v) P(const T *, o) \
     P(const T *, dout) P(const ACC *, lse) W(T *, dq) W(T *, dk) W(T *, dv)
