@@ -15,6 +15,10 @@ backward recomputes the scores; that work is not counted). CUDA events, warm-up,
 repeats. Each case checks its outputs against PyTorch's (err_vs_torch: largest difference
 over the largest magnitude, o and dq). One RESULT line per case and a table at the end; first,
 GPT-2 124M's shape (batch 8 x 1024, 12 heads of 64) prints the cuDNN workspace it takes."""
+import os
+
+# cuDNN's path is opt-in in training (cudnn_attention.cpp); here it is what is measured
+os.environ.setdefault("NNTILE_CUDNN_ATTENTION", "1")
 import argparse
 import ctypes
 import json

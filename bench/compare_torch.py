@@ -59,6 +59,8 @@ def parse_args(argv):
     p.add_argument("--ncpu", type=int)
     p.add_argument("--ncuda", type=int)
     p.add_argument("--sched")
+    p.add_argument("--attention", default="fused", choices=("fused", "unfused"),
+                   help="ours: fused (flash) attention, or the unfused reference")
     for key in TILE_KEYS:
         p.add_argument(f"--tile-{key}", type=int)
     p.add_argument("--plot-data", help="append the two records to this JSON list")
@@ -149,7 +151,7 @@ def main(argv=None):
     warmup = args.warmup if args.warmup is not None else (3 if gpu else 1)
     config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq),
                         n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
-                        tie_word_embeddings=False)
+                        tie_word_embeddings=False, attention=args.attention)
     tiling = {k: getattr(args, f"tile_{k}") for k in TILE_KEYS if getattr(args, f"tile_{k}")}
     nparams = config.num_parameters()
     tokens = args.batch * args.seq

@@ -64,9 +64,12 @@ std::atomic<int64_t> counts[4]; /* forward, backward on cuDNN; fell back */
 
 bool cudnn_enabled()
 {
+    /* opt-in: on an H100 the cuDNN path ran in a single thread (tests/cuda,
+     * bench/attention_op.py) but training steps under StarPU with it ended in a
+     * segmentation fault (docs/performance.md, "Fused attention on the GPU") */
     static const bool on = [] {
         const char *e = std::getenv("NNTILE_CUDNN_ATTENTION");
-        return !(e && std::strcmp(e, "0") == 0);
+        return e && std::strcmp(e, "1") == 0;
     }();
     return on;
 }
@@ -108,6 +111,7 @@ struct DeviceState {
     {
         /* at thread exit (StarPU's shutdown, or the process's end, before
          * the CUDA runtime's own teardown); failures cannot be acted on */
+        plans.clear(); /* the graphs' descriptors before the handle they use */
         if (buffer)
             (void)cudaFree(buffer);
         if (handle)
