@@ -1,6 +1,7 @@
 """What the command-line programs share: one-line errors with exit code 2, the model and
 tiling flags, and the StarPU flags."""
 import argparse
+import math
 import os
 import sys
 import time
@@ -20,6 +21,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise CLIError(message)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help that shows each option's default, where it has one to show (and its help
+    does not say it already)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        shown = not (action.default is None or action.default is False
+                     or action.default in ("", argparse.SUPPRESS))
+        if shown and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
 
 
 def run_cli(func, argv=None, prog="nntile"):
@@ -88,6 +102,43 @@ def _int_at_least(minimum):
 
 positive_int = _int_at_least(1)
 nonneg_int = _int_at_least(0)
+
+
+def _float_where(ok, what):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and ok(value)):
+            raise argparse.ArgumentTypeError(f"{text} must be {what}")
+        return value
+    return parse
+
+
+positive_float = _float_where(lambda v: v > 0, "a positive number")
+nonneg_float = _float_where(lambda v: v >= 0, "a number >= 0")
+probability = _float_where(lambda v: 0 < v <= 1, "a probability in (0, 1]")
+
+
+def output_file(example="out.h5"):
+    """An argparse type: the name of a file to write, in a directory that exists. A directory
+    is refused: it says where to write, not what (``example`` names a file in it)."""
+    def parse(text):
+        if os.path.isdir(text):
+            raise argparse.ArgumentTypeError(
+                f"{text} is a directory: name the file to write, e.g. "
+                f"{os.path.join(text, example)}")
+        parent = os.path.dirname(os.path.abspath(text))
+        if not os.path.isdir(parent):
+            raise argparse.ArgumentTypeError(f"directory {parent} of {text} does not exist")
+        return text
+    return parse
+
+
+def add_verbose_arg(parser):
+    parser.add_argument("-v", "--verbose", action="store_true", help="say more: StarPU's "
+                        "workers, the cores of its threads and every runtime setting")
 
 
 def add_tiling_args(parser):

@@ -638,7 +638,9 @@ def live_tensors():
     """Every registered nntile Tensor of this process (found through the garbage collector)."""
     import gc
     from nntile import Tensor
-    return [o for o in gc.get_objects() if isinstance(o, Tensor) and o.is_registered]
+    # type(), not isinstance(): isinstance reads __class__, and some objects warn on that
+    # (torch.distributed.reduce_op: a FutureWarning)
+    return [o for o in gc.get_objects() if issubclass(type(o), Tensor) and o.is_registered]
 
 
 def tensor_bytes(tensor):

@@ -8,7 +8,6 @@ Flags left out fall back, in order, to the checkpoint being resumed and then to 
 Ctrl-C or SIGTERM ends the current step, saves a checkpoint and exits with 130 or 143; a second
 signal abandons the step (the checkpoint then holds the step before).
 """
-import argparse
 import contextlib
 import json
 import math
@@ -22,38 +21,22 @@ import time
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_dtype, launcher_rank, model_tiling, nonneg_int,
-                               positive_int, resolve_distribution, resolve_tiling, run_cli,
-                               start_context, tiling_from_args)
+                               add_verbose_arg, check_dtype, launcher_rank, model_tiling,
+                               nonneg_float, nonneg_int, positive_float, positive_int,
+                               resolve_distribution, resolve_tiling, run_cli, start_context,
+                               tiling_from_args)
+from nntile.data import EVAL_BATCHES
+from nntile.events import EventWriter, event_files
 
 MODEL_DEFAULTS = dict(n_layer=4, n_head=4, n_embd=128, seq_len=128)
 TRAIN_DEFAULTS = dict(batch_size=8, grad_accum=1, steps=1500, lr=2e-3, min_lr=2e-4, warmup=100,
                       weight_decay=0.01, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0,
-                      eval_every=250, eval_batches=4, save_every=500, keep=3, seed=1337)
+                      eval_every=250, eval_batches=EVAL_BATCHES, save_every=500, keep=3,
+                      seed=1337)
 # Tiles of the default run: two batch tiles keep two CPU workers busy.
 DEFAULT_TILES = dict(batch=4)
 CONFIG_FLAGS = ("n_layer", "n_head", "n_embd", "vocab_size")
 METRICS = "metrics.jsonl"
-
-
-def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
-
-
-def nonneg_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} must be a number >= 0")
-    return value
 
 
 def build_parser():
@@ -86,7 +69,8 @@ def build_parser():
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-every", type=nonneg_int, help="validation every N steps, 0: only "
                    "at the end (250)")
-    g.add_argument("--eval-batches", type=positive_int, help="validation batches (4)")
+    g.add_argument("--eval-batches", type=positive_int, help="validation batches (the same "
+                   f"windows as nntile-eval's; {EVAL_BATCHES})")
     g = p.add_argument_group("data and checkpoints")
     g.add_argument("--data", help="directory with train.bin and val.bin (uint16, nanoGPT); "
                    "default: the running Python's standard library, byte-level")
@@ -101,7 +85,9 @@ def build_parser():
     g.add_argument("--overwrite", action="store_true", help="start afresh in an --out that "
                    "holds checkpoints (deleting them); with --resume of an earlier checkpoint, "
                    "delete the later ones instead of keeping them aside")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar (nor, without "
+                   "a terminal, the progress lines that replace it)")
+    add_verbose_arg(p)
     add_runtime_args(p)
     return p
 
@@ -193,6 +179,16 @@ def resolve(args):
         setattr(s, key, value)
     if s.steps < 1:
         raise CLIError(f"--steps {s.steps} must be >= 1")
+    s.complete = None  # a resumed run with nothing left to train: what to say instead
+    if s.ckpt is not None and s.ckpt.step >= s.steps:
+        where = "past" if s.ckpt.step > s.steps else "the end of"
+        given = "" if _given(args, "steps") else " (the checkpoint's)"
+        s.complete = (f"{s.ckpt.path} is at step {s.ckpt.step}, {where} --steps {s.steps}"
+                      f"{given}: nothing to train. To go on, pass a larger --steps, e.g. "
+                      f"--steps {2 * s.ckpt.step} (the learning rate then decays over the "
+                      "new total)")
+        if s.ckpt.step > s.steps:  # asked for less than is done: an error
+            raise CLIError(s.complete)
     if s.min_lr > s.lr:
         raise CLIError(f"--min-lr {s.min_lr} is larger than --lr {s.lr}")
     if s.warmup > s.steps:
@@ -234,6 +230,14 @@ def resolve(args):
         except ValueError as exc:
             raise CLIError(str(exc).replace("GPT2Config.", "")) from None
     s.config = config
+    data_vocab = s.data.meta.get("vocab_size")
+    if base is not None and data_vocab is not None and data_vocab != config.vocab_size:
+        flag = "--resume" if s.ckpt is not None else "--init"
+        raise CLIError(f"{flag} {base.path}: its model has a vocabulary of {config.vocab_size} "
+                       f"tokens, the data in {s.data_dir} one of {data_vocab} ("
+                       f"{s.data.meta.get('tokenizer', '?')} tokenizer): tokenize the text "
+                       "with the model's own tokenizer (nntile-prepare --tokenizer DIR, the "
+                       "directory holding its tokenizer.json)")
     s.data.check(config.vocab_size, s.seq_len)
     tok_prev = (base.get("tokenizer") if base else None) or {}
     s.tokenizer = {"name": s.data.meta.get("tokenizer") or tok_prev.get("name")
@@ -267,6 +271,10 @@ def prepare_out(s, args):
         os.unlink(probe)
     except OSError as exc:
         raise CLIError(f"--out {out} is not writable: {exc.strerror or exc}") from None
+    for name in (METRICS, "loss.png"):
+        if os.path.isdir(os.path.join(out, name)):
+            raise CLIError(f"--out {out} holds a directory {name}, where the run writes its "
+                           f"file {name}: move that directory away, or use another --out")
     if launcher_rank()[0] == 0:  # under MPI, rank 0 writes what --out holds
         s.lock = OutLock(out)  # before anything in --out is read or changed
     from nntile.checkpoint import list_checkpoints
@@ -343,7 +351,7 @@ def start_outputs(s, overwrite, echo):
             aside = _new_dir(os.path.join(s.out, f"abandoned-after-step-{start}"))
             for path in later:
                 os.rename(path, os.path.join(aside, os.path.basename(path)))
-            for name in (METRICS, "loss.png"):
+            for name in (METRICS, "loss.png", *event_files(s.out)):
                 if os.path.exists(os.path.join(s.out, name)):
                     shutil.copy2(os.path.join(s.out, name), aside)
             echo(f"nntile-train: resuming at step {start}: the {len(later)} later checkpoints "
@@ -352,8 +360,10 @@ def start_outputs(s, overwrite, echo):
             for path in later:
                 os.unlink(path)
     with output_errors(metrics):
-        if s.ckpt is None and os.path.exists(metrics):
-            os.unlink(metrics)
+        if s.ckpt is None:  # a fresh run: the metrics of the one --overwrite replaces go
+            for name in (METRICS, *event_files(s.out)):
+                if os.path.exists(os.path.join(s.out, name)):
+                    os.unlink(os.path.join(s.out, name))
         elif s.ckpt is not None:
             _truncate_metrics(metrics, s.ckpt.step)
 
@@ -467,6 +477,76 @@ class StopRequest:
         return 128 + self.signum if self.signum else 0
 
 
+def describe_tiles(tiles, sizes):
+    """"batch 4 of 8 (2 tiles), embd 64 of 128 (2 tiles); the others whole" from the tiles
+    and the dimensions' sizes."""
+    cut = [f"{key} {tile} of {sizes[key]} ({-(-sizes[key] // tile)} tiles)"
+           for key, tile in tiles.items() if tile is not None and tile < sizes[key]]
+    if not cut:
+        return "one per dimension"
+    return ", ".join(cut) + ("; the others whole" if len(cut) < len(tiles) else "")
+
+
+def banner(s, ctx, start_step, verbose=False):
+    """What the run is, in a few lines (``verbose``: every runtime setting, too)."""
+    c = s.config
+    what = (f"resuming {s.ckpt.path} at step {start_step}" if s.ckpt else
+            f"weights of {s.init.path}" if s.init else "fresh weights")
+    sizes = {"batch": s.batch_size, "seq": s.seq_len, "embd": c.n_embd, "head": c.n_head,
+             "inner": c.inner, "vocab": c.vocab_size}
+    step = f"{s.batch_size} sequences of {s.seq_len} tokens"
+    if s.grad_accum > 1:
+        step = (f"{s.grad_accum} micro-batches of {step} (gradient accumulation: "
+                f"{s.grad_accum * s.batch_size * s.seq_len:,} tokens)")
+    lines = [f"nntile-train: GPT-2, {c.num_parameters() / 1e6:.2f}M parameters ({c.n_layer} "
+             f"layers, {c.n_head} heads, n_embd {c.n_embd}, vocabulary {c.vocab_size}), "
+             f"{s.dtype}, {what}",
+             f"  {s.steps} steps, each {step}; tiles: {describe_tiles(s.tiles, sizes)}",
+             f"  data {s.data_dir} ({len(s.data.splits['train']):,} train tokens); out {s.out}",
+             ctx.describe() if verbose else "  " + ctx.describe(verbose=False)]
+    if ctx.world_size > 1:
+        lines.append(f"  {ctx.world_size} MPI ranks, distribution "
+                     f"{ctx.distribution.describe()}")
+    return "\n".join(lines)
+
+
+class Progress:
+    """The steps' progress: tqdm's bar on a terminal; elsewhere (a log file, a pipe) a plain
+    line now and then (each 5% of the steps, at least once a minute, and the last) instead
+    of the bar's carriage-return redraws."""
+    EVERY_S = 60.0
+
+    def __init__(self, tqdm, total, initial, enabled, stream=None):
+        self.stream = stream or sys.stderr
+        self.total, self.bar, self.lines = total, None, False
+        if enabled and self.stream.isatty():
+            self.bar = tqdm(total=total, initial=initial, unit="step", file=self.stream,
+                            dynamic_ncols=True, smoothing=0.1)
+        elif enabled:
+            self.lines = True
+            self.every = max(1, (total - initial) // 20)
+            self.start = self.last = time.perf_counter()
+            self.initial = initial
+
+    def update(self, step, text):
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.update(1)
+        elif self.lines:
+            now = time.perf_counter()
+            done = step - self.initial
+            if done % self.every and step != self.total and now - self.last < self.EVERY_S:
+                return
+            left = (now - self.start) / done * (self.total - step)
+            print(f"step {step}/{self.total}: {text} | {_duration(now - self.start)} elapsed, "
+                  f"{_duration(left)} left", file=self.stream, flush=True)
+            self.last = now
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
 def flops_per_token(config, seq_len):
     """Model FLOPs per trained token: 6 x the parameters that multiply (all but the position
     embeddings) plus attention's 12 * n_layer * n_embd * seq."""
@@ -513,6 +593,9 @@ def _duration(seconds):
 def train_main(argv=None):
     args = build_parser().parse_args(argv)
     s = resolve(args)
+    if s.complete:
+        print(f"nntile-train: {s.complete}")
+        return 0
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
     est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
@@ -573,21 +656,11 @@ def _run(s, args, ctx, stop, echo, tqdm):
         init_weights(model, config, s.seed)
     if ctx.rank == 0:
         start_outputs(s, args.overwrite, echo)
-    echo(ctx.describe())
-    if ctx.world_size > 1:
-        echo(f"nntile-train: {ctx.world_size} MPI ranks, distribution "
-             f"{ctx.distribution.describe()}")
     val_batches = eval_batches(s.data.splits["val"], s.batch_size, s.seq_len, s.eval_batches)
     metrics_path = os.path.join(s.out, METRICS)
     tokens_per_step = s.batch_size * s.seq_len * s.grad_accum
     flops_tok = flops_per_token(config, s.seq_len)
-    what = "resuming " + s.ckpt.path + f" at step {start_step}" if s.ckpt else \
-        ("weights of " + s.init.path if s.init else "fresh weights")
-    echo(f"nntile-train: GPT-2 {config.num_parameters() / 1e6:.2f}M parameters "
-         f"({config.n_layer} layers, {config.n_head} heads, n_embd {config.n_embd}, vocabulary "
-         f"{config.vocab_size}), {s.dtype}, tiles {s.tiles}; {s.batch_size}x{s.seq_len} tokens "
-         f"x {s.grad_accum} per step, {s.steps} steps; data {s.data_dir} "
-         f"({len(s.data.splits['train']):,} train tokens); {what}; out {s.out}")
+    echo(banner(s, ctx, start_step, args.verbose))
 
     def checkpoint_meta(step):
         state = sampler.state()
@@ -627,11 +700,12 @@ def _run(s, args, ctx, stop, echo, tqdm):
     first_loss = last_loss = val_loss = None
     run_start = time.perf_counter()
     tokens_done = 0
-    bar = tqdm(total=s.steps, initial=start_step, unit="step", file=sys.stderr,
-               disable=args.no_progress or ctx.rank != 0, dynamic_ncols=True, smoothing=0.1)
+    bar = Progress(tqdm, s.steps, start_step, not args.no_progress and ctx.rank == 0)
     # the loss is the same number on every rank (to_array gathers it); rank 0 logs it
     with output_errors(metrics_path):
         metrics = open(metrics_path if ctx.rank == 0 else os.devnull, "a")
+    with output_errors(s.out):
+        events = EventWriter(s.out) if ctx.rank == 0 else None  # TensorBoard's
     watchdog = Watchdog(ctx.comm, "nntile-train", ctx.mpi_timeout)  # a dead rank ends all
     try:
         last_time = time.perf_counter()
@@ -655,6 +729,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
                 sampler.set_state(sampler_state)  # the abandoned step's batches come again
                 break
             lr = opt.step()
+            # the norm that clipping measured (read here, no second pass); None unclipped
+            grad_norm = opt.grad_norm() if opt.max_grad_norm else None
             step += 1
             loss = loss_sum / s.grad_accum
             if not math.isfinite(loss):
@@ -667,7 +743,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
             last_time = now
             tokens_done += tokens_per_step
             tflops = tokens_s * flops_tok / 1e12
-            record = dict(step=step, loss=loss, lr=lr, tokens_per_s=tokens_s, tflops=tflops)
+            record = dict(step=step, loss=loss, lr=lr, grad_norm=grad_norm,
+                          tokens_per_s=tokens_s, tflops=tflops)
             if step == s.steps or (s.eval_every and step % s.eval_every == 0):
                 val_loss = evaluate()
                 record["val_loss"] = val_loss
@@ -676,11 +753,12 @@ def _run(s, args, ctx, stop, echo, tqdm):
             with output_errors(metrics_path):
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
+            if events is not None:
+                with output_errors(events.path):
+                    events.scalars(step, {k: v for k, v in record.items() if k != "step"})
             first_loss = loss if first_loss is None else first_loss
             last_loss = loss
-            bar.set_postfix_str(f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | "
-                                f"{tflops:.4f} TFLOP/s", refresh=False)
-            bar.update(1)
+            bar.update(step, f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | {tflops:.4f} TFLOP/s")
             watchdog.beat()
             if step == s.steps or (s.save_every and step % s.save_every == 0):
                 save_checkpoint(step)
@@ -692,6 +770,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
         bar.close()
         with output_errors(metrics_path):
             metrics.close()
+            if events is not None:
+                events.close()
     elapsed = time.perf_counter() - run_start
     if ctx.rank != 0:
         return stop.exit_code

@@ -488,9 +488,19 @@ class Context:
         if self.mpi:
             self.comm.Barrier()
 
-    def describe(self):
-        lines = [f"nntile: StarPU {STARPU_MAJOR_VERSION}.{STARPU_MINOR_VERSION}."
-                 f"{STARPU_RELEASE_VERSION}, {len(self.workers)} workers: "
+    def describe(self, verbose=True):
+        """What runs: StarPU's workers, the cores of its threads, and every setting with where
+        it came from; ``verbose=False``: one line, the workers by kind and the scheduler."""
+        version = f"{STARPU_MAJOR_VERSION}.{STARPU_MINOR_VERSION}.{STARPU_RELEASE_VERSION}"
+        if not verbose:
+            kinds = {}
+            for name in self.workers:  # "CPU 0", "CUDA 1", ...
+                kinds[name.split()[0]] = kinds.get(name.split()[0], 0) + 1
+            line = (f"nntile: StarPU {version}, " + ", ".join(f"{n} {kind} worker"
+                    f"{'s' if n > 1 else ''}" for kind, n in kinds.items())
+                    + f", scheduler {self.settings()['sched'][0]}")
+            return line + (f", MPI rank {self.rank} of {self.world_size}" if self.mpi else "")
+        lines = [f"nntile: StarPU {version}, {len(self.workers)} workers: "
                  + ", ".join(self.workers)]
         from nntile.distributed import core_list, rank_cores, thread_cores
         if self.mpi:

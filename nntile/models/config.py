@@ -1,6 +1,7 @@
 """GPT-2 configuration (the fields of transformers' GPT2Config that matter)."""
 import dataclasses
 import json
+import math
 
 
 TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
@@ -28,8 +29,16 @@ class GPT2Config:
         if self.n_embd % self.n_head:
             raise ValueError(f"GPT2Config: n_embd={self.n_embd} is not divisible by "
                              f"n_head={self.n_head}")
-        if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner < 1):
+        if self.n_inner is not None and (isinstance(self.n_inner, bool) or
+                                         not isinstance(self.n_inner, int) or self.n_inner < 1):
             raise ValueError(f"GPT2Config.n_inner={self.n_inner!r} must be a positive integer")
+        eps = self.layer_norm_epsilon
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
+                math.isfinite(eps) and eps > 0):
+            raise ValueError(f"GPT2Config.layer_norm_epsilon={eps!r} must be a positive number")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"GPT2Config.tie_word_embeddings={self.tie_word_embeddings!r} "
+                             "must be true or false")
         if self.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"GPT2Config.activation_function={self.activation_function!r}: "
                              "only the tanh approximation of GELU (gelu_new) is implemented")
@@ -51,6 +60,9 @@ class GPT2Config:
 
     @classmethod
     def from_dict(cls, data):
+        if not isinstance(data, dict):  # a config.json holding a list, a string, ...
+            raise ValueError(f"a model config is a JSON object, not {type(data).__name__} "
+                             f"{repr(data)[:40]}")
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 
@@ -59,7 +71,7 @@ class GPT2Config:
         """Reads our own config or a transformers GPT-2 ``config.json``."""
         with open(path) as f:
             data = json.load(f)
-        if data.get("model_type", "gpt2") != "gpt2":
+        if isinstance(data, dict) and data.get("model_type", "gpt2") != "gpt2":
             raise ValueError(f"{path}: model_type {data['model_type']!r} is not gpt2")
         return cls.from_dict(data)
 
