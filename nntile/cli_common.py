@@ -7,7 +7,7 @@ import sys
 import time
 
 from nntile._core.core import launcher_rank  # noqa: F401 (the programs import it from here)
-from nntile.models.config import DEFAULT_VOCAB_TILE
+from nntile.models.config import DEFAULT_VOCAB_TILE, INT_MAX
 
 TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
 
@@ -96,6 +96,8 @@ def _int_at_least(minimum):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        if value > INT_MAX:  # sizes and counts reach C ints
+            raise argparse.ArgumentTypeError(f"{value} is too large (at most {INT_MAX})")
         return value
     return parse
 

@@ -70,7 +70,7 @@ def _read_hf_config(hf_dir):
             data = json.load(f)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CLIError(f"{path} cannot be read: {exc}") from None
     if data.get("model_type", "gpt2") != "gpt2":
         raise CLIError(f"{hf_dir} holds a {data['model_type']!r} model; only gpt2 converts")

@@ -319,7 +319,7 @@ class TokenData:
             if meta.get("dtype", TOKEN_DTYPE.name) != TOKEN_DTYPE.name:
                 raise ValueError(f"dtype {meta['dtype']!r}: nntile reads {TOKEN_DTYPE.name} "
                                  "token files only")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise CLIError(f"cannot read {meta_path}: {exc}") from None
         return meta
 

@@ -600,9 +600,17 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     import sys
     from nntile.cli_common import CLIError, launcher_rank
     rank, _ = launcher_rank()
+    gpus = _gpus_of_this_process(ncuda)
+    # a bound in closed form first: the estimate walks every layer's declarations, which
+    # takes hours for absurd sizes (n_layer 10**9)
+    weights = config.num_parameters() * 4  # at least the fp32 weights, every precision
+    machine = sum(gpus) + host_memory() + disk_swap_bytes()
+    if weights > machine and os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0":
+        raise CLIError(f"the model's {config.num_parameters():,} parameters alone need "
+                       f"{fmt_bytes(weights)}, more than this machine's memory "
+                       f"({fmt_bytes(machine)} in GPUs, host memory and disk swap)")
     est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training, init,
                    distribution=distribution, rank=rank)
-    gpus = _gpus_of_this_process(ncuda)
     try:
         check_disk_swap_env()
     except ValueError as exc:

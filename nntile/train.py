@@ -59,7 +59,7 @@ def build_parser():
     g.add_argument("--grad-accum", type=positive_int, help="micro-batches per step (1)")
     g.add_argument("--steps", type=positive_int, help="total optimizer steps (1500)")
     g.add_argument("--lr", type=positive_float, help="peak learning rate (2e-3)")
-    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (2e-4)")
+    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (--lr / 10)")
     g.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps (100, at most steps/10)")
     g.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay (0.01)")
     g.add_argument("--beta1", type=nonneg_float, help="Adam beta1 (0.9)")
@@ -139,7 +139,7 @@ def resolve(args):
                            os.path.exists(args.config) else "no such file"))
         try:
             config = GPT2Config.from_json(args.config)
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
             raise CLIError(f"--config {args.config}: {exc}") from None
         if base is not None and config.to_dict() != base.config.to_dict():
             raise CLIError(f"--config {args.config} differs from the model of checkpoint "
@@ -174,6 +174,8 @@ def resolve(args):
             value = train_prev[key]
         elif key == "warmup":
             value = min(default, s.steps // 10)
+        elif key == "min_lr":  # a tenth of the peak, whichever peak was asked for
+            value = s.lr / 10
         else:
             value = default
         setattr(s, key, value)

@@ -7,6 +7,8 @@ import math
 TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
 # the default width of the vocabulary's tiles, where it is larger (GPT2Config.sizes)
 DEFAULT_VOCAB_TILE = 8192
+# the largest size of a dimension: tile shapes and indices are C ints in the layers
+INT_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass
@@ -24,13 +26,15 @@ class GPT2Config:
     def __post_init__(self):
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPT2Config.{name}={value!r} must be a positive integer")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+                raise ValueError(f"GPT2Config.{name}={value!r} must be a positive integer "
+                                 f"(at most {INT_MAX})")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPT2Config: n_embd={self.n_embd} is not divisible by "
                              f"n_head={self.n_head}")
         if self.n_inner is not None and (isinstance(self.n_inner, bool) or
-                                         not isinstance(self.n_inner, int) or self.n_inner < 1):
+                                         not isinstance(self.n_inner, int)
+                                         or not 1 <= self.n_inner <= INT_MAX):
             raise ValueError(f"GPT2Config.n_inner={self.n_inner!r} must be a positive integer")
         eps = self.layer_norm_epsilon
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
