@@ -586,6 +586,10 @@ def _agree(refusal):
                  for rank, text in enumerate(refusals) if text is not None), None)
 
 
+# deeper models are first checked in closed form (preflight)
+QUICK_ESTIMATE_LAYERS = 10000
+
+
 def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimizer="adamw",
               grad_clip=True, init="full", prog="nntile", quiet_below=GiB,
               distribution=None, training=True):
@@ -601,14 +605,17 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     from nntile.cli_common import CLIError, launcher_rank
     rank, _ = launcher_rank()
     gpus = _gpus_of_this_process(ncuda)
-    # a bound in closed form first: the estimate walks every layer's declarations, which
-    # takes hours for absurd sizes (n_layer 10**9)
-    weights = config.num_parameters() * 4  # at least the fp32 weights, every precision
-    machine = sum(gpus) + host_memory() + disk_swap_bytes()
-    if weights > machine and os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0":
-        raise CLIError(f"the model's {config.num_parameters():,} parameters alone need "
-                       f"{fmt_bytes(weights)}, more than this machine's memory "
-                       f"({fmt_bytes(machine)} in GPUs, host memory and disk swap)")
+    check = os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0"
+    if config.n_layer > QUICK_ESTIMATE_LAYERS and check:
+        # the estimate walks every layer's declarations, which takes hours for absurd depths
+        # (n_layer 10**9): a bound in closed form first
+        weights = config.num_parameters() * 4  # at least the fp32 weights, every precision
+        machine = sum(gpus) + host_memory() + disk_swap_bytes()
+        if weights > machine:
+            raise CLIError(f"not enough memory: the model's {config.num_parameters():,} "
+                           f"parameters alone need {fmt_bytes(weights)}, more than this "
+                           f"machine's {fmt_bytes(machine)} in GPUs, host memory and disk "
+                           "swap (NNTILE_MEMORY_CHECK=0 tries anyway)")
     est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training, init,
                    distribution=distribution, rank=rank)
     try:
