@@ -366,7 +366,7 @@ def start_outputs(s, overwrite, echo):
             for name in (METRICS, *event_files(s.out)):
                 if os.path.exists(os.path.join(s.out, name)):
                     os.unlink(os.path.join(s.out, name))
-        elif s.ckpt is not None:
+        else:
             _truncate_metrics(metrics, s.ckpt.step)
 
 

@@ -14,7 +14,6 @@ import termios
 import numpy as np
 import pytest
 
-from nntile.generate import token_probs
 from tests.test_train_cli import (ROOT, TINY, assert_clean_error, cli, cli_env, data_dir,  # noqa: F401
                                   read_metrics, train)
 
@@ -64,6 +63,7 @@ def test_a_tiny_temperature_samples_the_likeliest_token(tmp_path, tiny_run):
     assert greedy.returncode == 0 and tiny.returncode == 0, tiny.stderr
     assert tiny.stdout == greedy.stdout
     # the distribution itself, against float64 numpy: all mass on the largest logit
+    from nntile.generate import token_probs
     logits = np.array([0.5, 3.0, -1.0, 2.999])
     np.testing.assert_array_equal(token_probs(logits, 1e-320), [0, 1, 0, 0])
 
@@ -278,6 +278,7 @@ def test_sampling_distribution_matches_transformers(rng, temperature, top_k, top
     for warper in warpers:
         scores = warper(None, scores)
     expected = torch.softmax(scores, dim=-1)[0].numpy()
+    from nntile.generate import token_probs
     np.testing.assert_allclose(token_probs(logits, temperature, top_k, top_p), expected,
                                rtol=1e-12, atol=1e-15)
 
