@@ -2,6 +2,11 @@
 # so the image holds what `make test` and `make train` need. On a GPU machine, from the repository
 # root (a StarPU release tarball in vendor/ saves the download):
 #   docker build -t nntile --build-arg STARPU_TARBALL=vendor/starpu-1.4.10.tar.gz .
+#   docker run --rm --gpus all -v "$PWD/checkpoints:/opt/nntile/checkpoints" nntile
+# (nntile-train on the embedded corpus; its checkpoints, metrics and TensorBoard files land in
+# ./checkpoints of the host). A command after the image name runs instead, e.g.
+#   docker run --rm --gpus all -v "$PWD/checkpoints:/opt/nntile/checkpoints" nntile \
+#     nntile-train --steps 5000 --out checkpoints/long
 # A CPU image from a locally made Debian base, built and tested with podman where no registry can
 # be reached: scripts/docker_check.sh.
 # Fully qualified: podman, unlike docker, has no default registry for short names.
@@ -26,10 +31,17 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/nntile
+# StarPU first, in layers of their own, from what its build reads alone (the Makefile, its
+# script and patches, the tarball): an edit of nntile's sources then rebuilds from `COPY . .` on, not StarPU.
+COPY Makefile ./
+COPY scripts/install_starpu.sh scripts/
+COPY scripts/starpu-patches/ scripts/starpu-patches/
+# the tarball when given; COPY needs a source, so otherwise the Makefile once more
+COPY ${STARPU_TARBALL:-Makefile} /opt/starpu-src/
+RUN tarball="${STARPU_TARBALL:+/opt/starpu-src/$(basename "$STARPU_TARBALL")}" \
+    && STARPU_TARBALL="$tarball" make starpu \
+    && rm -rf /opt/starpu-src /var/lib/apt/lists/*
 COPY . .
-# StarPU in a layer of its own, kept when a later step fails; `make install` then reuses it.
-RUN STARPU_TARBALL="${STARPU_TARBALL:+/opt/nntile/$STARPU_TARBALL}" make starpu \
-    && rm -rf /var/lib/apt/lists/*
 RUN make install
 
 CMD ["nntile-train"]

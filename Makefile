@@ -38,18 +38,39 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# StarPU, built once into a cache prefix; the prefix is recorded for the package build.
+# StarPU, built once into a cache prefix; the prefix is recorded for the package build (the
+# file rewritten only when it changes: install compares its age).
 starpu: deps
 	@mkdir -p $(STAMP)
 	scripts/install_starpu.sh > $(STAMP)/starpu-prefix.tmp   # a failed build stops here
-	@tail -n 1 $(STAMP)/starpu-prefix.tmp > $(STAMP)/starpu-prefix && rm $(STAMP)/starpu-prefix.tmp
+	@tail -n 1 $(STAMP)/starpu-prefix.tmp > $(STAMP)/starpu-prefix.new && rm $(STAMP)/starpu-prefix.tmp
+	@cmp -s $(STAMP)/starpu-prefix.new $(STAMP)/starpu-prefix \
+	  && rm $(STAMP)/starpu-prefix.new || mv $(STAMP)/starpu-prefix.new $(STAMP)/starpu-prefix
 	@echo "StarPU prefix: $$(cat $(STAMP)/starpu-prefix)"
 
+# `pip install -e` (a minute) runs again only when what it builds from changed since the last
+# one: the package's metadata, the sources of its extension modules, or the StarPU build
+# (its prefix, or the stamp the build leaves there); or when this Python's nntile is not the
+# editable install of this directory. Python files need nothing: the install is editable.
+INSTALL_INPUTS = setup.py pyproject.toml $$(find nntile -name '*.pyx' -o -name '*.pxd' \
+  -o -name '*.pxi' -o -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.cu' \
+  -o -name '*.cuh') $(STAMP)/starpu-prefix $$(cat $(STAMP)/starpu-prefix)/.nntile-build-stamp
+INSTALLED_HERE = $(PYTHON) -c "import json, os, sys, importlib.metadata as m; \
+  url = json.loads(m.distribution('nntile').read_text('direct_url.json'))['url']; \
+  sys.exit(not os.path.samefile(url.removeprefix('file://'), '.'))"
+
 install: starpu
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
-	$(PIP) install -q setuptools wheel Cython numpy
-	PYTHON=$(PYTHON) NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) scripts/cuda_deps.sh
-	NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) $(PIP) install -q --no-build-isolation -e ".[test]"
+	@if [ -f $(STAMP)/installed ] && $(INSTALLED_HERE) 2>/dev/null \
+	    && [ -z "$$(find $(INSTALL_INPUTS) -newer $(STAMP)/installed 2>/dev/null)" ]; then \
+	  echo "nntile: installed, and nothing it is built from changed since: no pip install"; \
+	else \
+	  rm -f $(STAMP)/installed; \
+	  $(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0; \
+	  $(PIP) install -q setuptools wheel Cython numpy && \
+	  PYTHON=$(PYTHON) NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) scripts/cuda_deps.sh && \
+	  NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) \
+	    $(PIP) install -q --no-build-isolation -e ".[test]" && touch $(STAMP)/installed; \
+	fi
 
 # everything setup.py generates or builds (.gitignore lists the same files)
 clean:

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import nntile
 import torch_reference
 from harness import model_flops_per_step, paused, print_result, train_step
+from nntile.cli_common import output_file
 from nntile.models import GPT2Config, GPT2LMHead
 from nntile.optim import AdamW
 
@@ -63,7 +64,8 @@ def parse_args(argv):
                    help="ours: fused (flash) attention, or the unfused reference")
     for key in TILE_KEYS:
         p.add_argument(f"--tile-{key}", type=int)
-    p.add_argument("--plot-data", help="append the two records to this JSON list")
+    p.add_argument("--plot-data", type=output_file("records.json"),
+                   help="append the two records to this JSON list")
     args = p.parse_args(argv)
     if args.n_head is None:
         args.n_head = max(1, args.n_embd // (128 if args.n_embd >= 1024 else 64))

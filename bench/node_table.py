@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from harness import RESULT_PREFIX
+from nntile.cli_common import output_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -43,7 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--only", choices=["ours", "fsdp"])
     p.add_argument("--ours-args", default="", help="more arguments for bench/scale.py")
     p.add_argument("--fsdp-args", default="", help="more arguments for bench/fsdp_ref.py")
-    p.add_argument("--out", help="write the records to this JSON file")
+    p.add_argument("--out", type=output_file("node-table.json"),
+                   help="write the records to this JSON file")
     p.add_argument("--logs", default="build/node-table")
     args = p.parse_args(argv)
     try:

@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from nntile.cli_common import output_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -66,10 +68,10 @@ def plot(runs, out, window=50):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "plots",
-                                                  "convergence_bf16_mixed.png"))
-    p.add_argument("--data", default=os.path.join(ROOT, "docs", "plots",
-                                                   "convergence_bf16_mixed.json"))
+    p.add_argument("--out", type=output_file("convergence.png"),
+                   default=os.path.join(ROOT, "docs", "plots", "convergence_bf16_mixed.png"))
+    p.add_argument("--data", type=output_file("convergence.json"),
+                   default=os.path.join(ROOT, "docs", "plots", "convergence_bf16_mixed.json"))
     args = p.parse_args(argv)
     runs = read_runs(args.runs)
     plot(runs, args.out)

@@ -20,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on the machines this runs on
 import matplotlib.pyplot as plt  # noqa: E402
 
+from nntile.cli_common import output_file  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.join(ROOT, "docs", "plots", "performance_data.json")
 DEFAULT_OUT = os.path.join(ROOT, "docs", "plots", "throughput_vs_size.png")
@@ -93,7 +95,7 @@ def plot(records, out):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=DEFAULT_DATA)
-    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--out", type=output_file("throughput.png"), default=DEFAULT_OUT)
     args = p.parse_args(argv)
     with open(args.data) as f:
         records = json.load(f)

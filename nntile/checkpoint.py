@@ -419,7 +419,7 @@ class Checkpoint:
             if key in JSON_ATTRS:
                 try:
                     value = json.loads(value)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, RecursionError):
                     raise CheckpointError(f"checkpoint {path}: attribute {key!r} is not valid "
                                           "JSON") from None
             self.meta[key] = value

@@ -1,12 +1,13 @@
 """What the command-line programs share: one-line errors with exit code 2, the model and
 tiling flags, and the StarPU flags."""
 import argparse
+import math
 import os
 import sys
 import time
 
 from nntile.errors import CLIError
-from nntile.models.config import DEFAULT_VOCAB_TILE
+from nntile.models.config import DEFAULT_VOCAB_TILE, INT_MAX
 from nntile.policy import WIDE_TILE, launcher_rank  # noqa: F401 (programs import it here)
 
 TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
@@ -17,6 +18,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise CLIError(message)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help that shows each option's default, where it has one to show (and its help
+    does not say it already)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        shown = not (action.default is None or action.default is False
+                     or action.default in ("", argparse.SUPPRESS))
+        if shown and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
 
 
 def run_cli(func, argv=None, prog="nntile"):
@@ -79,12 +93,51 @@ def _int_at_least(minimum):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        if value > INT_MAX:  # sizes and counts reach C ints
+            raise argparse.ArgumentTypeError(f"{value} is too large (at most {INT_MAX})")
         return value
     return parse
 
 
 positive_int = _int_at_least(1)
 nonneg_int = _int_at_least(0)
+
+
+def _float_where(ok, what):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and ok(value)):
+            raise argparse.ArgumentTypeError(f"{text} must be {what}")
+        return value
+    return parse
+
+
+positive_float = _float_where(lambda v: v > 0, "a positive number")
+nonneg_float = _float_where(lambda v: v >= 0, "a number >= 0")
+probability = _float_where(lambda v: 0 < v <= 1, "a probability in (0, 1]")
+
+
+def output_file(example="out.h5"):
+    """An argparse type: the name of a file to write, in a directory that exists. A directory
+    is refused: it says where to write, not what (``example`` names a file in it)."""
+    def parse(text):
+        if os.path.isdir(text):
+            raise argparse.ArgumentTypeError(
+                f"{text} is a directory: name the file to write, e.g. "
+                f"{os.path.join(text, example)}")
+        parent = os.path.dirname(os.path.abspath(text))
+        if not os.path.isdir(parent):
+            raise argparse.ArgumentTypeError(f"directory {parent} of {text} does not exist")
+        return text
+    return parse
+
+
+def add_verbose_arg(parser):
+    parser.add_argument("-v", "--verbose", action="store_true", help="say more: StarPU's "
+                        "workers, the cores of its threads and every runtime setting")
 
 
 def add_tiling_args(parser):
@@ -163,8 +216,11 @@ def default_tiles(config, batch, seq, given, args=None, dtype="fp32", training=T
     for this machine, the runtime flags in ``args`` (--ncpu, --ncuda) and the memory the run
     needs (nntile.memory.estimate, whose total does not depend on the tiles)."""
     from nntile import memory, policy
-    run_bytes = memory.estimate(config, batch or 1, seq or config.max_position_embeddings, None, dtype,
-                                optimizer="adamw" if training else None,
+    if os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0":
+        memory.refuse_absurd_depth(config, memory._gpus_of_this_process(
+            getattr(args, "ncuda", None)))
+    run_bytes = memory.estimate(config, batch or 1, seq or config.max_position_embeddings,
+                                None, dtype, optimizer="adamw" if training else None,
                                 training=training).total
     flags = {name: getattr(args, name, None) for name in ("ncpu", "ncuda", "sched")}
     env = {k: v for k, v in os.environ.items() if k.startswith("STARPU_")}

@@ -255,7 +255,18 @@ class Context(Runtime):
         if self.mpi:
             self.comm.Barrier()
 
-    def describe(self):
+    def describe(self, verbose=True):
+        """What runs: StarPU's workers, the cores of its threads, every setting with where it
+        came from, and the tiles chosen; ``verbose=False``: one line, the workers by kind and
+        the scheduler."""
+        if not verbose:
+            kinds = {}
+            for name in self.workers:  # "CPU 0", "CUDA 0.1", ...
+                kinds[name.split()[0]] = kinds.get(name.split()[0], 0) + 1
+            line = (f"nntile: StarPU {STARPU_VERSION}, " + ", ".join(
+                f"{n} {kind} worker{'s' if n > 1 else ''}" for kind, n in kinds.items())
+                + f", scheduler {self.settings()['sched'].value}")
+            return line + (f", MPI rank {self.rank} of {self.world_size}" if self.mpi else "")
         lines = [f"nntile: StarPU {STARPU_VERSION}, {len(self.workers)} workers: "
                  + ", ".join(self.workers)]
         from nntile.distributed import core_list, rank_cores, thread_cores

@@ -15,9 +15,9 @@ import sys
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_dtype, default_tiles, family_model,
-                               model_from_checkpoint, model_tiling, resolve_tiling, run_cli,
-                               start_context, tiling_from_args)
+                               add_verbose_arg, check_dtype, default_tiles, family_model,
+                               model_from_checkpoint, model_tiling, output_file, resolve_tiling,
+                               run_cli, start_context, tiling_from_args)
 
 
 def build_parser():
@@ -26,7 +26,7 @@ def build_parser():
     sub.required = True
     imp = sub.add_parser("import", help="transformers directory -> nntile checkpoint")
     imp.add_argument("hf_dir", metavar="HF_DIR")
-    imp.add_argument("out", metavar="OUT.h5")
+    imp.add_argument("out", metavar="OUT.h5", type=output_file("model.h5"))
     imp.add_argument("--dtype", default="fp32",
                      help="precision to record: fp32 (default), tf32, fp64, bf16 or bf16-mixed")
     imp.add_argument("--tokenizer", help="tokenizer to record: byte, gpt2 or a directory "
@@ -43,6 +43,7 @@ def build_parser():
     for sp in (imp, exp):
         sp.add_argument("--overwrite", action="store_true",
                         help="replace what the output already holds")
+        add_verbose_arg(sp)
         sp.error = p.error  # one-line errors from the sub-commands too
     return p
 
@@ -68,12 +69,6 @@ def import_main(args):
     from nntile.checkpoint import save
     from nntile.transformers_io import read_config, read_state
     dtype = check_dtype(args.dtype)
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir):
-        raise CLIError(f"directory {out_dir} of {args.out} does not exist")
-    if os.path.isdir(args.out):
-        raise CLIError(f"{args.out} is a directory: name the checkpoint file to write, "
-                       f"e.g. {os.path.join(args.out, 'model.h5')}")
     if os.path.exists(args.out) and not args.overwrite:
         raise CLIError(f"{args.out} already exists: replace it with --overwrite, or choose "
                        "another name")
@@ -90,7 +85,7 @@ def import_main(args):
         raise CLIError(f"{args.hf_dir}: {str(exc).strip(chr(34) + chr(39))}") from None
     for note in notes:
         print(f"nntile-convert: note: {note}", file=sys.stderr)
-    ctx = start_context(args, verbose=False)
+    ctx = start_context(args, verbose=args.verbose)
     try:
         model = model_type(config, tiling=model_tiling(tiles), dtype=dtype)
         model.load_state_dict(state)
@@ -117,7 +112,7 @@ def export_main(args):
     if present and not args.overwrite:
         raise CLIError(f"{args.hf_dir} already holds a model ({', '.join(present)}): replace "
                        "it with --overwrite, or choose another directory")
-    ctx = start_context(args, verbose=False)
+    ctx = start_context(args, verbose=args.verbose)
     try:
         model = model_from_checkpoint(ckpt)
         state = model.state_dict()

@@ -23,6 +23,8 @@ BYTE_VOCAB = 256
 GPT2_EOT = 50256
 DEFAULT_VAL_FRACTION = 0.1
 STDLIB_CORPUS_VERSION = 1
+# validation batches: nntile-train's --eval-batches and nntile-eval's --batches
+EVAL_BATCHES = 8
 
 
 # ---- tokenizers --------------------------------------------------------------------------
@@ -43,11 +45,18 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """transformers' GPT2TokenizerFast, loaded from local files only (no download)."""
+    """transformers' GPT2TokenizerFast, loaded from local files only: nntile downloads
+    nothing, so a run never depends on the network or changes with what a hub serves."""
 
     def __init__(self, name_or_path):
         self.name = "gpt2"
         self.path = name_or_path
+        if os.sep in name_or_path and not os.path.exists(name_or_path):
+            raise CLIError(self._missing("no such directory"))
+        if os.path.isdir(name_or_path) and not any(
+                os.path.isfile(os.path.join(name_or_path, f)) for f in ("tokenizer.json",
+                                                                        "vocab.json")):
+            raise CLIError(self._missing("it holds no tokenizer.json"))
         try:
             from transformers import GPT2TokenizerFast
             import transformers
@@ -55,21 +64,27 @@ class HFTokenizer:
             self.tok = GPT2TokenizerFast.from_pretrained(name_or_path, local_files_only=True)
         except Exception as exc:  # ImportError, OSError, ValueError...: all mean "not here"
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CLIError(f"the GPT-2 tokenizer {name_or_path!r} cannot be loaded from local "
-                           f"files ({reason}); use --tokenizer byte, or a local directory "
-                           "holding a tokenizer saved by transformers") from None
+            raise CLIError(self._missing(reason)) from None
         probe = "def hello(): return 'world'\n"
         if len(self.tok) < 2 or self.tok.decode(self.tok.encode(probe)) != probe:
-            # transformers may build an empty tokenizer when no files are found
-            raise CLIError(f"the GPT-2 tokenizer {name_or_path!r} is not available in local "
-                           f"files (what loads has {len(self.tok)} tokens and does not "
-                           "round-trip text); use --tokenizer byte, or a local directory "
-                           "holding a tokenizer saved by transformers")
+            # transformers builds an empty tokenizer when it finds no files
+            raise CLIError(self._missing("no tokenizer files were found"))
         self.vocab_size = len(self.tok)
         if self.vocab_size > 65536:
             raise CLIError(f"tokenizer {name_or_path!r} has {self.vocab_size} tokens: more than "
                            "uint16 data files can hold")
         self.eot = self.tok.eos_token_id
+
+    def _missing(self, reason):
+        """What is missing, and how to provide it."""
+        if os.path.isdir(self.path) or os.sep in self.path:
+            where = f"the tokenizer directory {self.path} cannot be loaded ({reason})"
+        else:
+            where = (f"the tokenizer {self.path!r} is not on this machine ({reason}), and "
+                     "nntile downloads nothing")
+        return (f"{where}: pass --tokenizer DIR, a directory holding the tokenizer's "
+                "tokenizer.json (as the model's files on the Hugging Face hub have it, or as "
+                "transformers' save_pretrained writes it), or --tokenizer byte")
 
     def encode(self, data):
         if isinstance(data, bytes):
@@ -351,7 +366,7 @@ class TokenData:
             if meta.get("dtype", TOKEN_DTYPE.name) != TOKEN_DTYPE.name:
                 raise ValueError(f"dtype {meta['dtype']!r}: nntile reads {TOKEN_DTYPE.name} "
                                  "token files only")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise CLIError(f"cannot read {meta_path}: {exc}") from None
         return meta
 

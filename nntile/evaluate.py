@@ -11,24 +11,29 @@ import sys
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_inference_memory, checkpoint_seq_len,
-                               model_from_checkpoint, positive_int, run_cli, start_context)
+from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
+                               add_runtime_args, add_tiling_args, add_verbose_arg,
+                               check_inference_memory, checkpoint_seq_len, model_from_checkpoint,
+                               positive_int, run_cli, start_context)
+from nntile.data import EVAL_BATCHES
 
 
 def build_parser():
-    p = ArgumentParser(prog="nntile-eval", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="nntile-eval", description=__doc__.split("\n\n")[0],
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="an nntile checkpoint (.h5)")
     p.add_argument("--data", help="data directory (default: the one the checkpoint trained on)")
     p.add_argument("--split", choices=("val", "train"), default="val")
-    p.add_argument("--batches", type=positive_int, default=8, help="batches to average (8)")
+    p.add_argument("--batches", type=positive_int, help="batches to average (default: the "
+                   f"checkpoint's --eval-batches, as its training measured, else "
+                   f"{EVAL_BATCHES})")
     p.add_argument("--batch-size", type=positive_int, help="sequences per batch (the "
                    "checkpoint's training batch size, else 8)")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (the checkpoint's "
                    "training length, else the model's positions)")
     p.add_argument("--dtype", help="compute in fp32, tf32 or fp64 (default: the checkpoint's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--verbose", action="store_true", help="print StarPU's workers")
+    add_verbose_arg(p)
     add_tiling_args(p)
     add_runtime_args(p)
     return p
@@ -48,10 +53,11 @@ def eval_main(argv=None):
     seq = checkpoint_seq_len(ckpt, args.seq_len)
     batch = args.batch_size or int(train.get("batch_size", 8))
     data.check_vocabulary(config.vocab_size, None, f"checkpoint {args.checkpoint}")
+    nbatches = args.batches or int(train.get("eval_batches", EVAL_BATCHES))
     data.check(config.vocab_size, seq)
     tokens = data.splits[args.split]
     est = check_inference_memory(ckpt, args, batch, seq, args.dtype, "nntile-eval")
-    batches = eval_batches(tokens, batch, seq, args.batches)
+    batches = eval_batches(tokens, batch, seq, nbatches)
     ctx = start_context(args, verbose=args.verbose, run_bytes=est.total)
     try:
         model = model_from_checkpoint(ckpt, args, batch, seq, args.dtype)
@@ -60,13 +66,13 @@ def eval_main(argv=None):
         ctx.shutdown()
     loss = float(np.mean(losses))
     if args.json:
-        print(json.dumps({"loss": loss, "split": args.split, "batches": args.batches,
+        print(json.dumps({"loss": loss, "split": args.split, "batches": nbatches,
                           "batch_size": batch, "seq_len": seq, "losses": losses,
                           "checkpoint": os.path.abspath(args.checkpoint),
                           "data": os.path.abspath(data_dir)}))
     else:
         print(f"{args.split} loss {loss:.6f} (perplexity {np.exp(loss):.3f}) over "
-              f"{args.batches} batches of {batch}x{seq} tokens; checkpoint {args.checkpoint} "
+              f"{nbatches} batches of {batch}x{seq} tokens; checkpoint {args.checkpoint} "
               f"(step {ckpt.step}), data {data_dir}")
     return 0
 

@@ -11,44 +11,67 @@ import sys
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_inference_memory, checkpoint_seq_len,
-                               model_from_checkpoint, nonneg_int, positive_int, run_cli,
+from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
+                               add_runtime_args, add_tiling_args, add_verbose_arg,
+                               check_inference_memory, checkpoint_seq_len, model_from_checkpoint,
+                               nonneg_float, nonneg_int, positive_int, probability, run_cli,
                                start_context)
 
 
 def build_parser():
-    p = ArgumentParser(prog="nntile-generate", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="nntile-generate", description=__doc__.split("\n\n")[0],
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="an nntile checkpoint (.h5)")
     p.add_argument("--prompt", default="", help="text to continue")
-    p.add_argument("--max-new-tokens", type=nonneg_int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--max-new-tokens", type=nonneg_int, default=200, help="tokens to add")
+    p.add_argument("--temperature", type=nonneg_float, default=0.8,
+                   help="divides the logits: lower is more conservative (0: greedy)")
     p.add_argument("--top-k", type=nonneg_int, default=0, help="sample among the k likeliest "
                    "tokens (0: all)")
+    p.add_argument("--top-p", type=probability, default=1.0, help="sample among the "
+                   "likeliest tokens whose probabilities add up to p (nucleus sampling; 1: all)")
     p.add_argument("--greedy", action="store_true", help="always take the likeliest token")
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--seq-len", type=positive_int, help="window length (the checkpoint's "
-                   "training length, else the model's positions)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the sampling")
+    p.add_argument("--seq-len", type=positive_int, help="window length (default: the "
+                   "checkpoint's training length, else n_positions)")
     p.add_argument("--tokenizer", help="byte, gpt2 or a local tokenizer directory (default: "
                    "what the checkpoint was trained with)")
     p.add_argument("--dtype", help="compute in fp32, tf32 or fp64 (default: the checkpoint's)")
-    p.add_argument("--verbose", action="store_true", help="print StarPU's workers")
+    add_verbose_arg(p)
     add_tiling_args(p)
     add_runtime_args(p)
     return p
 
 
-def pick_token(logits, rng, temperature, top_k, greedy):
-    """The next token from a vector of logits."""
+def token_probs(logits, temperature=1.0, top_k=0, top_p=1.0):
+    """The distribution the next token is drawn from (float64): softmax(logits / temperature),
+    cut to the ``top_k`` likeliest tokens (0: all), then to the fewest likeliest whose
+    probabilities add up to ``top_p`` at least, renormalised."""
     logits = np.asarray(logits, dtype=np.float64)
+    if not np.isfinite(logits).all():
+        raise ValueError("the model's logits hold NaN or inf")
+    # the largest logit subtracted before dividing: a tiny temperature then sends the others
+    # to -inf (probability 0), never to inf - inf = NaN
+    with np.errstate(over="ignore"):
+        z = (logits - logits.max()) / temperature
+    if top_k and top_k < len(z):
+        z = np.where(z < np.partition(z, -top_k)[-top_k], -np.inf, z)
+    probs = np.exp(z)
+    probs /= probs.sum()
+    if top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        keep = order[:np.searchsorted(np.cumsum(probs[order]), top_p) + 1]
+        nucleus = np.zeros_like(probs)
+        nucleus[keep] = probs[keep]
+        probs = nucleus / nucleus.sum()
+    return probs
+
+
+def pick_token(logits, rng, temperature, top_k, greedy, top_p=1.0):
+    """The next token from a vector of logits."""
     if greedy or temperature == 0:
         return int(np.argmax(logits))
-    logits = logits / temperature
-    if top_k and top_k < len(logits):
-        cut = np.partition(logits, -top_k)[-top_k]
-        logits = np.where(logits < cut, -np.inf, logits)
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
+    probs = token_probs(logits, temperature, top_k, top_p)
     return int(rng.choice(len(probs), p=probs))
 
 
@@ -87,8 +110,11 @@ def generate_main(argv=None):
     from nntile.checkpoint import Checkpoint
     from nntile.data import get_tokenizer
     args = build_parser().parse_args(argv)
-    if not args.greedy and not args.temperature > 0:
-        raise CLIError(f"--temperature {args.temperature} must be > 0 (or use --greedy)")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes that are not UTF-8 arrive as lone surrogates
+        raise CLIError(f"--prompt is not UTF-8 text (at character {exc.start + 1}): pass text "
+                       "in UTF-8") from None
     ckpt = Checkpoint(args.checkpoint)
     config = ckpt.config
     info = ckpt.get("tokenizer") or {}
@@ -106,6 +132,8 @@ def generate_main(argv=None):
     rng = np.random.default_rng(args.seed)
     est = check_inference_memory(ckpt, args, 1, seq, args.dtype, "nntile-generate")
     ctx = start_context(args, verbose=args.verbose, run_bytes=est.total)
+    if hasattr(sys.stdout, "reconfigure"):  # a terminal that cannot show a character: escape it
+        sys.stdout.reconfigure(errors="backslashreplace")
     printer = Printer(tok)
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
@@ -117,7 +145,11 @@ def generate_main(argv=None):
             window[0, :len(context)] = context
             window[0, len(context):] = 0  # padding: never seen by the positions we read
             logits = model.forward(window)[0, len(context) - 1, :tok.vocab_size]
-            token = pick_token(logits, rng, args.temperature, args.top_k, args.greedy)
+            try:
+                token = pick_token(logits, rng, args.temperature, args.top_k, args.greedy,
+                                   args.top_p)
+            except ValueError as exc:
+                raise CLIError(f"cannot sample: {exc}") from None
             ids.append(token)
             printer.add(token)
     finally:

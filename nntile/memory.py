@@ -588,6 +588,24 @@ def _agree(refusal):
                  for rank, text in enumerate(refusals) if text is not None), None)
 
 
+# deeper models are first checked in closed form (preflight)
+QUICK_ESTIMATE_LAYERS = 10000
+
+
+def refuse_absurd_depth(config, gpus):
+    """The estimate walks every layer's declarations, which takes hours and all host memory
+    for absurd depths (n_layer 10**9): a CLIError from a bound in closed form first."""
+    if config.n_layer <= QUICK_ESTIMATE_LAYERS:
+        return
+    weights = config.num_parameters() * 4  # at least the fp32 weights, every precision
+    machine = sum(gpus) + host_memory() + disk_swap_bytes()
+    if weights > machine:
+        raise CLIError(f"not enough memory: the model's {config.num_parameters():,} "
+                       f"parameters alone need {fmt_bytes(weights)}, more than this "
+                       f"machine's {fmt_bytes(machine)} in GPUs, host memory and disk "
+                       "swap (NNTILE_MEMORY_CHECK=0 tries anyway)")
+
+
 def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimizer="adamw",
               grad_clip=True, init="full", prog="nntile", quiet_below=GiB,
               distribution=None, training=True):
@@ -601,9 +619,12 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     that cannot fit stops them all, each with the message."""
     import sys
     rank, _ = launcher_rank()
+    gpus = _gpus_of_this_process(ncuda)
+    check = os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0"
+    if check:
+        refuse_absurd_depth(config, gpus)
     est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training, init,
                    distribution=distribution, rank=rank)
-    gpus = _gpus_of_this_process(ncuda)
     try:
         check_disk_swap_env()
     except ValueError as exc:
@@ -639,7 +660,9 @@ def live_tensors():
     """Every registered nntile Tensor of this process (found through the garbage collector)."""
     import gc
     from nntile import Tensor
-    return [o for o in gc.get_objects() if isinstance(o, Tensor) and o.is_registered]
+    # type(), not isinstance(): isinstance reads __class__, and some objects warn on that
+    # (torch.distributed.reduce_op: a FutureWarning)
+    return [o for o in gc.get_objects() if issubclass(type(o), Tensor) and o.is_registered]
 
 
 def tensor_bytes(tensor):

@@ -9,7 +9,6 @@ Flags left out fall back, in order, to the checkpoint being resumed and then to 
 Ctrl-C or SIGTERM ends the current step, saves a checkpoint and exits with 130 or 143; a second
 signal abandons the step (the checkpoint then holds the step before).
 """
-import argparse
 import contextlib
 import json
 import math
@@ -23,42 +22,25 @@ import time
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               check_dtype, check_seq_len, default_tiles, family_model,
-                               launcher_rank, model_tiling, nonneg_int, positive_int,
-                               resolve_distribution, resolve_tiling, run_cli, start_context,
-                               tiling_from_args)
+                               add_verbose_arg, check_dtype, check_seq_len, default_tiles,
+                               family_model, launcher_rank, model_tiling, nonneg_float,
+                               nonneg_int, positive_float, positive_int, resolve_distribution,
+                               resolve_tiling, run_cli, start_context, tiling_from_args)
+from nntile.data import EVAL_BATCHES
+from nntile.events import EventWriter, event_files
 from nntile.models import FAMILIES
 from nntile.models.config import ATTENTION
 
 DEFAULT_SEQ_LEN = 128
 TRAIN_DEFAULTS = dict(batch_size=8, grad_accum=1, steps=1500, lr=2e-3, min_lr=2e-4, warmup=100,
                       weight_decay=0.01, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0,
-                      eval_every=250, eval_batches=4, save_every=500, keep=3, seed=1337)
+                      eval_every=250, eval_batches=EVAL_BATCHES, save_every=500, keep=3,
+                      seed=1337)
 # the model flags, and the canonical config attribute each one sets (CausalLMConfig)
 CONFIG_FLAGS = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
                 "n_kv_head": "num_key_value_heads", "n_embd": "hidden_size",
                 "vocab_size": "vocab_size"}
 METRICS = "metrics.jsonl"
-
-
-def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
-
-
-def nonneg_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} must be a number >= 0")
-    return value
 
 
 def build_parser():
@@ -88,7 +70,7 @@ def build_parser():
     g.add_argument("--grad-accum", type=positive_int, help="micro-batches per step (1)")
     g.add_argument("--steps", type=positive_int, help="total optimizer steps (1500)")
     g.add_argument("--lr", type=positive_float, help="peak learning rate (2e-3)")
-    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (2e-4)")
+    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (--lr / 10)")
     g.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps (100, at most steps/10)")
     g.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay (0.01)")
     g.add_argument("--beta1", type=nonneg_float, help="Adam beta1 (0.9)")
@@ -98,7 +80,8 @@ def build_parser():
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-every", type=nonneg_int, help="validation every N steps, 0: only "
                    "at the end (250)")
-    g.add_argument("--eval-batches", type=positive_int, help="validation batches (4)")
+    g.add_argument("--eval-batches", type=positive_int, help="validation batches (the same "
+                   f"windows as nntile-eval's; {EVAL_BATCHES})")
     g = p.add_argument_group("data and checkpoints")
     g.add_argument("--data", help="directory with train.bin and val.bin (uint16, nanoGPT); "
                    "default: the running Python's standard library, byte-level")
@@ -116,7 +99,9 @@ def build_parser():
     g.add_argument("--overwrite", action="store_true", help="start afresh in an --out that "
                    "holds checkpoints (deleting them); with --resume of an earlier checkpoint, "
                    "delete the later ones instead of keeping them aside")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar (nor, without "
+                   "a terminal, the progress lines that replace it)")
+    add_verbose_arg(p)
     add_runtime_args(p)
     return p
 
@@ -139,7 +124,7 @@ def _read_config_file(path):
     try:
         with open(path) as f:
             return config_from_dict(json.load(f))
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, RecursionError) as exc:
         raise CLIError(f"--config {path}: {exc}") from None
 
 
@@ -158,6 +143,21 @@ def _fresh_config(args, vocab_size, seq_len):
         return family.small(vocab_size, seq_len, **flags)
     except ValueError as exc:
         raise CLIError(str(exc).replace(f"{family.__name__}.", "")) from None
+
+
+def _check_same_tokenizer(flag, base, data, model_vocab):
+    """A checkpoint goes on with data of its own tokenizer: the one it records, else (no
+    record: an imported model) one of its vocabulary's size."""
+    data_vocab, data_tok = data.meta.get("vocab_size"), data.meta.get("tokenizer")
+    base_tok = (base.get("tokenizer") or {}).get("name")
+    if data_vocab is None or (base_tok and data_tok == base_tok):
+        return
+    if base_tok or data_vocab != model_vocab:
+        raise CLIError(f"{flag} {base.path}: its model has a vocabulary of {model_vocab} tokens"
+                       f"{f' ({base_tok} tokenizer)' if base_tok else ''}, the data in "
+                       f"{data.path} one of {data_vocab} ({data_tok or '?'} tokenizer): tokenize "
+                       "the text with the model's own tokenizer (nntile-prepare --tokenizer DIR, "
+                       "the directory holding its tokenizer.json)")
 
 
 def resolve(args):
@@ -246,11 +246,23 @@ def resolve(args):
             value = train_prev[key]
         elif key == "warmup":
             value = min(default, s.steps // 10)
+        elif key == "min_lr":  # a tenth of the peak, whichever peak was asked for
+            value = s.lr / 10
         else:
             value = default
         setattr(s, key, value)
     if s.steps < 1:
         raise CLIError(f"--steps {s.steps} must be >= 1")
+    s.complete = None  # a resumed run with nothing left to train: what to say instead
+    if s.ckpt is not None and s.ckpt.step >= s.steps:
+        where = "past" if s.ckpt.step > s.steps else "the end of"
+        given = "" if _given(args, "steps") else " (the checkpoint's)"
+        s.complete = (f"{s.ckpt.path} is at step {s.ckpt.step}, {where} --steps {s.steps}"
+                      f"{given}: nothing to train. To go on, pass a larger --steps, e.g. "
+                      f"--steps {2 * s.ckpt.step} (the learning rate then decays over the "
+                      "new total)")
+        if s.ckpt.step > s.steps:  # asked for less than is done: an error
+            raise CLIError(s.complete)
     if s.min_lr > s.lr:
         raise CLIError(f"--min-lr {s.min_lr} is larger than --lr {s.lr}")
     if s.warmup > s.steps:
@@ -298,6 +310,9 @@ def resolve(args):
             loaded = get_tokenizer(model_tokenizer["name"], model_tokenizer["path"])
             s.data.check_vocabulary(config.vocab_size, loaded, source)
     s.data.check_vocabulary(config.vocab_size, None, source or "the model")
+    if base is not None:
+        _check_same_tokenizer("--resume" if s.ckpt is not None else "--init", base, s.data,
+                              config.vocab_size)
     s.data.check(config.vocab_size, s.seq_len)
     tok_prev = (base.get("tokenizer") if base else None) or {}
     s.tokenizer = model_tokenizer or {
@@ -329,6 +344,10 @@ def prepare_out(s, args):
         os.unlink(probe)
     except OSError as exc:
         raise CLIError(f"--out {out} is not writable: {exc.strerror or exc}") from None
+    for name in (METRICS, "loss.png"):
+        if os.path.isdir(os.path.join(out, name)):
+            raise CLIError(f"--out {out} holds a directory {name}, where the run writes its "
+                           f"file {name}: move that directory away, or use another --out")
     if launcher_rank()[0] == 0:  # under MPI, rank 0 writes what --out holds
         s.lock = OutLock(out)  # before anything in --out is read or changed
     from nntile.checkpoint import list_checkpoints
@@ -405,7 +424,7 @@ def start_outputs(s, overwrite, echo):
             aside = _new_dir(os.path.join(s.out, f"abandoned-after-step-{start}"))
             for path in later:
                 os.rename(path, os.path.join(aside, os.path.basename(path)))
-            for name in (METRICS, "loss.png"):
+            for name in (METRICS, "loss.png", *event_files(s.out)):
                 if os.path.exists(os.path.join(s.out, name)):
                     shutil.copy2(os.path.join(s.out, name), aside)
             echo(f"nntile-train: resuming at step {start}: the {len(later)} later checkpoints "
@@ -414,9 +433,11 @@ def start_outputs(s, overwrite, echo):
             for path in later:
                 os.unlink(path)
     with output_errors(metrics):
-        if s.ckpt is None and os.path.exists(metrics):
-            os.unlink(metrics)
-        elif s.ckpt is not None:
+        if s.ckpt is None:  # a fresh run: the metrics of the one --overwrite replaces go
+            for name in (METRICS, *event_files(s.out)):
+                if os.path.exists(os.path.join(s.out, name)):
+                    os.unlink(os.path.join(s.out, name))
+        else:
             _truncate_metrics(metrics, s.ckpt.step)
 
 
@@ -512,6 +533,76 @@ class StopRequest:
         return 128 + self.signum if self.signum else 0
 
 
+def describe_tiles(tiles, sizes):
+    """"batch 4 of 8 (2 tiles), embd 64 of 128 (2 tiles); the others whole" from the tiles
+    and the dimensions' sizes."""
+    cut = [f"{key} {tile} of {sizes[key]} ({-(-sizes[key] // tile)} tiles)"
+           for key, tile in tiles.items() if tile is not None and tile < sizes[key]]
+    if not cut:
+        return "one per dimension"
+    return ", ".join(cut) + ("; the others whole" if len(cut) < len(tiles) else "")
+
+
+def banner(s, ctx, start_step, verbose=False):
+    """What the run is, in a few lines (``verbose``: every runtime setting, too)."""
+    c = s.config
+    what = (f"resuming {s.ckpt.path} at step {start_step}" if s.ckpt else
+            f"weights of {s.init.path}" if s.init else
+            f"weights of {s.init_from}" if s.init_from else "fresh weights")
+    sizes = dict({key: size for key, (size, _) in c.sizes().items()},
+                 batch=s.batch_size, seq=s.seq_len)
+    step = f"{s.batch_size} sequences of {s.seq_len} tokens"
+    if s.grad_accum > 1:
+        step = (f"{s.grad_accum} micro-batches of {step} (gradient accumulation: "
+                f"{s.grad_accum * s.batch_size * s.seq_len:,} tokens)")
+    lines = [f"nntile-train: {c.name}, {c.num_parameters() / 1e6:.2f}M parameters "
+             f"({c.describe()}), {s.dtype}, {c.attention} attention, {what}",
+             f"  {s.steps} steps, each {step}; tiles: {describe_tiles(s.tiles, sizes)}",
+             f"  data {s.data_dir} ({len(s.data.splits['train']):,} train tokens); out {s.out}",
+             ctx.describe() if verbose else "  " + ctx.describe(verbose=False)]
+    if ctx.world_size > 1:
+        lines.append(f"  {ctx.world_size} MPI ranks, distribution "
+                     f"{ctx.distribution.describe()}")
+    return "\n".join(lines)
+
+
+class Progress:
+    """The steps' progress: tqdm's bar on a terminal; elsewhere (a log file, a pipe) a plain
+    line now and then (each 5% of the steps, at least once a minute, and the last) instead
+    of the bar's carriage-return redraws."""
+    EVERY_S = 60.0
+
+    def __init__(self, tqdm, total, initial, enabled, stream=None):
+        self.stream = stream or sys.stderr
+        self.total, self.bar, self.lines = total, None, False
+        if enabled and self.stream.isatty():
+            self.bar = tqdm(total=total, initial=initial, unit="step", file=self.stream,
+                            dynamic_ncols=True, smoothing=0.1)
+        elif enabled:
+            self.lines = True
+            self.every = max(1, (total - initial) // 20)
+            self.start = self.last = time.perf_counter()
+            self.initial = initial
+
+    def update(self, step, text):
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.update(1)
+        elif self.lines:
+            now = time.perf_counter()
+            done = step - self.initial
+            if done % self.every and step != self.total and now - self.last < self.EVERY_S:
+                return
+            left = (now - self.start) / done * (self.total - step)
+            print(f"step {step}/{self.total}: {text} | {_duration(now - self.start)} elapsed, "
+                  f"{_duration(left)} left", file=self.stream, flush=True)
+            self.last = now
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
 def plot_losses(records, path):
     try:
         import matplotlib
@@ -551,6 +642,9 @@ def _duration(seconds):
 def train_main(argv=None):
     args = build_parser().parse_args(argv)
     s = resolve(args)
+    if s.complete:
+        print(f"nntile-train: {s.complete}")
+        return 0
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
     est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
@@ -615,23 +709,13 @@ def _run(s, args, ctx, stop, echo, tqdm):
         model.init_weights(s.seed)
     if ctx.rank == 0:
         start_outputs(s, args.overwrite, echo)
-    echo(ctx.describe())
-    if ctx.world_size > 1:
-        echo(f"nntile-train: {ctx.world_size} MPI ranks, distribution "
-             f"{ctx.distribution.describe()}")
     val_batches = eval_batches(s.data.splits["val"], s.batch_size, s.seq_len, s.eval_batches)
     metrics_path = os.path.join(s.out, METRICS)
     tokens_per_step = s.batch_size * s.seq_len * s.grad_accum
     flops_tok = config.flops_per_token(s.seq_len)
-    what = ("resuming " + s.ckpt.path + f" at step {start_step}" if s.ckpt else
-            "weights of " + s.init.path if s.init else
-            "weights of " + s.init_from if s.init_from else "fresh weights")
     for note in s.notes:
         echo(f"nntile-train: note: {note}")
-    echo(f"nntile-train: {config.name} {config.num_parameters() / 1e6:.2f}M parameters "
-         f"({config.describe()}), {s.dtype}, tiles {s.tiles}; {s.batch_size}x{s.seq_len} tokens "
-         f"x {s.grad_accum} per step, {s.steps} steps; data {s.data_dir} "
-         f"({len(s.data.splits['train']):,} train tokens); {what}; out {s.out}")
+    echo(banner(s, ctx, start_step, args.verbose))
 
     def checkpoint_meta(step):
         state = sampler.state()
@@ -673,11 +757,12 @@ def _run(s, args, ctx, stop, echo, tqdm):
     first_loss = last_loss = val_loss = None
     run_start = time.perf_counter()
     tokens_done = 0
-    bar = tqdm(total=s.steps, initial=start_step, unit="step", file=sys.stderr,
-               disable=args.no_progress or ctx.rank != 0, dynamic_ncols=True, smoothing=0.1)
+    bar = Progress(tqdm, s.steps, start_step, not args.no_progress and ctx.rank == 0)
     # the loss is the same number on every rank (to_array gathers it); rank 0 logs it
     with output_errors(metrics_path):
         metrics = open(metrics_path if ctx.rank == 0 else os.devnull, "a")
+    with output_errors(s.out):
+        events = EventWriter(s.out) if ctx.rank == 0 else None  # TensorBoard's
     watchdog = Watchdog(ctx.comm, "nntile-train", ctx.mpi_timeout)  # a dead rank ends all
     try:
         last_time = time.perf_counter()
@@ -701,6 +786,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
                 sampler.set_state(sampler_state)  # the abandoned step's batches come again
                 break
             lr = opt.step()
+            # the norm that clipping measured (read here, no second pass); None unclipped
+            grad_norm = opt.grad_norm() if opt.max_grad_norm else None
             step += 1
             loss = loss_sum / s.grad_accum
             if not math.isfinite(loss):
@@ -713,7 +800,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
             last_time = now
             tokens_done += tokens_per_step
             tflops = tokens_s * flops_tok / 1e12
-            record = dict(step=step, loss=loss, lr=lr, tokens_per_s=tokens_s, tflops=tflops)
+            record = dict(step=step, loss=loss, lr=lr, grad_norm=grad_norm,
+                          tokens_per_s=tokens_s, tflops=tflops)
             if step == s.steps or (s.eval_every and step % s.eval_every == 0):
                 val_loss = evaluate()
                 record["val_loss"] = val_loss
@@ -722,11 +810,12 @@ def _run(s, args, ctx, stop, echo, tqdm):
             with output_errors(metrics_path):
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
+            if events is not None:
+                with output_errors(events.path):
+                    events.scalars(step, {k: v for k, v in record.items() if k != "step"})
             first_loss = loss if first_loss is None else first_loss
             last_loss = loss
-            bar.set_postfix_str(f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | "
-                                f"{tflops:.4f} TFLOP/s", refresh=False)
-            bar.update(1)
+            bar.update(step, f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | {tflops:.4f} TFLOP/s")
             watchdog.beat()
             if step == s.steps or (s.save_every and step % s.save_every == 0):
                 save_checkpoint(step)
@@ -738,6 +827,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
         bar.close()
         with output_errors(metrics_path):
             metrics.close()
+            if events is not None:
+                events.close()
     elapsed = time.perf_counter() - run_start
     if ctx.rank != 0:
         return stop.exit_code

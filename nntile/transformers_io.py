@@ -154,7 +154,7 @@ def read_config(hf_dir):
             data = json.load(f)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise TransformersDirError(f"{path} cannot be read: {_first_line(exc)}") from None
     model_type = data.get("model_type") or "gpt2"
     if model_type not in FAMILIES:
@@ -174,7 +174,7 @@ def _shards(hf_dir, index_name):
         with open(path) as f:
             weight_map = json.load(f)["weight_map"]
         files = list(dict.fromkeys(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise TransformersDirError(f"{path} cannot be read: {_first_line(exc)}") from None
     for name in files:
         if os.path.basename(name) != name or not os.path.isfile(os.path.join(hf_dir, name)):

@@ -138,7 +138,7 @@ def test_bad_input(tmp_path, data_dir):  # noqa: F811
         (("evaluate", "--checkpoint", junk, "--data", data_dir), "junk.h5"),
         (("evaluate", "--checkpoint", tmp_path / "none.h5"), "does not exist"),
         (("generate", "--checkpoint", junk), "junk.h5"),
-        (("generate", "--checkpoint", junk, "--temperature", "0"), "--temperature"),
+        (("generate", "--checkpoint", junk, "--temperature", "-1"), "--temperature"),
     ]
     for args, words in cases:
         assert_clean_error(cli(*args), words)

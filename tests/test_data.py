@@ -56,7 +56,7 @@ def test_prepare_cli(tmp_path):
     assert_clean_error(cli("data", src, "--out", tmp_path / "o4", "--val-fraction", "1.5"),
                        "--val-fraction")
     assert_clean_error(cli("data", src, "--out", tmp_path / "o5", "--tokenizer",
-                           tmp_path / "no-tokenizer"), "cannot be loaded from local files")
+                           tmp_path / "no-tokenizer"), "no-tokenizer", "no such directory", "tokenizer.json")
     assert_clean_error(cli("data", src, "--out", empty), "not a directory")
     for name in ("o2", "o3", "o4", "o5"):
         assert not (tmp_path / name).exists()
@@ -103,7 +103,8 @@ def test_gpt2_tokenizer_from_the_local_cache_or_a_clear_error(tmp_path):
     if result.returncode == 0:
         assert json.loads((tmp_path / "out" / "meta.json").read_text())["vocab_size"] == 50257
     else:
-        assert_clean_error(result, "gpt2", "local files")
+        assert_clean_error(result, "'gpt2' is not on this machine", "downloads nothing",
+                           "--tokenizer DIR", "tokenizer.json")
 
 
 def test_token_data_errors(tmp_path):

@@ -373,12 +373,13 @@ def _readme_mpi_lines():
     return [shlex.split(line, comments=True) for line in lines if line.startswith("mpirun ")]
 
 
-def _with(words, binding=(), nranks=None):
-    """A README line with mpirun's binding option, or another rank count, put in."""
+def _with(words, binding=(), nranks=None, extra=()):
+    """A README line with mpirun's binding option, or another rank count, put in, and
+    ``extra`` arguments of the program at its end."""
     words = list(words)
     if nranks is not None:
         words[words.index("-np") + 1] = str(nranks)
-    return [words[0], *binding, *words[1:]]
+    return [words[0], *binding, *words[1:], *extra]
 
 
 README_LINES = _readme_mpi_lines()
@@ -391,8 +392,9 @@ NNTILE_TRAIN = shutil.which("nntile-train")
                                                                        "bind-to-core"])
 def test_readme_mpi_lines_run_as_written(tmp_path, binding):
     """The README's lines for up to 2 ranks, word for word (in an empty directory), with
-    mpirun's default binding (one core per rank) and with --bind-to core; the first line also
-    with one rank. All train the same model on the same batches: the same losses."""
+    mpirun's default binding (one core per rank) and with --bind-to core, and -v to see the
+    threads' cores; the first line also with one rank. All train the same model on the same
+    batches: the same losses."""
     runs = [(words, words) for words in README_LINES
             if int(words[words.index("-np") + 1]) <= 2]
     assert len(runs) == 2, README_LINES  # data and tensor
@@ -401,8 +403,9 @@ def test_readme_mpi_lines_run_as_written(tmp_path, binding):
     for i, (line, words) in enumerate(runs):
         cwd = tmp_path / str(i)
         cwd.mkdir()
-        result = subprocess.run(_with(words, binding), cwd=cwd, capture_output=True,
-                                text=True, timeout=300, env=_env(placed=True))
+        result = subprocess.run(_with(words, binding, extra=["-v"]), cwd=cwd,
+                                capture_output=True, text=True, timeout=300,
+                                env=_env(placed=True))
         assert result.returncode == 0 and "Traceback" not in result.stderr, \
             shlex.join(words) + "\n" + result.stderr[-3000:]
         out = cwd / line[line.index("--out") + 1]
@@ -420,6 +423,22 @@ def test_readme_mpi_lines_run_as_written(tmp_path, binding):
     np.testing.assert_allclose(curves[0], curves[2], rtol=0, atol=1e-6)  # 2 ranks as 1
     # the tensor line tiles n_embd: sums in another order
     np.testing.assert_allclose(curves[1], curves[2], rtol=0, atol=1e-4)
+
+
+@needs_mpi
+@pytest.mark.skipif(not NNTILE_TRAIN, reason="nntile-train is not installed")
+def test_readme_mpi_lines_of_more_ranks_than_cores_run_as_written(tmp_path):
+    """The README's line for 4 ranks (a 2 x 2 grid), word for word: on the CI's 2 cores its
+    --oversubscribe is what lets mpirun start it."""
+    lines = [words for words in README_LINES if int(words[words.index("-np") + 1]) > 2]
+    assert lines, README_LINES
+    for words in lines:
+        result = subprocess.run(words, cwd=tmp_path, capture_output=True, text=True,
+                                timeout=600, env=_env(placed=True))
+        assert result.returncode == 0 and "Traceback" not in result.stderr, \
+            shlex.join(words) + "\n" + result.stderr[-3000:]
+        steps = int(words[words.index("--steps") + 1])
+        assert len(losses(tmp_path / words[words.index("--out") + 1])) == steps
 
 
 def _kill_one_rank_mid_run(tmp_path, rank, options=(), env=None):

@@ -20,6 +20,8 @@ TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
 DEFAULT_VOCAB_TILE = 8192
 # how attention may be computed (a family config's ``attention`` field)
 ATTENTION = ("fused", "unfused")
+# the largest size of a dimension: tile shapes and indices are C ints in the layers
+INT_MAX = 2**31 - 1
 
 
 class CausalLMConfig:
@@ -55,9 +57,21 @@ class CausalLMConfig:
     def _check_positive(self, *names):
         for name in names:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
                 raise ValueError(f"{type(self).__name__}.{name}={value!r} must be a positive "
-                                 "integer")
+                                 f"integer (at most {INT_MAX})")
+
+    def _check_eps(self, name):
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise ValueError(f"{type(self).__name__}.{name}={value!r} must be a positive number")
+
+    def _check_bool(self, *names):
+        for name in names:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r} must "
+                                 "be true or false")
 
     def _check_attention(self):
         """``attention`` says how attention is computed, not what: "fused" (flash attention:
@@ -78,6 +92,9 @@ class CausalLMConfig:
     def from_dict(cls, data):
         """From our own config dict (a checkpoint's, config.json of nntile-train --config) or a
         transformers ``config.json``: the fields we know are taken, the rest ignored."""
+        if not isinstance(data, dict):  # a config.json holding a list, a string, ...
+            raise ValueError(f"a model config is a JSON object, not {type(data).__name__} "
+                             f"{repr(data)[:40]}")
         model_type = data.get("model_type") or "gpt2"  # checkpoints before families: gpt2
         if model_type != cls.model_type:
             raise ValueError(f"model_type {model_type!r} is not {cls.model_type}")
@@ -168,4 +185,12 @@ class CausalLMConfig:
     def num_parameters(self):
         """The parameter count: what the name map gives our parameters (a tied head counts
         once, as in transformers' ``num_parameters``)."""
-        return sum(math.prod(shape) for shape in self.name_map().params().values())
+        def count(config):
+            return sum(math.prod(shape) for shape in config.name_map().params().values())
+        layers = self.num_hidden_layers
+        if layers <= 2:
+            return count(self)
+        # every block has the same parameters: two models' counts give any depth's, without
+        # listing the names of an absurd depth (the memory pre-check refuses n_layer 10**9)
+        one, two = (count(self.replace(num_hidden_layers=n)) for n in (1, 2))
+        return one + (layers - 1) * (two - one)

@@ -25,9 +25,8 @@ def config_class(model_type):
 def config_from_dict(data):
     """The config a dict describes: ours (a checkpoint's, nntile-train --config's) or
     transformers' config.json, by its model_type (none: gpt2)."""
-    if not isinstance(data, dict):
-        raise ValueError("a model config must be a JSON object")
-    return config_class(data.get("model_type") or DEFAULT_MODEL_TYPE).from_dict(data)
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    return config_class(model_type or DEFAULT_MODEL_TYPE).from_dict(data)  # checks data
 
 
 def model_class(model_type):

@@ -38,18 +38,21 @@ class GPT2Config(CausalLMConfig):
         if self.n_embd % self.n_head:
             raise ValueError(f"GPT2Config: n_embd={self.n_embd} is not divisible by "
                              f"n_head={self.n_head}")
-        if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner < 1):
-            raise ValueError(f"GPT2Config.n_inner={self.n_inner!r} must be a positive integer")
+        if self.n_inner is not None:
+            self._check_positive("n_inner")
+        self._check_eps("layer_norm_epsilon")
+        self._check_bool("tie_word_embeddings")
         if self.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"GPT2Config.activation_function={self.activation_function!r}: "
                              "only the tanh approximation of GELU (gelu_new) is implemented")
 
     @classmethod
     def from_dict(cls, data):
+        config = super().from_dict(data)  # checks that data is a dict
         for key, usual in UNSUPPORTED.items():
             if data.get(key, usual) != usual:
                 raise ValueError(f"{key}={data[key]!r} is not supported (only {usual!r})")
-        return super().from_dict(data)
+        return config
 
     @classmethod
     def small(cls, vocab_size, seq_len, n_layer=None, n_head=None, n_embd=None):

@@ -78,6 +78,8 @@ class LlamaConfig(CausalLMConfig):
                              "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                              "max_position_embeddings")
         self._check_attention()
+        self._check_eps("rms_norm_eps")
+        self._check_bool("tie_word_embeddings", "attention_bias", "mlp_bias")
         H, Hkv = self.num_attention_heads, self.num_key_value_heads
         if self.head_dim is None:
             if self.hidden_size % H:

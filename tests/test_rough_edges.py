@@ -1,0 +1,334 @@
+"""Issue 26, "Rough edges": a clear line instead of a traceback, and the new user's path.
+One test (or two) per item of the issue; the README's code blocks are tests/test_readme.py,
+and hostile input of every kind is tests/test_hostile.py."""
+import fcntl
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+
+import numpy as np
+import pytest
+
+from tests.test_train_cli import (ROOT, TINY, assert_clean_error, cli, cli_env, data_dir,  # noqa: F401
+                                  read_metrics, train)
+
+README = (ROOT / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, data_dir):  # noqa: F811
+    """A 6-step run with gradient accumulation, its stderr a pipe (no terminal)."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    result = cli("train", *[a for a in TINY if a != "--no-progress"], "--data", data_dir,
+                 "--out", out, "--steps", "6", "--grad-accum", "2", "--eval-every", "3")
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+# ---- a clear line instead of a traceback ---------------------------------------------------
+
+@pytest.mark.parametrize("text, words", [
+    ("[1, 2]", ["a JSON object", "not list"]),
+    ('"gpt2"', ["a JSON object", "not str"]),
+    ('{"n_embd": "128"}', ["n_embd='128'", "positive integer"]),
+    ('{"layer_norm_epsilon": "1e-5"}', ["layer_norm_epsilon='1e-5'", "positive number"]),
+    ('{"tie_word_embeddings": "no"}', ["tie_word_embeddings='no'", "true or false"]),
+    ('{"n_inner": true}', ["n_inner=True"]),
+])
+def test_config_json_of_wrong_types_is_one_line(tmp_path, text, words):
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    assert_clean_error(cli("train", "--config", config, "--out", tmp_path / "o"), *words)
+    from nntile.models import GPT2Config
+    with pytest.raises(ValueError, match=re.escape(words[0])):
+        GPT2Config.from_dict(json.loads(text))
+    # a transformers directory holding it: nntile-convert import says the same
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(text)
+    (hf / "model.safetensors").write_bytes(b"")
+    assert_clean_error(cli("convert", "import", hf, tmp_path / "m.h5"), "config.json", words[0])
+
+
+def test_a_tiny_temperature_samples_the_likeliest_token(tmp_path, tiny_run):
+    ckpt = tiny_run[0] / "ckpt-6.h5"
+    args = ("generate", "--checkpoint", ckpt, "--prompt", "def ", "--max-new-tokens", "12")
+    greedy = cli(*args, "--greedy")
+    tiny = cli(*args, "--temperature", "1e-320", "--seed", "5")
+    assert greedy.returncode == 0 and tiny.returncode == 0, tiny.stderr
+    assert tiny.stdout == greedy.stdout
+    # the distribution itself, against float64 numpy: all mass on the largest logit
+    from nntile.generate import token_probs
+    logits = np.array([0.5, 3.0, -1.0, 2.999])
+    np.testing.assert_array_equal(token_probs(logits, 1e-320), [0, 1, 0, 0])
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(tiny_run):
+    # bytes that are not UTF-8 reach Python's argv as lone surrogates (surrogateescape)
+    result = subprocess.run([sys.executable, "-m", "nntile.generate", "--checkpoint",
+                             str(tiny_run[0] / "ckpt-6.h5"), "--prompt", b"caf\xe9 \xff"],
+                            capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert_clean_error(result, "--prompt is not UTF-8 text", "character 4")
+
+
+def test_resuming_past_steps_says_how_to_go_on(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    assert train(out, data_dir, "--steps", "4", "--eval-every", "0").returncode == 0
+    line = assert_clean_error(train(out, data_dir, "--resume", "latest", "--steps", "2"),
+                              "ckpt-4.h5 is at step 4, past --steps 2", "nothing to train",
+                              "pass a larger --steps, e.g. --steps 8")
+    assert "learning rate" in line
+    assert len(read_metrics(out / "metrics.jsonl")) == 4  # nothing touched
+    # at the end of its --steps (from the checkpoint): exit 0, and the same advice
+    done = train(out, data_dir, "--resume", "latest")
+    assert done.returncode == 0, done.stderr
+    assert "at step 4, the end of --steps 4 (the checkpoint's)" in done.stdout
+
+
+def test_an_output_file_that_is_a_directory_is_one_line(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    (out / "metrics.jsonl").mkdir(parents=True)
+    assert_clean_error(train(out, data_dir, "--steps", "2"), "holds a directory metrics.jsonl",
+                       "move that directory away")
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+    # every program option naming a file to write: nntile-convert import's OUT.h5 and the
+    # benchmark tools' --out/--data/--plot-data
+    assert_clean_error(cli("convert", "import", tmp_path, tmp_path),
+                       f"{tmp_path} is a directory: name the file to write")
+    for script, flag in [("plot_performance.py", "--out"), ("plot_convergence.py", "--data"),
+                         ("node_table.py", "--out")]:
+        args = [sys.executable, str(ROOT / "bench" / script), flag, str(tmp_path)]
+        if script == "plot_convergence.py":
+            args.append(f"run={out}")
+        result = subprocess.run(args, capture_output=True, text=True, env=cli_env(), timeout=60)
+        assert result.returncode == 2, (script, result.stderr)
+        assert f"argument {flag}: {tmp_path} is a directory: name the file to write" \
+            in result.stderr, (script, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_the_readme_says_what_the_checksums_cover(ctx, tmp_path, tiny_run):
+    """Damage is refused (tests/test_faults.py has many kinds); an edit through HDF5 loads as
+    edited, and the README says so instead of promising more."""
+    import h5py
+    from nntile.checkpoint import Checkpoint
+    from nntile.cli_common import model_from_checkpoint
+    name = "transformer.h.0.mlp.c_fc.weight"
+    src = tiny_run[0] / "ckpt-6.h5"
+    with h5py.File(src, "r") as f:
+        before = f["params/" + name][...]
+        offset = f["params/" + name].id.get_chunk_info(0).byte_offset
+    edited = tmp_path / "edited.h5"
+    edited.write_bytes(src.read_bytes())
+    with h5py.File(edited, "r+") as f:
+        f["params/" + name][...] *= 2
+    model = model_from_checkpoint(Checkpoint(str(edited)))  # no error: HDF5 wrote a new
+    try:                                                    # Fletcher-32 with the values
+        np.testing.assert_array_equal(model.state_dict()[name], 2 * before)
+    finally:
+        model.unregister()
+    damaged = tmp_path / "damaged.h5"
+    data = bytearray(src.read_bytes())
+    data[offset + 5] ^= 0x10  # the same tile, changed on disk
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(OSError, match="(?i)checksum|filter"):
+        with h5py.File(damaged, "r") as f:
+            f["params/" + name][...]
+    text = " ".join(README.split())
+    assert "Checksums find damage, not edits" in text
+    assert "the checksums do not sign the values" in text
+
+
+# ---- the new user's path -------------------------------------------------------------------
+
+def test_init_refuses_a_model_of_another_vocabulary(tmp_path, data_dir):  # noqa: F811
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=300, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    hf.save_pretrained(tmp_path / "hf")
+    assert cli("convert", "import", tmp_path / "hf", tmp_path / "m.h5").returncode == 0
+    result = train(tmp_path / "run", data_dir, "--init", tmp_path / "m.h5", "--steps", "2")
+    assert_clean_error(result, "--init", "vocabulary of 300 tokens", "one of 256",
+                       "byte tokenizer", "nntile-prepare --tokenizer")
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())
+    readme = " ".join(README.split())
+    assert "## Fine-tuning a transformers model" in README
+    assert "nntile-train --init gpt2.h5" in readme and "--init-from" in readme
+
+
+def test_install_runs_pip_only_when_its_inputs_changed(tmp_path):
+    """make install, its StarPU step left out (-o starpu), pip replaced by echo, and
+    INSTALLED_HERE=true: this checkout's Python may have another checkout installed."""
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    (stamps / "starpu-prefix").write_text(f"{tmp_path}\n")  # a StarPU prefix, as far as
+    (tmp_path / ".nntile-build-stamp").touch()             # make is concerned
+    (stamps / "installed").touch()
+
+    def make_install():
+        result = subprocess.run(["make", "-o", "starpu", "install", f"STAMP={stamps}",
+                                 "PIP=echo PIP-RUN", "INSTALLED_HERE=true"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert "PIP-RUN" not in make_install()  # nothing changed since the stamp
+    os.utime(stamps / "installed", (0, 0))  # older than every source: install again
+    out = make_install()
+    assert "PIP-RUN install -q --no-build-isolation -e .[test]" in out
+    assert (stamps / "installed").stat().st_mtime > 1  # and the stamp is renewed
+
+
+def test_eval_and_training_measure_the_same_validation_loss(tiny_run, data_dir):  # noqa: F811
+    out, _ = tiny_run
+    final = read_metrics(out / "metrics.jsonl")[-1]["val_loss"]
+    result = cli("evaluate", "--checkpoint", out / "ckpt-6.h5", "--json", "--ncpu", "2")
+    assert result.returncode == 0, result.stderr
+    measured = json.loads(result.stdout)
+    from nntile.data import EVAL_BATCHES
+    assert measured["batches"] == EVAL_BATCHES
+    np.testing.assert_allclose(measured["loss"], final, rtol=1e-6)
+
+
+def test_readme_says_oversubscribe_where_ranks_outnumber_cores():
+    lines = [line for line in README.splitlines() if line.startswith("mpirun -np")]
+    assert lines
+    for line in lines:
+        ranks = int(re.search(r"-np (\d+)", line).group(1))
+        assert ("--oversubscribe" in line) == (ranks > 2), line  # the CI has 2 cores
+
+
+def test_without_a_terminal_progress_is_plain_lines_and_the_banner_is_short(tiny_run):
+    _, result = tiny_run
+    err = result.stderr
+    assert "\r" not in err
+    steps = [line for line in err.splitlines() if re.match(r"step \d+/6: loss", line)]
+    assert len(steps) == 6 and "elapsed" in steps[-1] and "left" in steps[-1]
+    banner = err[:err.index("step 1/6")].strip().splitlines()
+    assert len(banner) <= 4, banner
+    assert not any(word in err for word in ("limit_cuda_mem", "{'batch'", "x 2 per step"))
+    assert "2 micro-batches" in err and "gradient accumulation" in err
+    assert "tiles: batch 2 of 4 (2 tiles), seq 16 of 32 (2 tiles); the others whole" in err
+    assert re.search(r"nntile: StarPU \S+, 2 CPU workers, scheduler \w+", err)
+
+
+def test_on_a_terminal_the_bar_and_with_v_every_setting(tmp_path, data_dir):  # noqa: F811
+    """stderr on a pseudo-terminal: tqdm's bar; -v: StarPU's settings and threads."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    args = [sys.executable, "-m", "nntile.train", *[a for a in TINY if a != "--no-progress"],
+            "--data", str(data_dir), "--out", str(tmp_path / "run"), "--steps", "3",
+            "--eval-every", "0", "-v"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=slave, env=cli_env())
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=120) == 0
+    os.close(master)
+    err = b"".join(chunks).decode(errors="replace")
+    assert re.search(r"\r *\d+%\|.*\| 3/3 \[", err), err  # the bar, redrawn
+    assert "limit_cuda_mem = " in err and "cores: " in err
+
+
+def test_no_future_warning_from_listing_live_tensors():
+    result = subprocess.run(
+        [sys.executable, "-W", "error::FutureWarning", "-c",
+         "import torch.distributed, nntile\nfrom nntile.memory import live_tensors\n"
+         "print(len(live_tensors()))"], capture_output=True, text=True, env=cli_env(),
+        timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_generate_help_shows_defaults():
+    result = cli("generate", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for shown in ("tokens to add (default: 200)", "(0: greedy) (default: 0.8)",
+                  "(0: all) (default: 0)", "nucleus sampling; 1: all) (default: 1.0)"):
+        assert shown in text, shown
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [
+    (1.0, 0, 0.9), (0.7, 0, 0.5), (1.3, 5, 0.8), (1.0, 3, 1.0), (0.5, 0, 1e-9)])
+def test_sampling_distribution_matches_transformers(rng, temperature, top_k, top_p):
+    """Temperature, top-k and top-p (nucleus) as transformers' logits warpers apply them."""
+    torch = pytest.importorskip("torch")
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    logits = rng.normal(0.0, 2.0, size=50)
+    warpers = [lp.TemperatureLogitsWarper(temperature)]
+    if top_k:
+        warpers.append(lp.TopKLogitsWarper(top_k))
+    if top_p < 1:
+        warpers.append(lp.TopPLogitsWarper(top_p))
+    scores = torch.from_numpy(logits)[None]
+    for warper in warpers:
+        scores = warper(None, scores)
+    expected = torch.softmax(scores, dim=-1)[0].numpy()
+    from nntile.generate import token_probs
+    np.testing.assert_allclose(token_probs(logits, temperature, top_k, top_p), expected,
+                               rtol=1e-12, atol=1e-15)
+
+
+def test_top_p_sampling_draws_from_the_nucleus_only(tiny_run):
+    ckpt = tiny_run[0] / "ckpt-6.h5"
+    result = cli("generate", "--checkpoint", ckpt, "--prompt", "def ", "--max-new-tokens",
+                 "8", "--top-p", "1e-9", "--seed", "3")
+    greedy = cli("generate", "--checkpoint", ckpt, "--prompt", "def ", "--max-new-tokens",
+                 "8", "--greedy")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == greedy.stdout  # a nucleus of one token: the likeliest
+    assert_clean_error(cli("generate", "--checkpoint", ckpt, "--top-p", "0"),
+                       "--top-p", "(0, 1]")
+
+
+def test_tensorboard_reads_what_metrics_jsonl_holds(tiny_run):
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    out, _ = tiny_run
+    records = read_metrics(out / "metrics.jsonl")
+    files = list(out.glob("events.out.tfevents.*"))
+    assert len(files) == 1
+    acc = ea.EventAccumulator(str(out))
+    acc.Reload()
+    for tag in ("loss", "lr", "grad_norm", "tokens_per_s", "tflops", "val_loss"):
+        events = acc.Scalars(tag)
+        want = [(r["step"], r[tag]) for r in records if r.get(tag) is not None]
+        assert [e.step for e in events] == [step for step, _ in want], tag
+        np.testing.assert_allclose([e.value for e in events], [v for _, v in want],
+                                   rtol=1e-6, err_msg=tag)  # stored as float32
+    assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
+    # the gradient norm is the one clipping measured: a positive number each step
+    assert all(r["grad_norm"] > 0 for r in records)
+
+
+def test_event_file_records_and_crc32c():
+    from nntile import events
+    assert events.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value (RFC 3720)
+    assert events.crc32c(b"") == 0
+    rec = events.record(b"abc")
+    assert rec[:8] == (3).to_bytes(8, "little") and rec[12:15] == b"abc" and len(rec) == 19
+
+
+def test_dockerfile_builds_starpu_before_copying_the_sources():
+    lines = [line.strip() for line in (ROOT / "Dockerfile").read_text().splitlines()]
+    starpu = next(i for i, line in enumerate(lines) if "make starpu" in line)
+    copy_all = lines.index("COPY . .")
+    assert starpu < copy_all < lines.index("RUN make install")
+    copies = [line for line in lines[:starpu] if line.startswith("COPY ")]
+    assert copies and all(" . " not in line for line in copies)
+    for text in (README, (ROOT / "Dockerfile").read_text()):
+        run = next(line for line in text.splitlines() if "docker run" in line)
+        assert "--gpus all" in run and "checkpoints:/opt/nntile/checkpoints" in run
