@@ -5,7 +5,6 @@ import codecs
 import json
 import shutil
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
