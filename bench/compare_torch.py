@@ -1,20 +1,29 @@
-"""Train the same GPT-2 with nntile and with PyTorch eager + transformers, in one process.
+"""Train the same model with nntile and with PyTorch eager + transformers, in one process.
 
     python3 bench/compare_torch.py --n-embd 4096 --n-layer 4 --batch 4 --steps 5 \
-        [--dtype tf32|fp32|bf16] [--ncpu N] [--ncuda N] [--sched NAME] [--tile-embd 4096] ...
+        [--dtype tf32|fp32|bf16|bf16-mixed] [--ncpu N] [--ncuda N] [--sched NAME] ...
+    python3 bench/compare_torch.py --model llama-3.2-1b --seq 2048 --batch 8 \
+        --precision bf16-mixed
+    python3 bench/compare_torch.py --model llama --n-embd 64 --n-layer 2 --n-head 4 \
+        --n-kv-head 2 --vocab 100 --seq 32 --batch 2    # a toy Llama, e.g. on a CPU
 
-Both sides start from the same random weights (ours is copied from the transformers model):
-untied head, no dropout, AdamW. On a machine with a GPU (and nntile built with CUDA) both
-train there: PyTorch with TF32 matrix products for tf32, the model cast to bfloat16 for
-bf16. Otherwise both train on the CPU. Tiles no flag gives are nntile's choice for the
-machine (nntile.policy.tiles, printed by the Context). PyTorch runs first, with
+--model: gpt2 (default; GPT2LMHeadModel, untied head), llama (LlamaForCausalLM of the flags)
+or a named Llama shape (bench/shapes.py: llama-3.2-1b, llama-3.1-8b, tinyllama-1.1b,
+smollm2-135m). Both sides start from the same random weights (ours is copied from the
+transformers model): no dropout, AdamW. On a machine with a GPU (and nntile built with
+CUDA) both train there: PyTorch with TF32 matrix products for tf32, the model cast to
+bfloat16 for bf16, under torch.autocast(bfloat16) for bf16-mixed, with sdpa attention and
+fused AdamW. Otherwise both train on the CPU. Tiles no flag gives are nntile's choice for
+the machine (nntile.policy.tiles, printed by the Context). PyTorch runs first, with
 StarPU's workers paused and before our model exists, and gives its memory back before ours
 is built from the same initial weights. A side that runs out of memory is reported as "oom",
 any other failure as "error" with its text.
 
-Prints tokens/s, model TFLOP/s (6 N tokens + 12 L E T tokens per step, N from
-GPT2Config.num_parameters as in bench/scale.py) and the ratio, then one RESULT JSON line.
---plot-data FILE appends both sides' records to the data bench/plot_performance.py draws.
+Prints tokens/s, model TFLOP/s and the ratio, our timed steps per op (Context.op_stats),
+then one RESULT JSON line. Model FLOPs, the same number for both sides: for GPT-2 6 N
+tokens + 12 L E T tokens per step (N from GPT2Config.num_parameters, as bench/scale.py), for
+Llama the family's LlamaConfig.flops_per_token. --plot-data FILE appends both sides'
+records to the data bench/plot_performance.py draws.
 """
 import argparse
 import datetime
@@ -32,16 +41,18 @@ import torch  # noqa: E402
 
 import nntile
 import torch_reference
-from harness import model_flops_per_step, paused, print_result, train_step
+from harness import model_flops_per_step, op_table, paused, print_result, train_step
 from nntile.cli_common import output_file
-from nntile.models import GPT2Config, GPT2LMHead
+from nntile.models import GPT2Config, GPT2LMHead, LlamaLM
 from nntile.optim import AdamW
+from shapes import add_model_args, llama_config, resolve_model
 
 TILE_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(p)
     p.add_argument("--n-embd", type=int, default=1024)
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--n-head", type=int,
@@ -66,7 +77,7 @@ def parse_args(argv):
         p.add_argument(f"--tile-{key}", type=int)
     p.add_argument("--plot-data", type=output_file("records.json"),
                    help="append the two records to this JSON list")
-    args = p.parse_args(argv)
+    args = resolve_model(p.parse_args(argv))
     if args.n_head is None:
         args.n_head = max(1, args.n_embd // (128 if args.n_embd >= 1024 else 64))
     return args
@@ -83,15 +94,18 @@ def summary(times, losses, flops, tokens):
                 tflops=flops / step / 1e12, losses=losses)
 
 
-def timed_steps(step, warmup, steps, loss=None):
+def timed_steps(step, warmup, steps, loss=None, start=None):
     """Seconds of each step after ``warmup`` ones, and every step's loss: what ``step()``
-    returns, or what ``loss()`` reads once the step is timed."""
+    returns, or what ``loss()`` reads once the step is timed. ``start()`` is called before
+    the first timed step."""
     times, losses = [], []
     for index in range(warmup + steps):
-        start = time.perf_counter()
+        if index == warmup and start is not None:
+            start()
+        begin = time.perf_counter()
         value = step()
         if index >= warmup:
-            times.append(time.perf_counter() - start)
+            times.append(time.perf_counter() - begin)
         losses.append(value if loss is None else loss())
     return times, losses
 
@@ -108,11 +122,20 @@ def run_pytorch(hf, device, args, ids, targets, flops, warmup):
 
 
 def run_ours(ctx, model, args, ids, targets, flops, warmup):
+    """Our side's summary, with ``ops``: the timed steps' tasks per op (Context.op_stats,
+    counted with StarPU's profiling on, as bench/test_gpt2_gpu.py does)."""
+    def count_ops():
+        ctx.profiling(True)
+        ctx.op_stats()  # counts from here
+
     try:
         opt = AdamW(model.named_parameters(), lr=1e-4)
         times, losses = timed_steps(lambda: train_step(ctx, model, opt, ids, targets), warmup,
-                                    args.steps, loss=lambda: float(model.loss_value.to_array()[0]))
-        return summary(times, losses, flops, ids.size)
+                                    args.steps, loss=lambda: float(model.loss_value.to_array()[0]),
+                                    start=count_ops)
+        ops = ctx.op_stats()
+        ctx.profiling(False)
+        return dict(summary(times, losses, flops, ids.size), ops=ops)
     except Exception as exc:
         return failure(exc)
 
@@ -151,23 +174,33 @@ def main(argv=None):
     # No CPU worker by default on a GPU: dmda would put large GEMMs on a core to calibrate.
     ncpu = args.ncpu if args.ncpu is not None or not gpu else 0
     warmup = args.warmup if args.warmup is not None else (3 if gpu else 1)
-    config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq),
-                        n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
-                        tie_word_embeddings=False, attention=args.attention)
     tiling = {k: getattr(args, f"tile_{k}") for k in TILE_KEYS if getattr(args, f"tile_{k}")}
-    nparams = config.num_parameters()
     tokens = args.batch * args.seq
-    flops = model_flops_per_step(nparams, args.n_layer, args.n_embd, args.seq, tokens)
+    if args.model == "gpt2":
+        config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq),
+                            n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
+                            tie_word_embeddings=False)
+        flops = model_flops_per_step(config.num_parameters(), args.n_layer, args.n_embd,
+                                     args.seq, tokens)
+        hf = torch_reference.gpt2(args.vocab, config.n_positions, args.n_embd, args.n_layer,
+                                  args.n_head)
+        model_type = GPT2LMHead
+    else:
+        config = llama_config(args)
+        flops = config.flops_per_token(args.seq) * tokens
+        hf = torch_reference.llama(args.vocab, args.n_embd, args.n_inner, args.n_layer,
+                                   args.n_head, args.n_kv_head, args.seq, args.tied)
+        model_type = LlamaLM
+    config = config.replace(attention=args.attention)
+    nparams = config.num_parameters()
     device_name = (torch.cuda.get_device_name(0) if gpu
                    else f"CPU ({os.cpu_count()} cores, torch threads {torch.get_num_threads()})")
-    print(f"model: n_embd {args.n_embd}, {args.n_layer} layers, {args.n_head} heads, "
-          f"{nparams / 1e9:.3f}B parameters, batch {args.batch}x{args.seq}, {args.dtype}, "
-          f"on {device_name}; our tiling {tiling}", flush=True)
+    print(f"model: {args.model}, {config.describe()}, {nparams / 1e9:.3f}B parameters, batch "
+          f"{args.batch}x{args.seq}, {args.dtype}, on {device_name}; our tiling {tiling}",
+          flush=True)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, args.vocab, (args.batch, args.seq))
     targets = rng.integers(0, args.vocab, (args.batch, args.seq))
-    hf = torch_reference.gpt2(args.vocab, config.n_positions, args.n_embd, args.n_layer,
-                              args.n_head)
     # PyTorch trains first, on a GPU our runtime has not touched yet: building our model runs
     # tasks that leave tiles on the GPU, which would take PyTorch's memory. Ours then starts
     # from the same weights, kept on the host meanwhile.
@@ -182,7 +215,7 @@ def main(argv=None):
         if gpu:
             torch.cuda.empty_cache()
         try:
-            model = GPT2LMHead.from_transformers(hf, tiling, args.dtype)
+            model = model_type.from_transformers(hf, tiling, args.dtype)
             print(ctx.describe().splitlines()[-1], flush=True)  # the tiles, and why
             ctx.wait()
         except Exception as exc:
@@ -192,12 +225,18 @@ def main(argv=None):
             ours = run_ours(ctx, model, args, ids, targets, flops, warmup)
             model.unregister()
         print(describe("nntile", ours), flush=True)
+        if ours["status"] == "ok":
+            print(f"our timed steps per op ({args.steps} steps; a worker's tasks may overlap "
+                  f"another's, so the times add up to more than the step):\n"
+                  f"{op_table(ours['ops'], args.steps)}", flush=True)
         workers = ctx.workers
     ratio = (ours["tokens_per_s"] / theirs["tokens_per_s"]
              if ours["status"] == theirs["status"] == "ok" else None)
     if ratio is not None:
         print(f"ratio nntile / pytorch tokens/s: {ratio:.3f}", flush=True)
-    result = dict(n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
+    result = dict(model=args.model, n_embd=args.n_embd, n_layer=args.n_layer,
+                  n_head=args.n_head, n_kv_head=config.num_key_value_heads,
+                  n_inner=config.intermediate_size, tied=config.tie_word_embeddings,
                   vocab=args.vocab, seq=args.seq, batch=args.batch, dtype=args.dtype,
                   params=nparams, flops_per_step=flops, device=device_name, workers=workers,
                   tiling=tiling, torch=torch.__version__, nntile=ours, pytorch=theirs,

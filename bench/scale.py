@@ -1,11 +1,17 @@
-"""Train a wide GPT-2 for a few steps and report throughput and memory (issue "Scale").
+"""Train a wide GPT-2 or a Llama for a few steps and report throughput and memory (issue
+"Scale").
 
     python3 bench/scale.py --n-embd 8192 --n-layer 4 --batch 4 --steps 3 [--ncuda 1]
         [--limit-cuda-mem MiB] [--sched dmdasd] [--tile-embd 2048] ...
         [--wont-use] [--disk-swap DIR [--disk-swap-mib N]] [--force]
+    python3 bench/scale.py --model llama-3.1-8b --seq 2048 --batch 2 \
+        --precision bf16-mixed --steps 3
 
-n_head = n_embd / 128, sequence 1024, vocabulary 50257, AdamW, tf32 by default. Weights are
-random (never zeros: matrix units run faster on zeros), written one tile at a time. Before
+GPT-2 (the default): n_head = n_embd / 128, sequence 1024, vocabulary 50257, untied. Llama
+(--model llama of --n-embd, --n-inner, --n-layer, --n-head, --n-kv-head, or a named shape of
+bench/shapes.py) as bench/deepspeed_ref.py trains it. AdamW, tf32 by default. Weights are
+random (never zeros: matrix units run faster on zeros), written one tile at a time. Model
+FLOPs: 6 N + 12 L E T per token for GPT-2, LlamaConfig.flops_per_token for Llama. Before
 StarPU starts, the memory the run needs is estimated (nntile.memory) and compared with what
 StarPU may use; a run that cannot fit exits with code 2 unless --force. Prints one JSON line at
 the end.
@@ -23,12 +29,14 @@ import time
 import numpy as np
 
 from harness import model_flops_per_step, print_result, seconds, train_step
+from shapes import add_model_args, llama_config, resolve_model
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
 from nntile import memory
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(p)
     p.add_argument("--n-embd", type=int, default=1024)
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--n-head", type=int, help="default n_embd / 128")
@@ -55,10 +63,10 @@ def parse_args(argv=None):
                    help="starpu_data_wont_use on gradients and optimizer states after each step")
     p.add_argument("--no-layer-priorities", dest="layer_priorities", action="store_false",
                    help="tasks without priorities (default: in layer order, "
-                        "GPT2LMHead.layer_priorities)")
+                        "CausalLM.layer_priorities)")
     p.add_argument("--keep-activations", dest="free_activations", action="store_false",
                    help="keep activations valid after backward (default: dropped once read, "
-                        "GPT2LMHead.free_activations)")
+                        "CausalLM.free_activations)")
     p.add_argument("--optimizer-on", choices=("cpu", "cuda"),
                    help="run the AdamW tasks only on this kind of worker (cpu needs --ncpu)")
     p.add_argument("--disk-swap", metavar="DIR", help="StarPU disk swap directory "
@@ -67,7 +75,7 @@ def parse_args(argv=None):
                    "(STARPU_DISK_SWAP_SIZE; default: the free space of DIR)")
     p.add_argument("--disk-swap-backend", help="STARPU_DISK_SWAP_BACKEND (default "
                    "unistd_o_direct, or unistd when some tiles are not whole pages)")
-    return p.parse_args(argv)
+    return resolve_model(p.parse_args(argv))
 
 
 def set_disk_swap(args, est):
@@ -166,9 +174,12 @@ def main(argv=None):
     args = parse_args(argv)
     from nntile.models import GPT2Config
     E = args.n_embd
-    config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=E,
-                        n_layer=args.n_layer, n_head=args.n_head or max(1, E // 128),
-                        tie_word_embeddings=False, attention=args.attention)
+    if args.model == "gpt2":
+        config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=E,
+                            n_layer=args.n_layer, n_head=args.n_head or max(1, E // 128),
+                            tie_word_embeddings=False, attention=args.attention)
+    else:
+        config = llama_config(args, args.attention)
     given = {k: getattr(args, f"tile_{k}") for k in ("batch", "seq", "embd", "head", "inner", "vocab")
              if getattr(args, f"tile_{k}")}
     for flag, variable in ((args.limit_cuda_mem, "STARPU_LIMIT_CUDA_MEM"),
@@ -182,11 +193,12 @@ def main(argv=None):
     tiling = {k: v for k, (v, _) in choices.items() if k != "batch_count"}
     nparams = config.num_parameters()
     tokens = args.batch * args.seq
-    flops_per_step = model_flops_per_step(nparams, args.n_layer, E, args.seq, tokens)
+    flops_per_step = (model_flops_per_step(nparams, args.n_layer, E, args.seq, tokens)
+                      if args.model == "gpt2" else config.flops_per_token(args.seq) * tokens)
     from nntile.cli_common import launcher_rank
     rank, nranks = launcher_rank()
     say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"model: n_embd {E}, {args.n_layer} layers, {nparams / 1e9:.2f}B parameters, "
+    say(f"model: {args.model}, {config.describe()}, {nparams / 1e9:.2f}B parameters, "
         f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}, "
         f"{args.attention} attention", flush=True)
     say(f"tiles: {describe_tiles(choices)}", flush=True)
@@ -208,7 +220,7 @@ def main(argv=None):
         return 2
 
     import nntile
-    from nntile.models import GPT2LMHead
+    from nntile.models import model_class
     from nntile.optim import AdamW
     rng = np.random.default_rng(0)
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
@@ -217,7 +229,7 @@ def main(argv=None):
                         mpi_stats=nranks > 1, run_bytes=est.total) as ctx:
         pool = RandomPool(rng)
         t0 = time.perf_counter()
-        model = GPT2LMHead(config, tiling, args.dtype)
+        model = model_class(config.model_type)(config, tiling, args.dtype)
         model.layer_priorities = args.layer_priorities
         model.free_activations = args.free_activations
         for index, (name, param) in enumerate(model.named_parameters()):
@@ -272,7 +284,8 @@ def main(argv=None):
                 f"cannot hold, out and in each step at {bandwidth['h2d'] / 1e9:.1f} / "
                 f"{bandwidth['d2h'] / 1e9:.1f} GB/s: {floor_s:.2f} s; best step {best:.2f} s "
                 f"= {best / floor_s:.1f}x the floor", flush=True)
-        result = dict(n_embd=E, n_layer=args.n_layer, params=nparams, batch=args.batch,
+        result = dict(model=args.model, n_embd=E, n_layer=args.n_layer, params=nparams,
+                      flops_per_step=flops_per_step, batch=args.batch,
                       seq=args.seq, step_s=best, tokens_per_s=tokens / best,
                       tflops=flops_per_step / best / 1e12, losses=losses,
                       max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

@@ -1,6 +1,9 @@
-"""PyTorch eager + transformers GPT-2: the reference our training step is measured against."""
+"""PyTorch eager + transformers (GPT-2, Llama): the reference our training step is measured
+against."""
 import torch
 import transformers
+
+from shapes import LLAMA_ROPE_THETA, LLAMA_SHAPES, llama_params  # noqa: F401 (deepspeed_ref)
 
 # the dtype of the weights; bf16-mixed keeps them fp32 and computes under torch.autocast
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
@@ -20,7 +23,7 @@ def gpt2(vocab_size, n_positions, n_embd, n_layer, n_head, seed=0):
 
 
 def llama(vocab_size, hidden, inner, n_layer, n_head, n_kv_head, seq, tied, seed=0,
-          head_dim=None, rope_theta=500000.0):
+          head_dim=None, rope_theta=LLAMA_ROPE_THETA):
     """transformers' LlamaForCausalLM with random weights (sdpa attention), the model our
     Llama computes."""
     torch.manual_seed(seed)
@@ -38,23 +41,6 @@ def gpt2_params(vocab_size, n_positions, n_embd, n_layer):
     """Parameters of gpt2()'s model (untied head, inner 4 n_embd) without building it."""
     E = n_embd
     return 2 * vocab_size * E + n_positions * E + n_layer * (12 * E * E + 13 * E) + 2 * E
-
-
-# The shapes the issues measure: (hidden, inner, layers, heads, kv heads, vocabulary, tied)
-LLAMA_SHAPES = {
-    "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True),
-    "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False),
-    "tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000, False),
-    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, True),
-}
-
-
-def llama_params(hidden, inner, n_layer, n_head, n_kv_head, vocab, tied, head_dim=None):
-    """Parameters of a Llama shape without building it."""
-    d = head_dim or hidden // n_head
-    attn = hidden * d * (2 * n_head + 2 * n_kv_head)
-    per_layer = attn + 3 * hidden * inner + 2 * hidden
-    return vocab * hidden * (1 if tied else 2) + n_layer * per_layer + hidden
 
 
 def is_oom(exc):

@@ -595,7 +595,7 @@ QUICK_ESTIMATE_LAYERS = 10000
 def refuse_absurd_depth(config, gpus):
     """The estimate walks every layer's declarations, which takes hours and all host memory
     for absurd depths (n_layer 10**9): a CLIError from a bound in closed form first."""
-    if config.n_layer <= QUICK_ESTIMATE_LAYERS:
+    if config.num_hidden_layers <= QUICK_ESTIMATE_LAYERS:
         return
     weights = config.num_parameters() * 4  # at least the fp32 weights, every precision
     machine = sum(gpus) + host_memory() + disk_swap_bytes()

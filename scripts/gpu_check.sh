@@ -30,6 +30,10 @@
 #              STARPU_CALIBRATE_MINIMUM=10, StarPU's own default); $NNTILE_DEFAULTS_ARGS are
 #              more options (e.g. "--precision bf16-mixed")
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
+#   llama      Llama: tests/test_gpu.py's Llama tests; Llama-3.2-1B (batch 8 x 2048) against
+#              transformers' LlamaForCausalLM in bf16-mixed and tf32 (compare_torch.py, with
+#              our per-op table); Llama-3.1-8B (batch 2 x 2048, bf16-mixed) past the GPU's
+#              memory (scale.py); each run limited to $NNTILE_LLAMA_LIMIT s (default 570)
 #   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
 #              configurations EMBDxBATCH in $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
 #   mixed      bf16-mixed at scale: the wide model on one GPU against PyTorch autocast
@@ -207,6 +211,16 @@ if want mixed; then
             --ncuda 1 --precision "$precision" "${wide[@]}" ${NNTILE_OOC_ARGS:---batch 8}
     done
 fi
+if want llama; then
+    llama_limit="${NNTILE_LLAMA_LIMIT:-570}"
+    step llama-tests python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py -k llama
+    for precision in bf16-mixed tf32; do
+        step "llama-1b-$precision" timeout "$llama_limit" python3 bench/compare_torch.py \
+            --model llama-3.2-1b --seq 2048 --batch 8 --precision "$precision" --ncuda 1
+    done
+    step llama-8b timeout "$llama_limit" python3 bench/scale.py --model llama-3.1-8b \
+        --seq 2048 --batch 2 --precision bf16-mixed --steps 3 --ncuda 1
+fi
 if want node-table; then
     step node-table python3 bench/node_table.py --configs "${NNTILE_NODE_CONFIGS:-8192x4,8192x16,16384x4}" \
         --timeout "$run_limit" --out "$logs/node-table.json" --logs "$logs/node-table"
@@ -214,7 +228,7 @@ if want node-table; then
 fi
 grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/defaults-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/lever-*.log \
     "$logs"/largest-*.log "$logs"/depth-*.log \
-    "$logs"/compare-*.log "$logs"/mixed-*.log "$logs"/ooc-*.log 2>/dev/null
+    "$logs"/compare-*.log "$logs"/mixed-*.log "$logs"/ooc-*.log "$logs"/llama-*.log 2>/dev/null
 grep -h -A3 "nntile ratios" "$logs/gpu-bench.log" 2>/dev/null
 echo "=== summary ($(cat "$logs/gpu.txt"))"
 printf '%s\n' "${summary[@]}"

@@ -12,7 +12,7 @@ transformers.logging.set_verbosity_error()
 
 from nntile.cli_common import CLIError, resolve_tiling
 from nntile.models import (FAMILIES, CausalLM, GPT2Config, GPT2LMHead, LlamaConfig, LlamaLM,
-                           config_from_dict, model_class)
+                           config_from_dict, model_class, trainable)
 
 # DESIGN.md, "Model families": the parity targets' shapes (transformers' configs, no weights)
 LLAMA3 = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -240,13 +240,13 @@ def test_registry():
         config_from_dict({"model_type": "bert"})
     with pytest.raises(ValueError, match="is not llama"):
         LlamaConfig.from_dict({"model_type": "gpt2"})
+    assert model_class("llama") is LlamaLM and trainable() == ["gpt2", "llama"]
     config = LlamaConfig.small(256, 16)
-    with pytest.raises(NotImplementedError, match="Llama block is not implemented"):
-        model_class("llama")
-    with pytest.raises(NotImplementedError, match="Llama block is not implemented"):
-        LlamaLM(config, create=False)
+    assert len(LlamaLM(config, create=False).blocks) == 4
     with pytest.raises(TypeError, match="GPT2LMHead needs a GPT2Config, got LlamaConfig"):
         GPT2LMHead(config, create=False)
+    with pytest.raises(TypeError, match="LlamaLM needs a LlamaConfig, got GPT2Config"):
+        LlamaLM(GPT2Config(), create=False)
 
 
 def test_gpt2_to_transformers_and_back(ctx):

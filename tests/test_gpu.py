@@ -1,4 +1,4 @@
-"""GPU runs of the tiled GPT-2 against the CPU path (skipped without CUDA)."""
+"""GPU runs of the tiled GPT-2 and Llama against the CPU path (skipped without CUDA)."""
 import json
 import subprocess
 import sys
@@ -13,12 +13,17 @@ pytestmark = [pytest.mark.gpu,
 COMPARE = """
 import json, sys
 import numpy as np, torch, transformers, nntile
-from nntile.models import GPT2LMHead
+from nntile.models import FAMILIES
 from nntile.optim import AdamW
 cfg = json.loads(sys.argv[1])
+family = cfg.get("family", "gpt2")
 torch.manual_seed(0)
-hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**cfg["model"], resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False))
+if family == "gpt2":
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        **cfg["model"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        tie_word_embeddings=False))
+else:
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg["model"]))
 rng = np.random.default_rng(0)
 V = cfg["model"]["vocab_size"]
 ids = rng.integers(0, V, (cfg["batch"], cfg["seq"]))
@@ -26,7 +31,7 @@ targets = rng.integers(0, V, (cfg["batch"], cfg["seq"]))
 results = {}
 for name, ncuda, dtype in cfg["runs"]:
     with nntile.Context(ncuda=ncuda, ncpu=cfg.get("ncpu")) as ctx:
-        model = GPT2LMHead.from_transformers(hf, cfg["tiling"], dtype)
+        model = FAMILIES[family].from_transformers(hf, cfg["tiling"], dtype)
         opt = AdamW(model.named_parameters(), lr=1e-3, max_grad_norm=1.0)
         losses = []
         for step in range(cfg["steps"]):
@@ -58,10 +63,24 @@ def compare(cfg):
     return json.loads(line[len("RESULT"):])
 
 
-def test_small_gpt2_gpu_matches_cpu():
-    out = compare(dict(model=dict(vocab_size=1000, n_positions=64, n_embd=96, n_layer=2, n_head=3),
-                       batch=2, seq=37, steps=3,
-                       tiling=dict(batch=1, seq=10, embd=40, head=2, inner=100, vocab=300),
+LLAMA = dict(vocab_size=1000, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+             rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                  low_freq_factor=1.0, high_freq_factor=4.0,
+                                  original_max_position_embeddings=16),
+             tie_word_embeddings=False)
+# partial tiles everywhere; 4 query heads (one key/value head) per tile
+LLAMA_TILES = dict(batch=1, seq=10, embd=40, head=4, inner=70, vocab=300)
+SMALL = {"gpt2": dict(model=dict(vocab_size=1000, n_positions=64, n_embd=96, n_layer=2, n_head=3),
+                      tiling=dict(batch=1, seq=10, embd=40, head=2, inner=100, vocab=300)),
+         "llama": dict(family="llama", model=LLAMA, tiling=LLAMA_TILES)}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_small_model_gpu_matches_cpu(family):
+    """fp32 and tf32 on the GPU against fp32 on the CPU, through 3 AdamW steps (Llama:
+    RMSNorm, rotary positions, SwiGLU and grouped-query fused attention too)."""
+    out = compare(dict(SMALL[family], batch=2, seq=37, steps=3,
                        runs=[("cpu", 0, "fp32"), ("gpu_fp32", 1, "fp32"), ("gpu_tf32", 1, "tf32")]))
     print(out)
     cpu = out["cpu"]
@@ -78,9 +97,7 @@ def test_small_gpt2_bf16_mixed_gpu_matches_cpu():
     Adam fused with the copy refresh) against the CPU ones, through 3 AdamW steps. Both round
     every GEMM output to bf16, from sums taken in another order: losses agree to one bf16
     rounding, gradients to a few (as tf32 above)."""
-    out = compare(dict(model=dict(vocab_size=1000, n_positions=64, n_embd=96, n_layer=2, n_head=3),
-                       batch=2, seq=37, steps=3,
-                       tiling=dict(batch=1, seq=10, embd=40, head=2, inner=100, vocab=300),
+    out = compare(dict(SMALL["gpt2"], batch=2, seq=37, steps=3,
                        runs=[("cpu", 0, "bf16-mixed"), ("gpu", 1, "bf16-mixed")]))
     print(out)
     for a, b in zip(out["cpu"]["losses"], out["gpu"]["losses"]):
@@ -88,6 +105,22 @@ def test_small_gpt2_bf16_mixed_gpu_matches_cpu():
     # measured 3.2% on an H100 (2026-11-23), the first layer's ln_1.weight: after two AdamW
     # updates, whose normalised steps turn bf16-level gradient differences into weight ones
     assert out["gpu"]["max_grad_rel"] < 2 ** -4
+
+
+def test_small_llama_bf16_gpu_matches_cpu():
+    """Llama in bf16-mixed (cuDNN's fused attention where it applies, the mixed RMSNorm and
+    rotary kernels) and in bf16, GPU against CPU, with the bounds of GPT-2's bf16-mixed test
+    above. bf16 (everything bf16) keeps its loss in bf16 too, whose values lie 2**-7 of it
+    apart: within two of those steps."""
+    out = compare(dict(SMALL["llama"], batch=2, seq=37, steps=3,
+                       runs=[("cpu", 0, "bf16-mixed"), ("gpu", 1, "bf16-mixed"),
+                             ("cpu_bf16", 0, "bf16"), ("gpu_bf16", 1, "bf16")]))
+    print(out)
+    for a, b in zip(out["cpu"]["losses"], out["gpu"]["losses"]):
+        assert abs(a - b) <= 2 ** -9 * abs(a)
+    assert out["gpu"]["max_grad_rel"] < 2 ** -4
+    for a, b in zip(out["cpu_bf16"]["losses"], out["gpu_bf16"]["losses"]):
+        assert abs(a - b) <= 2 ** -6 * abs(a)
 
 
 @pytest.mark.slow

@@ -45,7 +45,8 @@ def files(tmp_path_factory, data_dir):  # noqa: F811
                           "neg-eps": '{"layer_norm_epsilon": -1e-5}',
                           "huge-embd": '{"n_embd": 99999999999, "n_head": 1}',
                           "bool-vocab": '{"vocab_size": true}',
-                          "llama": '{"model_type": "llama"}',
+                          "qwen2": '{"model_type": "qwen2"}',
+                          "gqa-5": '{"model_type": "llama", "num_key_value_heads": 5}',
                           "latin1": "{\"n_layer\": 2, \"x\": \"caf\xe9\"}".encode("latin-1"),
                           "deep": "[" * 100000 + "]" * 100000}.items():
         f[name] = write(f"configs/{name}.json", content)
@@ -121,7 +122,8 @@ CASES = [
     ("train", ["--config", "{neg-eps}"], ["layer_norm_epsilon=-1e-05", "positive number"]),
     ("train", ["--config", "{huge-embd}"], ["n_embd=99999999999", "at most"]),
     ("train", ["--config", "{bool-vocab}"], ["vocab_size=True"]),
-    ("train", ["--config", "{llama}"], ["model_type 'llama'"]),
+    ("train", ["--config", "{qwen2}"], ["model_type 'qwen2'", "gpt2, llama"]),
+    ("train", ["--config", "{gqa-5}"], ["num_key_value_heads=5"]),
     ("train", ["--config", "{latin1}"], ["--config", "utf-8"]),
     ("train", ["--config", "{deep}"], ["--config", "recursion"]),
     ("train", ["--config", "{empty}"], ["--config", "Expecting value"]),

@@ -1,7 +1,7 @@
 """transformers directories through the programs: nntile-prepare --tokenizer DIR (a
 tokenizer.json), nntile-train --init-from HF_DIR, nntile-convert of sharded bf16 weights, and
-the one-line refusals (a vocabulary that is not the model's, the Llama family until its block
-exists)."""
+the one-line refusals (a vocabulary that is not the model's, flags that do not fit the
+family). tests/test_llama_programs.py runs the programs on Llama directories."""
 import json
 import shutil
 
@@ -132,26 +132,25 @@ def test_convert_sharded_bf16_weights(tmp_path, hf_dir):
         assert torch.equal(back.state_dict()[name], tensor.to(torch.bfloat16).float()), name
 
 
-def test_llama_and_family_refusals(tmp_path, data_dir):  # noqa: F811
+def test_refusals_of_the_family_flags(tmp_path, data_dir):  # noqa: F811
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=256, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2))
     llama.save_pretrained(tmp_path / "llama")
-    config = tmp_path / "llama.json"
-    config.write_text((tmp_path / "llama" / "config.json").read_text())
     base = ["--data", data_dir, "--steps", "1", "--no-progress"]
-    not_yet = "the Llama block is not implemented yet"
     cases = [
-        (("train", "--model", "llama", *base, "--out", tmp_path / "o"), not_yet),
-        (("train", "--config", config, *base, "--out", tmp_path / "o"), not_yet),
-        (("train", "--init-from", tmp_path / "llama", *base, "--out", tmp_path / "o"), not_yet),
-        (("convert", "import", tmp_path / "llama", tmp_path / "o.h5"), not_yet),
         (("train", "--n-kv-head", "2", *base, "--out", tmp_path / "o"),
          "--n-kv-head does not apply to a GPT-2 model"),
+        (("train", "--model", "gpt2", "--init-from", tmp_path / "llama", *base, "--out",
+          tmp_path / "o"), "--model gpt2 conflicts with the llama model"),
+        (("train", "--model", "llama", "--n-head", "4", "--n-kv-head", "3", *base, "--out",
+          tmp_path / "o"), "not divisible by num_key_value_heads=3"),
+        (("train", "--model", "llama", "--n-head", "4", "--tile-head", "1", *base, "--out",
+          tmp_path / "o"), "splits a group of 2"),
         (("train", "--init-from", tmp_path / "llama", "--init", tmp_path / "x.h5", *base),
          "--init and --init-from conflict"),
         (("train", "--init-from", tmp_path / "none", *base), "is not a directory"),
     ]
     for args, words in cases:
         assert_clean_error(cli(*args), words)
-    assert not (tmp_path / "o").exists() and not (tmp_path / "o.h5").exists()
+    assert not (tmp_path / "o").exists()

@@ -14,14 +14,17 @@ from nntile import memory
 from nntile.precision import precision_dtypes
 from nntile._core.core import current_context, live_tensor_count
 from nntile.cli_common import CLIError
-from nntile.models import GPT2Config, GPT2LMHead
+from nntile.models import GPT2Config, GPT2LMHead, config_from_dict, model_class
 from nntile.nn import Block
 from nntile.optim import SGD, AdamW
 from tests.conftest import estimate_of_train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASES = {
+LLAMA = dict(model_type="llama", vocab_size=50, max_position_embeddings=16, hidden_size=24,
+             intermediate_size=28, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2)
+CASES = {  # each: config fields (GPT-2's without model_type), batch, seq, tiles, dtype, optimizer
     # partial tiles along every axis; untied head
     "partial": (dict(vocab_size=50, n_positions=16, n_embd=24, n_layer=2, n_head=3,
                      tie_word_embeddings=False), 3, 10,
@@ -47,6 +50,18 @@ CASES = {
     # tied: the token embedding has the copy; SGD refreshes it with a cast
     "mixed-tied-sgd": (dict(vocab_size=37, n_positions=12, n_embd=16, n_layer=1, n_head=2), 2,
                        12, {}, "bf16-mixed", "sgd"),
+    # Llama: grouped-query attention (key/value heads tiled by the head tile / the group),
+    # biases, the rotary frequencies (one constant of the model), partial tiles, untied
+    "llama-partial": (dict(LLAMA, num_attention_heads=6, num_key_value_heads=2,
+                           attention_bias=True, mlp_bias=True), 3, 10,
+                      dict(batch=2, seq=4, embd=10, head=3, inner=14, vocab=16), "fp32",
+                      "adamw"),
+    # unfused under GQA (the key/value heads repeated per query head), bf16 copies
+    "llama-mixed-unfused": (dict(LLAMA, attention="unfused"), 3, 10,
+                            dict(batch=2, seq=4, head=2), "bf16-mixed", "adamw"),
+    # bf16 storage with fp32 rotary frequencies, tied, SGD
+    "llama-bf16-tied-sgd": (dict(LLAMA, num_key_value_heads=1, tie_word_embeddings=True), 2,
+                            12, {}, "bf16", "sgd"),
 }
 
 
@@ -66,12 +81,13 @@ def _tile_alloc(tensor):
 
 
 @contextlib.contextmanager
-def _one_training_step(config, B, T, tiling, dtype, optimizer, model_type=GPT2LMHead):
-    """Build a model and its optimizer and run one training step: (model, optimizer, the
-    tensors they registered); all are unregistered afterwards."""
+def _one_training_step(config, B, T, tiling, dtype, optimizer, model_type=None):
+    """Build a model (of the config's family, unless ``model_type``) and its optimizer and run
+    one training step: (model, optimizer, the tensors they registered); all are unregistered
+    afterwards."""
     before = {id(t) for t in memory.live_tensors()}
     count_before = live_tensor_count()
-    model = model_type(config, tiling, dtype)
+    model = (model_type or model_class(config.model_type))(config, tiling, dtype)
     try:
         params = model.named_parameters()
         opt = (AdamW(params, lr=1e-3, max_grad_norm=1.0) if optimizer == "adamw"
@@ -103,7 +119,7 @@ def _same_tensors(tensors, est):
 @pytest.mark.parametrize("case", list(CASES))
 def test_estimate_equals_the_tensors_a_training_step_registers(ctx, case):
     fields, B, T, tiling, dtype, optimizer = CASES[case]
-    config = GPT2Config(**fields)
+    config = config_from_dict(fields)
     with _one_training_step(config, B, T, tiling, dtype, optimizer) as (model, opt, tensors):
         est = memory.estimate(config, B, T, tiling, dtype, optimizer=optimizer)
         _same_tensors(tensors, est)
@@ -406,7 +422,7 @@ def test_default_gpu_limit_leaves_a_fixed_reserve_on_large_gpus_and_90_percent_o
 def test_ranks_own_every_tile_once_and_gradients_and_states_stay_home(case, grid):
     from nntile.distributed import Distribution
     fields, B, T, tiling, dtype, optimizer = CASES[case]
-    config = GPT2Config(**fields)
+    config = config_from_dict(fields)
     dist = Distribution(*grid)
     tiling = dict(tiling, batch=1)  # enough batch tiles for every data group
     shares = [memory.estimate(config, B, T, tiling, dtype, optimizer, distribution=dist, rank=r)

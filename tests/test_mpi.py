@@ -266,6 +266,32 @@ def test_two_ranks_train_like_one_process(single, tmp_path, distribution):
         assert our_attrs[key] == ref_attrs[key], key
 
 
+# Llama with grouped-query attention: 4 query heads share 2 key/value heads, tiled 2 query
+# heads (one key/value head) per tile, so that the tensor distribution gives each rank its
+# own group, and the rotary positions turn q and k tiles of either rank
+LLAMA = ["--model", "llama", "--n-kv-head", "2"]
+
+
+@pytest.fixture(scope="module")
+def single_llama(tmp_path_factory):
+    out = tmp_path_factory.mktemp("llama-np1")
+    result = train(out, extra=LLAMA)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@needs_mpi
+@pytest.mark.parametrize("distribution", ["data", "tensor"])
+def test_two_ranks_train_a_llama_like_one_process(single_llama, tmp_path, distribution):
+    result = train(tmp_path, 2, [*LLAMA, "--distribution", distribution])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Llama" in result.stderr
+    np.testing.assert_allclose(losses(tmp_path), losses(single_llama), rtol=0, atol=1e-6)
+    ours, _ = checkpoint_arrays(tmp_path / "ckpt-4.h5")
+    for name, (array, _) in checkpoint_arrays(single_llama / "ckpt-4.h5")[0].items():
+        assert np.abs(ours[name][0] - array).max() <= 1e-6 * max(1.0, np.abs(array).max()), name
+
+
 @needs_mpi
 def test_two_ranks_train_bf16_mixed_like_one_process(tmp_path):
     """The bf16 copies live with their masters' owners and are refreshed by them. The

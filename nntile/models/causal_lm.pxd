@@ -21,6 +21,7 @@ cdef class CausalLM(Module):
     cdef readonly int batch_count  # batch tiles where no batch tile size was given
     # the family's embeddings: built, run forward into the residual stream, run backward
     cdef Embedding _build_embeddings(self)
+    cdef Module _build_block(self)
     cdef Tensor _embed(self, dict ws)
     cdef _embed_backward(self, Tensor dx)
     cdef tuple _lead_for(self, int B, int T)

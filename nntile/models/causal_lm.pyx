@@ -8,7 +8,8 @@ embeddings:
 * ``config_type``: its config class (nntile.models.config), which gives the sizes, the
   tiling rules and the name map to transformers' state dict;
 * ``block_type``: its transformer block, built as ``block_type(config, tiles, dtype)`` under
-  the name ``f"{block_prefix}.{i}"``; ``forward(x, positions) -> out`` and
+  the name ``f"{block_prefix}.{i}"`` (``_build_block``, which a family overrides to hand its
+  blocks a module of the model they share); ``forward(x, positions) -> out`` and
   ``backward(dy, dx)`` on the residual stream (master dtype, [batch, seq, hidden]);
   ``positions`` is the int64 [batch, seq] tensor of token positions;
 * ``norm_type``: its final norm, built as ``norm_type(hidden, hidden_tile, norm_eps, dtype)``
@@ -74,8 +75,7 @@ cdef class CausalLM(Module):
         cdef dict t = self.tiles
         cdef int E = config.hidden_size
         self.embedding = self._build_embeddings()
-        self.blocks = [self.add_child(f"{self.block_prefix}.{i}",
-                                      self.block_type(config, t, dtype))
+        self.blocks = [self.add_child(f"{self.block_prefix}.{i}", self._build_block())
                        for i in range(config.num_hidden_layers)]
         self.norm = self.add_child(self.norm_name, self.norm_type(E, t["embd"], config.norm_eps,
                                                                   dtype))
@@ -150,6 +150,11 @@ cdef class CausalLM(Module):
     cdef Embedding _build_embeddings(self):
         """Add the embeddings as children; return the token embedding (a tied head's weight)."""
         raise NotImplementedError
+
+    cdef Module _build_block(self):
+        """One block: ``block_type(config, tiles, dtype)``; a family whose blocks share a
+        module of the model (Llama's rotary frequencies) passes it here."""
+        return self.block_type(self.config, self.tiles, self.dtype)
 
     cdef Tensor _embed(self, dict ws):
         """Write the residual stream ws["x0"] from ws["ids"] (and ws["positions"])."""

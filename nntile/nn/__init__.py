@@ -1,6 +1,6 @@
 """Layers of tiled tensors: each holds parameter and gradient tensors and submits tensor ops."""
 from nntile.nn.layers import (Attention, Block, Embedding, LayerNorm, Linear, MLP, Module,
-                              Parameter)
+                              Parameter, PreNormBlock, RMSNorm, Rotary)
 
 __all__ = ["Attention", "Block", "Embedding", "LayerNorm", "Linear", "MLP", "Module",
-           "Parameter"]
+           "Parameter", "PreNormBlock", "RMSNorm", "Rotary"]

@@ -54,6 +54,22 @@ cdef class LayerNorm(Module):
     cpdef backward(self, Tensor dy, Tensor dx, double beta)
 
 
+cdef class RMSNorm(Module):
+    cdef readonly int n_embd, embd_tile
+    cdef readonly double eps
+    cdef readonly Parameter weight
+    cdef Tensor x
+    cdef Tensor stats
+    cpdef Tensor forward(self, Tensor x)
+    cpdef backward(self, Tensor dy, Tensor dx, double beta)
+
+
+cdef class Rotary(Module):
+    cdef readonly double scale
+    cpdef forward(self, Tensor x, Tensor positions)
+    cpdef backward(self, Tensor dx, Tensor positions)
+
+
 cdef class Embedding(Module):
     cdef readonly Parameter weight
     cdef Tensor ids
@@ -67,7 +83,7 @@ cdef class Attention(Module):
     cdef readonly int head_tile
     cdef readonly Linear q, k, v, c_proj
     cdef readonly Module core  # nntile.nn.attention.CoreAttention
-    cpdef Tensor forward(self, Tensor x)
+    cpdef Tensor forward(self, Tensor x, Tensor positions=*)
     cpdef backward(self, Tensor dy, Tensor dx, double beta)
 
 
@@ -78,9 +94,16 @@ cdef class MLP(Module):
     cpdef backward(self, Tensor dy, Tensor dx, double beta)
 
 
-cdef class Block(Module):
+cdef class PreNormBlock(Module):
+    cdef tuple _stream  # (n_embd, embd_tile)
+    cdef Module _norm_1, _attn, _norm_2, _mlp
+    cdef _branches(self, int n_embd, int embd_tile, Module norm_1, Module attn, Module norm_2,
+                   Module mlp)
+    cpdef Tensor forward(self, Tensor x, Tensor positions=*)
+    cpdef backward(self, Tensor dy, Tensor dx)
+
+
+cdef class Block(PreNormBlock):
     cdef readonly LayerNorm ln_1, ln_2
     cdef readonly Attention attn
     cdef readonly MLP mlp
-    cpdef Tensor forward(self, Tensor x, Tensor positions=*)
-    cpdef backward(self, Tensor dy, Tensor dx)

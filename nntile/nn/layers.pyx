@@ -89,13 +89,13 @@ cdef class Module:
         self._params[name] = param
         return param
 
-    def add_constant(self, str name, values):
+    def add_constant(self, str name, values, str dtype=None):
         """Declare a tensor computed once from the config and never trained (the inverse
-        frequencies of rotary positions): one tile in the master dtype, created and written
-        by ``create``; no gradient, not a parameter, so neither optimized nor saved in
-        checkpoints. ``constant(name)`` gives it."""
+        frequencies of rotary positions): one tile in ``dtype`` (the master dtype unless
+        told), created and written by ``create``; no gradient, not a parameter, so neither
+        optimized nor saved in checkpoints. ``constant(name)`` gives it."""
         values = np.asarray(values)
-        spec = TensorSpec(name, values.shape, values.shape, self.master, "workspaces")
+        spec = TensorSpec(name, values.shape, values.shape, dtype or self.master, "workspaces")
         self._constants[name] = [spec, values, None]
 
     def constant(self, str name):
@@ -347,6 +347,61 @@ cdef class LayerNorm(Module):
         return dx
 
 
+cdef class RMSNorm(Module):
+    """y = weight * x / sqrt(mean(x**2) + eps) over the last axis: transformers'
+    LlamaRMSNorm, tiled as LayerNorm (one parameter, ``weight``)."""
+
+    def __init__(self, int n_embd, int embd_tile, double eps, str dtype):
+        super().__init__(dtype)
+        self.n_embd, self.embd_tile, self.eps = n_embd, embd_tile, eps
+        self.weight = self.add_param("weight", (n_embd,), (embd_tile,))
+
+    def declare(self, tuple lead, tuple tiles):
+        """Forward keeps each row's sum of squares (master dtype) and y; backward
+        accumulates per-row sums in ``rmsnorm.rowacc``."""
+        return [self.buffer_spec("stats", lead, tiles, self.master),
+                self.buffer_spec("y", lead + (self.n_embd,), tiles + (self.embd_tile,)),
+                self.scratch_spec("rmsnorm.rowacc", lead, tiles, self.master)]
+
+    cpdef Tensor forward(self, Tensor x):
+        """y (compute dtype) = RMSNorm of x (master dtype)."""
+        cdef dict buffers = self.buffers(x)
+        self.stats = buffers["stats"]
+        cdef Tensor y = buffers["y"]
+        ops.rmsnorm_forward(x, self.weight.value, self.eps, self.stats, y)
+        self.x = x
+        return y
+
+    cpdef backward(self, Tensor dy, Tensor dx, double beta):
+        """dx = RMSNorm backward of dy + beta*dx; accumulates the weight's gradient (all in
+        the master dtype)."""
+        ops.rmsnorm_backward(self.x, dy, self.stats, self.weight.value, self.eps,
+                             self.scratch()["rmsnorm.rowacc"], self.weight.grad, beta, dx)
+        return dx
+
+
+cdef class Rotary(Module):
+    """Rotary positions (RoPE) of queries or keys [batch, seq, heads, head_dim], in place:
+    the constant ``inv_freq`` [head_dim/2] from ``rope_theta`` and ``rope_scaling``
+    (nntile.nn.rope), in fp64 for fp64 and in fp32 otherwise (the rotation of bf16 data is
+    computed in fp32, as transformers computes its cos and sin). No parameters; one module
+    serves every attention layer of a model."""
+
+    def __init__(self, int head_dim, double rope_theta, rope_scaling, str dtype):
+        from nntile.nn.rope import rope_inv_freq
+        super().__init__(dtype)
+        inv_freq, self.scale = rope_inv_freq(head_dim, rope_theta, rope_scaling)
+        self.add_constant("inv_freq", inv_freq, "fp32" if self.master == "bf16" else self.master)
+
+    cpdef forward(self, Tensor x, Tensor positions):
+        """x turned by the angles of its positions (int64 [batch, seq], tiled as x)."""
+        ops.rope_forward(x, positions, self.constant("inv_freq"), self.scale)
+
+    cpdef backward(self, Tensor dx, Tensor positions):
+        """The gradient of forward's input from its output's, dx, in place."""
+        ops.rope_backward(dx, positions, self.constant("inv_freq"), self.scale)
+
+
 cdef class Embedding(Module):
     """Rows of a [num, n_embd] table picked by integer ids, accumulated into the destination
     (token and position embeddings sum into one tensor, in the master dtype). ``gemm``: the
@@ -398,7 +453,8 @@ cdef class Attention(Module):
         return [self.scratch_spec(name, heads, heads_tiles)
                 for name in ("attn.do", "attn.dq", "attn.dk", "attn.dv")]
 
-    cpdef Tensor forward(self, Tensor x):
+    cpdef Tensor forward(self, Tensor x, Tensor positions=None):
+        """``positions`` are not used: GPT-2's embeddings added them."""
         self.buffers(x)  # none, but backward's scratch follows this input's shape
         cdef Tensor o = self.core.forward(self.q.forward(x), self.k.forward(x),
                                           self.v.forward(x))
@@ -448,10 +504,54 @@ cdef class MLP(Module):
         return self.c_fc.backward(da, dx, beta)
 
 
-cdef class Block(Module):
-    """x + attn(ln_1(x)), then + mlp(ln_2(.)): transformers' GPT2Block without dropout. The
-    residual stream (x, its gradient) is in the master dtype, the branches in the compute
-    dtype."""
+cdef class PreNormBlock(Module):
+    """x + attention(norm_1(x)), then + mlp(norm_2(.)): the transformer block of every family,
+    whose subclass builds the four branches (``_branches``). The residual stream (x, its
+    gradient) is in the master dtype, the branches in the compute dtype. The norms take
+    ``forward(x)`` and ``backward(dy, dx, beta)``, the attention ``forward(x, positions)`` and
+    the MLP ``forward(x)``, both with ``backward(dy, dx, beta)``."""
+
+    cdef _branches(self, int n_embd, int embd_tile, Module norm_1, Module attn, Module norm_2,
+                   Module mlp):
+        self._stream = (n_embd, embd_tile)
+        self._norm_1, self._attn, self._norm_2, self._mlp = norm_1, attn, norm_2, mlp
+
+    def declare(self, tuple lead, tuple tiles):
+        """Forward keeps the stream after each branch, x1 and out; backward needs the
+        stream's gradient inside the block and a branch's (all in the master dtype)."""
+        cdef tuple x = lead + self._stream[:1], x_tiles = tiles + self._stream[1:]
+        return [self.buffer_spec("x1", x, x_tiles, self.master),
+                self.buffer_spec("out", x, x_tiles, self.master),
+                self.scratch_spec("dx1", x, x_tiles, self.master),
+                self.scratch_spec("dh", x, x_tiles, self.master)]
+
+    cpdef Tensor forward(self, Tensor x, Tensor positions=None):
+        """The block's output; ``positions`` (int64 [batch, seq]) go to the attention."""
+        cdef dict buffers = self.buffers(x)
+        cdef Tensor x1 = buffers["x1"], out = buffers["out"]
+        cdef Tensor h = self._attn.forward(self._norm_1.forward(x), positions)
+        ops.copy(x, x1)
+        ops.add(1.0, h, 1.0, x1)
+        cdef Tensor m = self._mlp.forward(self._norm_2.forward(x1))
+        ops.copy(x1, out)
+        ops.add(1.0, m, 1.0, out)
+        return out
+
+    cpdef backward(self, Tensor dy, Tensor dx):
+        """dx = gradient with respect to the block's input (dy is left as it is)."""
+        cdef dict scratch = self.scratch()
+        cdef Tensor dx1 = scratch["dx1"], dh = scratch["dh"]
+        ops.copy(dy, dx1)
+        self._mlp.backward(dy, dh, 0.0)
+        self._norm_2.backward(dh, dx1, 1.0)
+        self._attn.backward(dx1, dh, 0.0)
+        ops.copy(dx1, dx)
+        self._norm_1.backward(dh, dx, 1.0)
+        return dx
+
+
+cdef class Block(PreNormBlock):
+    """x + attn(ln_1(x)), then + mlp(ln_2(.)): transformers' GPT2Block without dropout."""
 
     def __init__(self, config, dict tiles, str dtype):
         super().__init__(dtype)
@@ -462,37 +562,4 @@ cdef class Block(Module):
                                                      config.attention == "fused"))
         self.ln_2 = self.add_child("ln_2", LayerNorm(E, tiles["embd"], eps, dtype))
         self.mlp = self.add_child("mlp", MLP(E, config.inner, tiles, dtype))
-
-    def declare(self, tuple lead, tuple tiles):
-        """Forward keeps the stream after each branch, x1 and out; backward needs the
-        stream's gradient inside the block and a branch's (all in the master dtype)."""
-        cdef tuple x = lead + (self.ln_1.n_embd,), x_tiles = tiles + (self.ln_1.embd_tile,)
-        return [self.buffer_spec("x1", x, x_tiles, self.master),
-                self.buffer_spec("out", x, x_tiles, self.master),
-                self.scratch_spec("dx1", x, x_tiles, self.master),
-                self.scratch_spec("dh", x, x_tiles, self.master)]
-
-    cpdef Tensor forward(self, Tensor x, Tensor positions=None):
-        """The block's output; ``positions`` (what every family's block is given) are not
-        used: GPT-2's embeddings added them."""
-        cdef dict buffers = self.buffers(x)
-        cdef Tensor x1 = buffers["x1"], out = buffers["out"]
-        cdef Tensor h = self.attn.forward(self.ln_1.forward(x))
-        ops.copy(x, x1)
-        ops.add(1.0, h, 1.0, x1)
-        cdef Tensor m = self.mlp.forward(self.ln_2.forward(x1))
-        ops.copy(x1, out)
-        ops.add(1.0, m, 1.0, out)
-        return out
-
-    cpdef backward(self, Tensor dy, Tensor dx):
-        """dx = gradient with respect to the block's input (dy is left as it is)."""
-        cdef dict scratch = self.scratch()
-        cdef Tensor dx1 = scratch["dx1"], dh = scratch["dh"]
-        ops.copy(dy, dx1)
-        self.mlp.backward(dy, dh, 0.0)
-        self.ln_2.backward(dh, dx1, 1.0)
-        self.attn.backward(dx1, dh, 0.0)
-        ops.copy(dx1, dx)
-        self.ln_1.backward(dh, dx, 1.0)
-        return dx
+        self._branches(E, tiles["embd"], self.ln_1, self.attn, self.ln_2, self.mlp)

@@ -1,0 +1,57 @@
+"""The model shapes the benches train, without torch: the wide GPT-2 of bench/scale.py and
+Llama, by name (the shapes the issues measure) or from flags. bench/compare_torch.py,
+bench/scale.py and bench/deepspeed_ref.py (through torch_reference) take them from here."""
+
+# (hidden, inner, layers, heads, kv heads, vocabulary, tied)
+LLAMA_SHAPES = {
+    "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True),
+    "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False),
+    "tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000, False),
+    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, True),
+}
+MODELS = ["gpt2", "llama"] + sorted(LLAMA_SHAPES)
+# what bench/torch_reference.llama gives transformers' config, so that ours is the same model
+LLAMA_ROPE_THETA = 500000.0
+
+
+def llama_params(hidden, inner, n_layer, n_head, n_kv_head, vocab, tied, head_dim=None):
+    """Parameters of a Llama shape without building it."""
+    d = head_dim or hidden // n_head
+    attn = hidden * d * (2 * n_head + 2 * n_kv_head)
+    per_layer = attn + 3 * hidden * inner + 2 * hidden
+    return vocab * hidden * (1 if tied else 2) + n_layer * per_layer + hidden
+
+
+def add_model_args(p):
+    """--model and the Llama flags (the GPT-2 ones, --n-embd, --n-layer, --n-head, --vocab,
+    are each bench's own)."""
+    p.add_argument("--model", default="gpt2", choices=MODELS,
+                   help="gpt2 (default): a GPT-2 of --n-embd, --n-layer, --n-head, untied; "
+                        "llama: a Llama of --n-embd, --n-inner, --n-layer, --n-head, "
+                        "--n-kv-head (--tied); or a named Llama shape")
+    p.add_argument("--n-inner", type=int, help="llama: the MLP's width (default 4 n_embd)")
+    p.add_argument("--n-kv-head", type=int, help="llama: key/value heads (default n_head / 4)")
+    p.add_argument("--tied", action="store_true", help="llama: the head tied to the embedding")
+
+
+def resolve_model(args):
+    """Fill a named Llama shape's fields into args (n_embd, n_inner, n_layer, n_head,
+    n_kv_head, vocab, tied), and the Llama defaults where a flag left them out."""
+    if args.model in LLAMA_SHAPES:
+        (args.n_embd, args.n_inner, args.n_layer, args.n_head, args.n_kv_head, args.vocab,
+         args.tied) = LLAMA_SHAPES[args.model]
+    elif args.model == "llama":
+        args.n_head = args.n_head or max(1, args.n_embd // 128)
+        args.n_inner = args.n_inner or 4 * args.n_embd
+        args.n_kv_head = args.n_kv_head or max(1, args.n_head // 4)
+    return args
+
+
+def llama_config(args, attention="fused"):
+    """Our LlamaConfig of a resolved Llama shape (bench/torch_reference.llama's model)."""
+    from nntile.models import LlamaConfig
+    return LlamaConfig(vocab_size=args.vocab, hidden_size=args.n_embd,
+                       intermediate_size=args.n_inner, num_hidden_layers=args.n_layer,
+                       num_attention_heads=args.n_head, num_key_value_heads=args.n_kv_head,
+                       max_position_embeddings=args.seq, rope_theta=LLAMA_ROPE_THETA,
+                       tie_word_embeddings=args.tied, attention=attention)

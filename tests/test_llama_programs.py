@@ -1,0 +1,118 @@
+"""The programs on Llama models, against transformers: nntile-convert import and export,
+nntile-generate (greedy, 32 tokens, as transformers' generate), nntile-train from an
+imported checkpoint or a transformers directory, nntile-eval, and resuming bit for bit."""
+import codecs
+import json
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+transformers.logging.set_verbosity_error()
+
+from nntile.data import TokenData, eval_batches
+from tests.test_convert import hf_loss
+from tests.test_train_cli import cli, data_dir, read_metrics  # noqa: F401 (fixture)
+
+# byte-level: the data_dir fixture's vocabulary; grouped-query attention, 2 layers
+CONFIG = dict(vocab_size=256, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+              num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+              rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                   low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=16),
+              bos_token_id=None, eos_token_id=None, pad_token_id=None)
+# nntile's tiles for the run: partial ones in every dimension, key/value heads tiled
+TILES = ["--tile-embd", "20", "--tile-head", "3", "--tile-inner", "30", "--tile-vocab", "100"]
+
+
+def save_hf(path, tied, seed=0):
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **CONFIG, tie_word_embeddings=tied))
+    with torch.no_grad():  # large random weights: 32 greedy tokens of ~30 different ones,
+        for p in model.parameters():  # each ahead of the next likeliest by > 0.03
+            p.add_(0.5 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return model.eval()
+
+
+def test_import_and_generate_as_transformers(tmp_path):
+    hf = save_hf(tmp_path / "hf", tied=True)
+    ckpt = tmp_path / "imported.h5"
+    result = cli("convert", "import", tmp_path / "hf", ckpt, *TILES)
+    assert result.returncode == 0, result.stderr
+    assert "Llama" in result.stdout
+    prompt = "def "
+    result = cli("generate", "--checkpoint", ckpt, "--prompt", prompt, "--max-new-tokens",
+                 "32", "--greedy", "--seq-len", "40")
+    assert result.returncode == 0, result.stderr
+    with torch.no_grad():
+        ids = hf.generate(torch.tensor([list(prompt.encode())]), max_new_tokens=32,
+                          do_sample=False, pad_token_id=0)[0].tolist()
+    assert len(ids) == len(prompt) + 32 and len(set(ids)) > 16
+    assert result.stdout == codecs.decode(bytes(ids), "utf-8", errors="replace") + "\n"
+
+
+@pytest.mark.parametrize("tied, start", [(True, "--init"), (False, "--init-from")])
+def test_import_train_export_round_trip(tmp_path, data_dir, tied, start):  # noqa: F811
+    """A transformers directory, 3 training steps (from the imported checkpoint, or from the
+    directory itself), exported: transformers computes the loss nntile-eval computes."""
+    save_hf(tmp_path / "hf", tied)
+    if start == "--init":
+        assert cli("convert", "import", tmp_path / "hf", tmp_path / "in.h5",
+                   *TILES).returncode == 0
+        source = tmp_path / "in.h5"
+    else:
+        source = tmp_path / "hf"
+    out = tmp_path / "run"
+    result = cli("train", start, source, "--data", data_dir, "--out", out, "--steps", "3",
+                 "--seq-len", "32", "--batch-size", "4", "--tile-batch", "2", "--tile-seq",
+                 "12", *TILES, "--ncpu", "2", "--no-progress", "--eval-every", "0",
+                 "--lr", "1e-3")
+    assert result.returncode == 0, result.stderr
+    assert "Llama" in result.stderr
+    result = cli("convert", "export", out / "ckpt-3.h5", tmp_path / "back")
+    assert result.returncode == 0, result.stderr
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back",
+                                                            local_files_only=True)
+    assert isinstance(back, transformers.LlamaForCausalLM)
+    assert back.config.tie_word_embeddings == tied and back.config.num_key_value_heads == 2
+    assert back.config.rope_parameters["rope_type"] == "llama3"
+    result = cli("evaluate", "--checkpoint", out / "ckpt-3.h5", "--data", data_dir,
+                 "--batches", "3", "--batch-size", "2", "--seq-len", "40", "--json")
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout)["loss"]
+    ref = hf_loss(back.eval(), eval_batches(TokenData(str(data_dir)).splits["val"], 2, 40, 3))
+    assert abs(ours - ref) <= 1e-5 * ref, (ours, ref)
+    # trained: the weights moved
+    first = read_metrics(out / "metrics.jsonl")
+    assert len(first) == 3 and first[-1]["loss"] != first[0]["loss"]
+
+
+def test_llama_run_resumes_bit_for_bit(tmp_path, data_dir):  # noqa: F811
+    """A fresh bf16-mixed Llama (grouped-query attention) resumed from step 3 of 6 gives the
+    uninterrupted run's losses, exactly: checkpoints hold what a Llama run needs (its rotary
+    frequencies are recomputed, not saved)."""
+    steps = ["--model", "llama", "--n-layer", "2", "--n-embd", "32", "--n-head", "4",
+             "--n-kv-head", "2", "--seq-len", "32", "--batch-size", "4", "--tile-batch", "2",
+             "--tile-seq", "16", "--tile-head", "2", "--ncpu", "2", "--no-progress", "--steps",
+             "6", "--save-every", "3", "--eval-every", "3", "--precision", "bf16-mixed"]
+    ref = tmp_path / "ref"
+    result = cli("train", *steps, "--data", data_dir, "--out", ref)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "resumed"
+    shutil.copytree(ref, out)
+    (out / "ckpt-6.h5").unlink()
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("".join(line + "\n" for line in lines[:3]))
+    result = cli("train", *steps, "--data", data_dir, "--out", out, "--resume", "latest")
+    assert result.returncode == 0, result.stderr
+    got, expected = read_metrics(out / "metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
+    assert [r["loss"] for r in got] == [r["loss"] for r in expected]  # exact floats
+    assert [r.get("val_loss") for r in got] == [r.get("val_loss") for r in expected]
+    import h5py
+    with h5py.File(out / "ckpt-6.h5", "r") as f:
+        assert json.loads(f.attrs["config"])["model_type"] == "llama"
+        assert not any("rotary" in name for name in f["params"])
