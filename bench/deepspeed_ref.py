@@ -23,35 +23,23 @@ import torch
 
 import torch_reference
 from harness import model_flops_per_step, print_result
+from shapes import add_model_args, llama_config, resolve_model
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="gpt2",
-                   choices=["gpt2", "llama"] + sorted(torch_reference.LLAMA_SHAPES),
-                   help="gpt2: the wide GPT-2 of bench/scale.py (--n-embd, --n-layer); llama: "
-                        "a Llama of --n-embd, --n-inner, --n-layer, --n-head, --n-kv-head; or a "
-                        "named Llama shape")
+    add_model_args(p)
     p.add_argument("--n-embd", type=int, default=1024)
-    p.add_argument("--n-inner", type=int, help="llama: the MLP's width (default 4 n_embd)")
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--n-head", type=int, help="default n_embd / 128")
-    p.add_argument("--n-kv-head", type=int, help="llama: default n_head / 4")
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="unpinned host buffers (pinned ones need more host memory)")
-    args = p.parse_args(argv)
-    if args.model in torch_reference.LLAMA_SHAPES:
-        (args.n_embd, args.n_inner, args.n_layer, args.n_head, args.n_kv_head, args.vocab,
-         args.tied) = torch_reference.LLAMA_SHAPES[args.model]
-    else:
-        args.tied = False
-        args.n_head = args.n_head or max(1, args.n_embd // 128)
-        args.n_inner = args.n_inner or 4 * args.n_embd
-        args.n_kv_head = args.n_kv_head or max(1, args.n_head // 4)
+    args = resolve_model(p.parse_args(argv))
+    args.n_head = args.n_head or max(1, args.n_embd // 128)
     return args
 
 
@@ -94,13 +82,11 @@ def main(argv=None):
     if args.model == "gpt2":
         nparams = torch_reference.gpt2_params(args.vocab, max(1024, args.seq), args.n_embd,
                                               args.n_layer)
-    else:
-        nparams = torch_reference.llama_params(args.n_embd, args.n_inner, args.n_layer,
-                                               args.n_head, args.n_kv_head, args.vocab,
-                                               args.tied)
+        flops = model_flops_per_step(nparams, args.n_layer, args.n_embd, args.seq, tokens)
+    else:  # the FLOPs bench/scale.py counts for ours
+        nparams = llama_config(args).num_parameters()
+        flops = llama_config(args).flops_per_token(args.seq) * tokens
     result["params"] = nparams
-    head_width = args.n_embd  # heads x head_dim: the attention FLOPs' width
-    flops = model_flops_per_step(nparams, args.n_layer, head_width, args.seq, tokens)
     print(f"deepspeed_ref.py: {args.model}, {nparams / 1e9:.2f}B parameters, batch "
           f"{args.batch}x{args.seq}, ZeRO-3, parameters and AdamW on the CPU "
           f"({'pinned' if args.pin else 'unpinned'})", flush=True)

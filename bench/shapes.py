@@ -5,6 +5,7 @@ bench/scale.py and bench/deepspeed_ref.py (through torch_reference) take them fr
 # (hidden, inner, layers, heads, kv heads, vocabulary, tied)
 LLAMA_SHAPES = {
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True),
+    "llama-3.2-3b": (3072, 8192, 28, 24, 8, 128256, True),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False),
     "tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000, False),
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152, True),
@@ -12,14 +13,6 @@ LLAMA_SHAPES = {
 MODELS = ["gpt2", "llama"] + sorted(LLAMA_SHAPES)
 # what bench/torch_reference.llama gives transformers' config, so that ours is the same model
 LLAMA_ROPE_THETA = 500000.0
-
-
-def llama_params(hidden, inner, n_layer, n_head, n_kv_head, vocab, tied, head_dim=None):
-    """Parameters of a Llama shape without building it."""
-    d = head_dim or hidden // n_head
-    attn = hidden * d * (2 * n_head + 2 * n_kv_head)
-    per_layer = attn + 3 * hidden * inner + 2 * hidden
-    return vocab * hidden * (1 if tied else 2) + n_layer * per_layer + hidden
 
 
 def add_model_args(p):

@@ -3,7 +3,7 @@ against."""
 import torch
 import transformers
 
-from shapes import LLAMA_ROPE_THETA, LLAMA_SHAPES, llama_params  # noqa: F401 (deepspeed_ref)
+from shapes import LLAMA_ROPE_THETA
 
 # the dtype of the weights; bf16-mixed keeps them fp32 and computes under torch.autocast
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
