@@ -58,7 +58,9 @@ def compare(cfg):
     """Train the same transformers-initialised model under each (name, ncuda, dtype) run."""
     proc = subprocess.run([sys.executable, "-c", COMPARE, json.dumps(cfg)],
                           capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # a crash's Python traceback (faulthandler) comes before a long list of extension modules
+    err = "\n".join(l for l in proc.stderr.splitlines() if not l.startswith("Extension modules"))
+    assert proc.returncode == 0, err[-4000:]
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
     return json.loads(line[len("RESULT"):])
 

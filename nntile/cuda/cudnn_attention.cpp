@@ -33,6 +33,8 @@
  * Host code only, compiled with the frontend's own headers hidden
  * (-fvisibility=hidden): a process may hold another copy of the header-only
  * frontend (PyTorch has one), and neither must bind to the other's. */
+#include <pthread.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -64,15 +66,39 @@ std::atomic<int64_t> counts[4]; /* forward, backward on cuDNN; fell back */
 
 bool cudnn_enabled()
 {
-    /* opt-in: on an H100 the cuDNN path ran in a single thread (tests/cuda,
-     * bench/attention_op.py) but training steps under StarPU with it ended in a
-     * segmentation fault (docs/performance.md, "Fused attention on the GPU") */
+    /* opt-in: on an H100 the cuDNN path ran on the main thread (tests/cuda,
+     * bench/attention_op.py), but under StarPU the first graph build crashes
+     * inside cudnn-frontend's validation, also on a thread of a 256 MiB stack
+     * (docs/performance.md, "Fused attention on the GPU") */
     static const bool on = [] {
         const char *e = std::getenv("NNTILE_CUDNN_ATTENTION");
         return e && std::strcmp(e, "1") == 0;
     }();
     return on;
 }
+
+/* NNTILE_CUDNN_TRACE=1: one line on stderr per step of every call (thread,
+ * shape, pointers, build, execute, a stream synchronisation after it), to
+ * find where a crash under StarPU happens */
+bool trace_on()
+{
+    static const bool on = [] {
+        const char *e = std::getenv("NNTILE_CUDNN_TRACE");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
+#define CUDNN_TRACE(...)                                                       \
+    do {                                                                       \
+        if (trace_on()) {                                                      \
+            fprintf(stderr, "nntile cudnn trace [%lx] ",                       \
+                    (unsigned long)pthread_self());                            \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fputc('\n', stderr);                                               \
+            fflush(stderr);                                                    \
+        }                                                                      \
+    } while (0)
 
 /* What a graph depends on; right_bound -1: no mask. */
 struct Shape {
@@ -111,6 +137,7 @@ struct DeviceState {
     {
         /* at thread exit (StarPU's shutdown, or the process's end, before
          * the CUDA runtime's own teardown); failures cannot be acted on */
+        CUDNN_TRACE("state freed: %zu plans, buffer %p", plans.size(), buffer);
         plans.clear(); /* the graphs' descriptors before the handle they use */
         if (buffer)
             (void)cudaFree(buffer);
@@ -133,6 +160,7 @@ DeviceState *device_state()
     if (!st) {
         st.reset(new DeviceState);
         const cudnnStatus_t err = cudnnCreate(&st->handle);
+        CUDNN_TRACE("state of device %d: cudnnCreate %s", dev, cudnnGetErrorString(err));
         if (err != CUDNN_STATUS_SUCCESS) {
             st->handle = nullptr;
             fprintf(stderr, "nntile: cuDNN unavailable on device %d (%s); bf16 "
@@ -273,6 +301,10 @@ const Plan &plan_for(DeviceState &st, const Shape &s)
         return it->second;
     std::string why;
     Plan plan;
+    CUDNN_TRACE("build %s b %lld tq %lld tk %lld h %lld/%lld d %lld band %lld",
+                s.backward ? "bwd" : "fwd", (long long)s.batch, (long long)s.tq,
+                (long long)s.tk, (long long)s.hq, (long long)s.hkv, (long long)s.d,
+                (long long)s.right_bound);
     try {
         plan = build(s, st.handle, why);
     } catch (const std::exception &e) {
@@ -280,6 +312,8 @@ const Plan &plan_for(DeviceState &st, const Shape &s)
     } catch (...) {
         why = "unknown exception";
     }
+    CUDNN_TRACE("built: %s, workspace %lld", plan.graph ? "ok" : why.c_str(),
+                (long long)plan.workspace);
     if (!plan.graph)
         fprintf(stderr, "nntile: cuDNN SDPA %s refused batch %lld, tq %lld, "
                         "tk %lld, heads %lld/%lld, d %lld (%s); nntile's "
@@ -335,10 +369,18 @@ bool execute(DeviceState &st, const Shape &s, const Plan &plan,
                       != cudaSuccess)
         return false;
     fe::error_t err;
+    CUDNN_TRACE("execute %s on stream %p: workspace %p (%zu of %zu bytes), stats %p",
+                s.backward ? "bwd" : "fwd", (void *)stream, st.buffer, ws,
+                st.capacity, (void *)stats);
     try {
         err = plan.graph->execute(st.handle, pack, st.buffer);
     } catch (const std::exception &e) {
         err = fe::error_t(fe::error_code_t::GRAPH_EXECUTION_FAILED, e.what());
+    }
+    if (trace_on()) {
+        const cudaError_t ce = cudaStreamSynchronize(stream);
+        CUDNN_TRACE("executed: %s; stream %s", err.is_good() ? "ok" : err.get_message().c_str(),
+                    cudaGetErrorString(ce));
     }
     if (!err.is_good()) {
         static std::atomic<bool> told(false);
@@ -401,10 +443,23 @@ bool cudnn_backward(const nntile_flash_args *a, cudaStream_t stream,
 } // namespace
 } // namespace nntile_cuda
 
+#define CUDNN_TRACE_CALL(what, a)                                              \
+    do {                                                                       \
+        using nntile_cuda::trace_on;                                           \
+        CUDNN_TRACE("call %s: b %lld tq %lld tk %lld h %lld/%lld d %lld "      \
+                    "offsets %lld/%lld causal %d accumulate %d",               \
+                    what, (long long)(a)->batch, (long long)(a)->tq,           \
+                    (long long)(a)->tk, (long long)(a)->hq, (long long)(a)->hkv,\
+                    (long long)(a)->d, (long long)(a)->q_offset,               \
+                    (long long)(a)->k_offset, (int)(a)->causal,                \
+                    (int)(a)->accumulate);                                     \
+    } while (0)
+
 extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, uint16_t, float, bf16_fp32,
                                   NNTILE_BUFFERS_flash_forward)
 {
     bool done = false;
+    CUDNN_TRACE_CALL("fwd", args);
     try {
         done = nntile_cuda::cudnn_forward(args, stream, q, k, v, o, lse);
     } catch (...) { /* std::bad_alloc and the like: our kernels then */
@@ -418,6 +473,7 @@ extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, uint16_t, float, bf16_fp32,
                                   NNTILE_BUFFERS_flash_backward)
 {
     bool done = false;
+    CUDNN_TRACE_CALL("bwd", args);
     try {
         done = nntile_cuda::cudnn_backward(args, stream, q, k, v, o, dout, lse,
                                            dq, dk, dv);
