@@ -12,76 +12,8 @@ from nntile._core.core cimport Tensor
 from nntile import ops
 from nntile.models.causal_lm cimport CausalLM
 from nntile.models.llama_config import LlamaConfig
-from nntile.nn.attention cimport CoreAttention
-from nntile.nn.layers cimport Embedding, Linear, Module, PreNormBlock, RMSNorm, Rotary
-
-
-cdef class LlamaAttention(Module):
-    """Causal self-attention with rotary positions and grouped-query attention: q_proj, k_proj
-    and v_proj, the rotation of q and k (in place: the attention core keeps them turned, and
-    backward turns their gradients back), the attention core (fused or not), o_proj.
-
-    Queries are [batch, seq, heads, head_dim], tiled ``tiles['head']`` heads per tile (whole
-    groups); keys and values [batch, seq, kv heads, head_dim], tiled by the head tile divided
-    by the group, so that a query tile and the key/value tile it reads cover the same groups.
-    """
-    cdef readonly int n_head, n_kv_head, head_dim, head_tile, kv_tile
-    cdef readonly Linear q_proj, k_proj, v_proj, o_proj
-    cdef readonly CoreAttention core
-    cdef readonly Rotary rotary
-    cdef Tensor positions
-
-    def __init__(self, config, dict tiles, str dtype, Rotary rotary):
-        super().__init__(dtype)
-        cdef int E = config.hidden_size, H = config.num_attention_heads
-        cdef int Hkv = config.num_key_value_heads, D = config.head_dim
-        cdef int e = tiles["embd"], h = tiles["head"], group = H // Hkv
-        cdef bint bias = config.attention_bias
-        self.n_head, self.n_kv_head, self.head_dim = H, Hkv, D
-        self.head_tile, self.kv_tile = h, h // group
-        self.rotary = rotary
-        self.q_proj = self.add_child("q_proj", Linear((E,), (e,), (H, D), (h, D), dtype, bias))
-        self.k_proj = self.add_child("k_proj", Linear((E,), (e,), (Hkv, D), (self.kv_tile, D),
-                                                      dtype, bias))
-        self.v_proj = self.add_child("v_proj", Linear((E,), (e,), (Hkv, D), (self.kv_tile, D),
-                                                      dtype, bias))
-        self.core = self.add_child("core", CoreAttention(H, Hkv, D, h, dtype,
-                                                         config.attention == "fused"))
-        self.o_proj = self.add_child("o_proj", Linear((H, D), (h, D), (E,), (e,), dtype, bias,
-                                                      residual=True))
-
-    def declare(self, tuple lead, tuple tiles):
-        """Backward needs the gradients of o and q ([.., heads, head_dim]), and of k and v
-        ([.., kv heads, head_dim])."""
-        cdef int D = self.head_dim
-        cdef tuple heads = lead + (self.n_head, D), heads_tiles = tiles + (self.head_tile, D)
-        cdef tuple kv = lead + (self.n_kv_head, D), kv_tiles = tiles + (self.kv_tile, D)
-        return [self.scratch_spec("attn.do", heads, heads_tiles),
-                self.scratch_spec("attn.dq", heads, heads_tiles),
-                self.scratch_spec("attn.dk", kv, kv_tiles),
-                self.scratch_spec("attn.dv", kv, kv_tiles)]
-
-    cpdef Tensor forward(self, Tensor x, Tensor positions):
-        self.buffers(x)  # none, but backward's scratch follows this input's shape
-        cdef Tensor q = self.q_proj.forward(x), k = self.k_proj.forward(x)
-        self.rotary.forward(q, positions)
-        self.rotary.forward(k, positions)
-        self.positions = positions
-        return self.o_proj.forward(self.core.forward(q, k, self.v_proj.forward(x)))
-
-    cpdef backward(self, Tensor dy, Tensor dx, double beta):
-        """dx (master dtype) = gradient of the input + beta*dx, from dy (master dtype)."""
-        cdef dict scratch = self.scratch()
-        cdef Tensor do = scratch["attn.do"], dq = scratch["attn.dq"]
-        cdef Tensor dk = scratch["attn.dk"], dv = scratch["attn.dv"]
-        self.o_proj.backward(dy, do)
-        self.core.backward(do, dq, dk, dv)
-        self.rotary.backward(dq, self.positions)
-        self.rotary.backward(dk, self.positions)
-        self.q_proj.backward(dq, dx, beta)
-        self.k_proj.backward(dk, dx, 1.0)
-        self.v_proj.backward(dv, dx, 1.0)
-        return dx
+from nntile.nn.layers cimport (Attention, Embedding, Linear, Module, PreNormBlock, RMSNorm,
+                               Rotary)
 
 
 cdef class LlamaMLP(Module):
@@ -129,7 +61,7 @@ cdef class LlamaBlock(PreNormBlock):
     transformers' LlamaDecoderLayer. ``rotary``: the model's rotary frequencies (Rotary); a
     block built alone makes its own."""
     cdef readonly RMSNorm input_layernorm, post_attention_layernorm
-    cdef readonly LlamaAttention self_attn
+    cdef readonly Attention self_attn
     cdef readonly LlamaMLP mlp
 
     def __init__(self, config, dict tiles, str dtype, Rotary rotary=None):
@@ -139,8 +71,10 @@ cdef class LlamaBlock(PreNormBlock):
         if rotary is None:
             rotary = self.add_child("rotary_emb", rotary_of(config, dtype))
         self.input_layernorm = self.add_child("input_layernorm", RMSNorm(E, e, eps, dtype))
-        self.self_attn = self.add_child("self_attn", LlamaAttention(config, tiles, dtype,
-                                                                    rotary))
+        self.self_attn = self.add_child("self_attn", Attention(
+            E, config.num_attention_heads, config.num_key_value_heads, config.head_dim, tiles,
+            dtype, config.attention == "fused", config.attention_bias,
+            ("q_proj", "k_proj", "v_proj", "o_proj"), rotary))
         self.post_attention_layernorm = self.add_child("post_attention_layernorm",
                                                        RMSNorm(E, e, eps, dtype))
         self.mlp = self.add_child("mlp", LlamaMLP(config, tiles, dtype))

@@ -78,11 +78,11 @@ cdef class Embedding(Module):
 
 
 cdef class Attention(Module):
-    cdef readonly int n_head
-    cdef readonly int head_dim
-    cdef readonly int head_tile
-    cdef readonly Linear q, k, v, c_proj
+    cdef readonly int n_head, n_kv_head, head_dim, head_tile, kv_tile
+    cdef readonly Linear q, k, v, out
     cdef readonly Module core  # nntile.nn.attention.CoreAttention
+    cdef readonly Rotary rotary  # None: the positions were added to the embeddings
+    cdef Tensor positions
     cpdef Tensor forward(self, Tensor x, Tensor positions=*)
     cpdef backward(self, Tensor dy, Tensor dx, double beta)
 

@@ -421,52 +421,71 @@ cdef class Embedding(Module):
 
 
 cdef class Attention(Module):
-    """Causal multi-head self-attention, heads tiled ``tiles['head']`` per tile: the
-    projections q, k, v and c_proj around the attention core (nntile.nn.attention), fused or
-    not (``fused``).
+    """Causal self-attention of every family: the projections q, k, v (children named
+    ``names``: GPT-2's q, k, v, c_proj; Llama's q_proj, k_proj, v_proj, o_proj), rotary
+    positions on q and k where the family has them (in place: the core keeps them turned, and
+    backward turns their gradients back), the attention core (nntile.nn.attention, fused or
+    not), the output projection.
 
-    Queries, keys and values are [batch, seq, heads, head_dim]. transformers' fused c_attn is
-    kept as three projections (q, k, v) so that heads can be tiled; conversion splits and
-    joins the weight.
+    Queries are [batch, seq, heads, head_dim], tiled ``tiles['head']`` heads per tile (whole
+    groups); keys and values [batch, seq, kv heads, head_dim] (grouped-query attention: never
+    repeated), tiled by the head tile divided by the group, so that a query tile and the
+    key/value tile it reads cover the same groups. transformers' fused c_attn (GPT-2) is kept
+    as three projections so that heads can be tiled; conversion splits and joins the weight.
     """
 
-    def __init__(self, int n_embd, int n_head, dict tiles, str dtype, bint fused=True):
+    def __init__(self, int n_embd, int n_head, int n_kv_head, int head_dim, dict tiles,
+                 str dtype, bint fused=True, bint bias=True,
+                 tuple names=("q", "k", "v", "c_proj"), Rotary rotary=None):
         # imported here: nntile.nn.attention cimports this module
         from nntile.nn.attention import CoreAttention
         super().__init__(dtype)
-        self.n_head = n_head
-        self.head_dim = n_embd // n_head
-        self.head_tile = tiles["head"]
-        cdef int e = tiles["embd"], h = tiles["head"], d = self.head_dim
-        cdef tuple heads = (n_head, self.head_dim)
-        self.q = self.add_child("q", Linear((n_embd,), (e,), heads, (h, d), dtype))
-        self.k = self.add_child("k", Linear((n_embd,), (e,), heads, (h, d), dtype))
-        self.v = self.add_child("v", Linear((n_embd,), (e,), heads, (h, d), dtype))
-        self.core = self.add_child("core", CoreAttention(n_head, n_head, d, h, dtype, fused))
-        self.c_proj = self.add_child("c_proj", Linear(heads, (h, d), (n_embd,), (e,), dtype,
-                                                      residual=True))
+        cdef int e = tiles["embd"], h = tiles["head"], d = head_dim
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
+        self.head_tile, self.kv_tile = h, h // (n_head // n_kv_head)
+        self.rotary = rotary
+        cdef tuple heads = (n_head, d), kv = (n_kv_head, d)
+        self.q = self.add_child(names[0], Linear((n_embd,), (e,), heads, (h, d), dtype, bias))
+        self.k = self.add_child(names[1], Linear((n_embd,), (e,), kv, (self.kv_tile, d), dtype,
+                                                 bias))
+        self.v = self.add_child(names[2], Linear((n_embd,), (e,), kv, (self.kv_tile, d), dtype,
+                                                 bias))
+        self.core = self.add_child("core", CoreAttention(n_head, n_kv_head, d, h, dtype, fused))
+        self.out = self.add_child(names[3], Linear(heads, (h, d), (n_embd,), (e,), dtype, bias,
+                                                   residual=True))
 
     def declare(self, tuple lead, tuple tiles):
-        """Backward needs the gradients of o, q, k and v."""
-        cdef tuple heads = lead + (self.n_head, self.head_dim)
-        cdef tuple heads_tiles = tiles + (self.head_tile, self.head_dim)
-        return [self.scratch_spec(name, heads, heads_tiles)
-                for name in ("attn.do", "attn.dq", "attn.dk", "attn.dv")]
+        """Backward needs the gradients of o and q ([.., heads, head_dim]), and of k and v
+        ([.., kv heads, head_dim])."""
+        cdef int d = self.head_dim
+        cdef tuple heads = lead + (self.n_head, d), heads_tiles = tiles + (self.head_tile, d)
+        cdef tuple kv = lead + (self.n_kv_head, d), kv_tiles = tiles + (self.kv_tile, d)
+        return [self.scratch_spec("attn.do", heads, heads_tiles),
+                self.scratch_spec("attn.dq", heads, heads_tiles),
+                self.scratch_spec("attn.dk", kv, kv_tiles),
+                self.scratch_spec("attn.dv", kv, kv_tiles)]
 
     cpdef Tensor forward(self, Tensor x, Tensor positions=None):
-        """``positions`` are not used: GPT-2's embeddings added them."""
+        """``positions``: the tokens' positions, for rotary families (GPT-2's embeddings
+        added them)."""
         self.buffers(x)  # none, but backward's scratch follows this input's shape
-        cdef Tensor o = self.core.forward(self.q.forward(x), self.k.forward(x),
-                                          self.v.forward(x))
-        return self.c_proj.forward(o)
+        cdef Tensor q = self.q.forward(x), k = self.k.forward(x), v = self.v.forward(x)
+        if self.rotary is not None:
+            self.rotary.forward(q, positions)
+            self.rotary.forward(k, positions)
+            self.positions = positions
+        return self.out.forward(self.core.forward(q, k, v))
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         """dx (master dtype) = gradient of the input + beta*dx, from dy (master dtype)."""
         cdef dict scratch = self.scratch()
         cdef Tensor do = scratch["attn.do"], dq = scratch["attn.dq"]
         cdef Tensor dk = scratch["attn.dk"], dv = scratch["attn.dv"]
-        self.c_proj.backward(dy, do)
+        self.out.backward(dy, do)
         self.core.backward(do, dq, dk, dv)
+        if self.rotary is not None:
+            self.rotary.backward(dq, self.positions)
+            self.rotary.backward(dk, self.positions)
         self.q.backward(dq, dx, beta)
         self.k.backward(dk, dx, 1.0)
         self.v.backward(dv, dx, 1.0)
@@ -558,7 +577,8 @@ cdef class Block(PreNormBlock):
         cdef int E = config.n_embd
         eps = config.layer_norm_epsilon
         self.ln_1 = self.add_child("ln_1", LayerNorm(E, tiles["embd"], eps, dtype))
-        self.attn = self.add_child("attn", Attention(E, config.n_head, tiles, dtype,
+        self.attn = self.add_child("attn", Attention(E, config.n_head, config.n_head,
+                                                     config.head_dim, tiles, dtype,
                                                      config.attention == "fused"))
         self.ln_2 = self.add_child("ln_2", LayerNorm(E, tiles["embd"], eps, dtype))
         self.mlp = self.add_child("mlp", MLP(E, config.inner, tiles, dtype))
