@@ -43,25 +43,23 @@ cdef class Linear(Module):
     cdef Tensor _in_compute(self, Tensor dy)
 
 
-cdef class LayerNorm(Module):
+cdef class Norm(Module):
     cdef readonly int n_embd, embd_tile
     cdef readonly double eps
     cdef readonly Parameter weight
+    cdef Tensor x
+    cdef Tensor stats
+    cdef normalize(self, Tensor x, Tensor y)
+    cpdef Tensor forward(self, Tensor x)
+    cpdef backward(self, Tensor dy, Tensor dx, double beta)
+
+
+cdef class LayerNorm(Norm):
     cdef readonly Parameter bias
-    cdef Tensor x
-    cdef Tensor stats
-    cpdef Tensor forward(self, Tensor x)
-    cpdef backward(self, Tensor dy, Tensor dx, double beta)
 
 
-cdef class RMSNorm(Module):
-    cdef readonly int n_embd, embd_tile
-    cdef readonly double eps
-    cdef readonly Parameter weight
-    cdef Tensor x
-    cdef Tensor stats
-    cpdef Tensor forward(self, Tensor x)
-    cpdef backward(self, Tensor dy, Tensor dx, double beta)
+cdef class RMSNorm(Norm):
+    pass
 
 
 cdef class Rotary(Module):

@@ -314,29 +314,48 @@ cdef class Linear(Module):
         return dx
 
 
-cdef class LayerNorm(Module):
+cdef class Norm(Module):
+    """A normalisation over the last axis, y (compute dtype) of x (master dtype) with each
+    row's statistics kept in the master dtype for backward: LayerNorm and RMSNorm, tiled
+    alike. A family's norm writes ``declare``, ``normalize`` and ``backward``."""
+
     def __init__(self, int n_embd, int embd_tile, double eps, str dtype):
         super().__init__(dtype)
         self.n_embd, self.embd_tile, self.eps = n_embd, embd_tile, eps
         self.weight = self.add_param("weight", (n_embd,), (embd_tile,))
+
+    cdef normalize(self, Tensor x, Tensor y):
+        raise NotImplementedError
+
+    cpdef Tensor forward(self, Tensor x):
+        cdef dict buffers = self.buffers(x)
+        self.stats = buffers["stats"]
+        cdef Tensor y = buffers["y"]
+        self.normalize(x, y)
+        self.x = x
+        return y
+
+    cpdef backward(self, Tensor dy, Tensor dx, double beta):
+        raise NotImplementedError
+
+
+cdef class LayerNorm(Norm):
+    """transformers' LayerNorm: weight and bias."""
+
+    def __init__(self, int n_embd, int embd_tile, double eps, str dtype):
+        super().__init__(n_embd, embd_tile, eps, dtype)
         self.bias = self.add_param("bias", (n_embd,), (embd_tile,))
 
     def declare(self, tuple lead, tuple tiles):
-        """Forward keeps each row's statistics (master dtype) and y; backward accumulates
-        per-row sums in ``rowacc``."""
+        """Forward keeps each row's mean and deviation and y; backward accumulates per-row
+        sums in ``rowacc``."""
         cdef tuple rows = lead + (2,), row_tiles = tiles + (2,)
         return [self.buffer_spec("stats", rows, row_tiles, self.master),
                 self.buffer_spec("y", lead + (self.n_embd,), tiles + (self.embd_tile,)),
                 self.scratch_spec("rowacc", rows, row_tiles, self.master)]
 
-    cpdef Tensor forward(self, Tensor x):
-        """y (compute dtype) = layer norm of x (master dtype), statistics in the master dtype."""
-        cdef dict buffers = self.buffers(x)
-        self.stats = buffers["stats"]
-        cdef Tensor y = buffers["y"]
+    cdef normalize(self, Tensor x, Tensor y):
         ops.layernorm_forward(x, self.weight.value, self.bias.value, self.eps, self.stats, y)
-        self.x = x
-        return y
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         """dx = layer-norm backward of dy + beta*dx; accumulates weight and bias gradients (all
@@ -347,30 +366,19 @@ cdef class LayerNorm(Module):
         return dx
 
 
-cdef class RMSNorm(Module):
+cdef class RMSNorm(Norm):
     """y = weight * x / sqrt(mean(x**2) + eps) over the last axis: transformers'
-    LlamaRMSNorm, tiled as LayerNorm (one parameter, ``weight``)."""
-
-    def __init__(self, int n_embd, int embd_tile, double eps, str dtype):
-        super().__init__(dtype)
-        self.n_embd, self.embd_tile, self.eps = n_embd, embd_tile, eps
-        self.weight = self.add_param("weight", (n_embd,), (embd_tile,))
+    LlamaRMSNorm (one parameter, ``weight``)."""
 
     def declare(self, tuple lead, tuple tiles):
-        """Forward keeps each row's sum of squares (master dtype) and y; backward
-        accumulates per-row sums in ``rmsnorm.rowacc``."""
+        """Forward keeps each row's sum of squares and y; backward accumulates per-row sums
+        in ``rmsnorm.rowacc``."""
         return [self.buffer_spec("stats", lead, tiles, self.master),
                 self.buffer_spec("y", lead + (self.n_embd,), tiles + (self.embd_tile,)),
                 self.scratch_spec("rmsnorm.rowacc", lead, tiles, self.master)]
 
-    cpdef Tensor forward(self, Tensor x):
-        """y (compute dtype) = RMSNorm of x (master dtype)."""
-        cdef dict buffers = self.buffers(x)
-        self.stats = buffers["stats"]
-        cdef Tensor y = buffers["y"]
+    cdef normalize(self, Tensor x, Tensor y):
         ops.rmsnorm_forward(x, self.weight.value, self.eps, self.stats, y)
-        self.x = x
-        return y
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         """dx = RMSNorm backward of dy + beta*dx; accumulates the weight's gradient (all in
