@@ -1,7 +1,9 @@
 """Token data in nanoGPT's format, and ``nntile-prepare`` that makes it.
 
-A data directory holds ``train.bin`` and ``val.bin``: flat arrays of uint16 token ids, read
-through ``np.memmap``. An optional ``meta.json`` names the tokenizer and the vocabulary size.
+A data directory holds ``train.bin`` and ``val.bin``: flat arrays of token ids, read through
+``np.memmap``: uint16 as nanoGPT writes them, or uint32 for a vocabulary past 65,536 tokens
+(Llama 3's 128,256), as ``meta.json`` says. An optional ``meta.json`` names the tokenizer,
+the vocabulary size and the ids' dtype (none: uint16).
 Training batches are windows at random offsets drawn from a seeded numpy Generator, whose state
 is saved in checkpoints; evaluation batches are fixed windows spread evenly over a split.
 """
@@ -18,7 +20,16 @@ import numpy as np
 from nntile.cli_common import CLIError, ArgumentParser, run_cli
 
 SPLITS = ("train", "val")
-TOKEN_DTYPE = np.dtype(np.uint16)
+TOKEN_DTYPE = np.dtype(np.uint16)  # nanoGPT's, and the default of files with no meta.json
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+def token_dtype(vocab_size):
+    """The dtype of token files for a vocabulary: uint16 when its ids fit, else uint32."""
+    if vocab_size > 2**32:
+        raise CLIError(f"a vocabulary of {vocab_size} tokens is more than uint32 data files "
+                       "can hold")
+    return TOKEN_DTYPE if vocab_size <= 2**16 else np.dtype(np.uint32)
 BYTE_VOCAB = 256
 GPT2_EOT = 50256
 DEFAULT_VAL_FRACTION = 0.1
@@ -70,9 +81,7 @@ class HFTokenizer:
             # transformers builds an empty tokenizer when it finds no files
             raise CLIError(self._missing("no tokenizer files were found"))
         self.vocab_size = len(self.tok)
-        if self.vocab_size > 65536:
-            raise CLIError(f"tokenizer {name_or_path!r} has {self.vocab_size} tokens: more than "
-                           "uint16 data files can hold")
+        self.dtype = token_dtype(self.vocab_size)
         self.eot = self.tok.eos_token_id
 
     def _missing(self, reason):
@@ -89,7 +98,7 @@ class HFTokenizer:
     def encode(self, data):
         if isinstance(data, bytes):
             data = data.decode("utf-8", errors="replace")
-        return np.asarray(self.tok.encode(data), dtype=TOKEN_DTYPE)
+        return np.asarray(self.tok.encode(data), dtype=self.dtype)
 
     def decode(self, ids):
         return self.tok.decode([int(i) for i in ids])
@@ -112,9 +121,7 @@ class TokenizerFile:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CLIError(f"the tokenizer {file} cannot be loaded ({reason})") from None
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
-        if self.vocab_size > 65536:
-            raise CLIError(f"tokenizer {file} has {self.vocab_size} tokens: more than uint16 "
-                           "data files can hold")
+        self.dtype = token_dtype(self.vocab_size)
         self.eot = self._end_of_text()
 
     def _end_of_text(self):
@@ -130,7 +137,7 @@ class TokenizerFile:
     def encode(self, data):
         if isinstance(data, bytes):
             data = data.decode("utf-8", errors="replace")
-        return np.asarray(self.tok.encode(data).ids, dtype=TOKEN_DTYPE)
+        return np.asarray(self.tok.encode(data).ids, dtype=self.dtype)
 
     def decode(self, ids):
         return self.tok.decode([int(i) for i in ids])
@@ -207,9 +214,10 @@ def _write_file(path, write):
 def write_dataset(out_dir, train, val, meta):
     """Write train.bin, val.bin and meta.json: first into a temporary directory inside
     ``out_dir``, then renamed into place under the INCOMPLETE marker, meta.json last."""
-    meta = dict(meta, train_tokens=int(len(train)), val_tokens=int(len(val)), dtype="uint16")
-    contents = {"train.bin": lambda f: f.write(np.ascontiguousarray(train, TOKEN_DTYPE)),
-                "val.bin": lambda f: f.write(np.ascontiguousarray(val, TOKEN_DTYPE)),
+    dtype = token_dtype(meta["vocab_size"])
+    meta = dict(meta, train_tokens=int(len(train)), val_tokens=int(len(val)), dtype=dtype.name)
+    contents = {"train.bin": lambda f: f.write(np.ascontiguousarray(train, dtype)),
+                "val.bin": lambda f: f.write(np.ascontiguousarray(val, dtype)),
                 "meta.json": lambda f: f.write(json.dumps(meta, indent=1).encode())}
     tmp = None
     try:
@@ -257,7 +265,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction=DEFAULT_VAL_FRACTION
         ids = tok.encode(_read_file(path))
         pieces.append(ids)
         if tok.eot is not None and not (len(ids) and ids[-1] == tok.eot):
-            pieces.append(np.array([tok.eot], dtype=TOKEN_DTYPE))
+            pieces.append(np.array([tok.eot], dtype=ids.dtype))
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, TOKEN_DTYPE)
     if len(tokens) == 0:
         raise CLIError("the inputs hold no text")
@@ -332,8 +340,8 @@ def default_data_dir(fallback_parent=None, quiet=False):
 # ---- reading data ------------------------------------------------------------------------
 
 class TokenData:
-    """The splits of a data directory, checked: readable, whole uint16 tokens, long enough,
-    every id inside the vocabulary."""
+    """The splits of a data directory, checked: readable, whole tokens of meta.json's dtype,
+    long enough, every id inside the vocabulary."""
 
     def __init__(self, path):
         self.path = path
@@ -343,6 +351,7 @@ class TokenData:
             raise CLIError(f"data path {path} is not a directory (it should hold train.bin "
                            "and val.bin)")
         self.meta = self._read_meta(os.path.join(path, "meta.json"))
+        self.dtype = np.dtype(self.meta.get("dtype", TOKEN_DTYPE.name))
         self.splits = {split: self._open(split) for split in SPLITS}
         self._max = {}
 
@@ -363,9 +372,9 @@ class TokenData:
                 raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
             if "incomplete" in meta:
                 raise ValueError(f"{meta['incomplete']}: run it again")
-            if meta.get("dtype", TOKEN_DTYPE.name) != TOKEN_DTYPE.name:
-                raise ValueError(f"dtype {meta['dtype']!r}: nntile reads {TOKEN_DTYPE.name} "
-                                 "token files only")
+            if meta.get("dtype", TOKEN_DTYPE.name) not in TOKEN_DTYPES:
+                raise ValueError(f"dtype {meta['dtype']!r}: nntile reads token files of "
+                                 f"{' or '.join(TOKEN_DTYPES)}")
         except (OSError, ValueError, RecursionError) as exc:
             raise CLIError(f"cannot read {meta_path}: {exc}") from None
         return meta
@@ -384,10 +393,10 @@ class TokenData:
             raise CLIError(f"cannot read data file {file}: {exc.strerror or exc}") from None
         if size == 0:
             raise CLIError(f"data file {file} is empty")
-        if size % TOKEN_DTYPE.itemsize:
-            raise CLIError(f"data file {file} has {size} bytes: not a whole number of uint16 "
-                           "tokens (odd size; truncated or not nanoGPT format?)")
-        return np.memmap(file, dtype=TOKEN_DTYPE, mode="r")
+        if size % self.dtype.itemsize:
+            raise CLIError(f"data file {file} has {size} bytes: not a whole number of "
+                           f"{self.dtype.name} tokens (truncated, or not nanoGPT format?)")
+        return np.memmap(file, dtype=self.dtype, mode="r")
 
     @property
     def tokenizer(self):
@@ -496,7 +505,8 @@ def eval_batches(tokens, batch, seq, nbatches):
 
 def prepare_main(argv=None):
     parser = ArgumentParser(prog="nntile-prepare", description=(
-        "Tokenize text files into nanoGPT-format train.bin/val.bin (uint16) and meta.json."))
+        "Tokenize text files into nanoGPT-format train.bin/val.bin (uint16; uint32 past 65,536 "
+        "tokens) and meta.json."))
     parser.add_argument("inputs", nargs="*", metavar="INPUT",
                         help="text files or directories (walked in sorted order); none: the "
                              "running Python's standard-library sources")

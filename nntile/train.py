@@ -83,7 +83,7 @@ def build_parser():
     g.add_argument("--eval-batches", type=positive_int, help="validation batches (the same "
                    f"windows as nntile-eval's; {EVAL_BATCHES})")
     g = p.add_argument_group("data and checkpoints")
-    g.add_argument("--data", help="directory with train.bin and val.bin (uint16, nanoGPT); "
+    g.add_argument("--data", help="directory with train.bin and val.bin (nanoGPT); "
                    "default: the running Python's standard library, byte-level")
     g.add_argument("--out", help="checkpoint and metrics directory (checkpoints/; when "
                    "resuming a file: that file's directory)")

@@ -96,6 +96,31 @@ def test_prepare_with_a_local_gpt2_tokenizer(tmp_path):
     assert result.stdout.startswith("héllo") and len(result.stdout) > len("héllo")
 
 
+def test_a_vocabulary_past_uint16_is_written_as_uint32(tmp_path):
+    """Llama 3's tokenizer has 128,256 tokens: its ids do not fit the uint16 files of nanoGPT.
+    A word-level tokenizer of 70,000 words (w0 .. w69999) stands for it; the ids nntile reads
+    back are the tokenizers library's own, ids past 65,535 included."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(70000)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    words = np.random.default_rng(0).integers(0, 70000, 3000)
+    (tmp_path / "text.txt").write_text(" ".join(f"w{i}" for i in words))
+    result = cli("data", tmp_path / "text.txt", "--out", tmp_path / "out", "--tokenizer",
+                 tmp_path / "tok")
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70000
+    data = TokenData(str(tmp_path / "out"))
+    got = np.concatenate([np.asarray(data.splits[s]) for s in ("train", "val")])
+    want = tok.encode(" ".join(f"w{i}" for i in words)).ids
+    assert got.dtype == np.uint32 and got.tolist() == want == words.tolist()
+    assert data.max_token("train") > 65535
+    data.check(70000, 16)
+
+
 def test_gpt2_tokenizer_from_the_local_cache_or_a_clear_error(tmp_path):
     src = make_texts(tmp_path)
     result = cli("data", src, "--out", tmp_path / "out", "--tokenizer", "gpt2",

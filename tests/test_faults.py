@@ -421,7 +421,7 @@ def _bad_data(tmp_path, data_dir, kind):  # noqa: F811
 
 BAD_DATA = {
     "empty val.bin": "val.bin is empty",
-    "odd val.bin": "odd size",
+    "odd val.bin": "not a whole number of uint16 tokens",
     "val.bin shorter than a sequence": "fewer than sequence length + 1",
     "token id past the vocabulary": "token id 4000",
     "unreadable train.bin": "Permission denied",

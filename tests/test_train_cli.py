@@ -219,7 +219,7 @@ def _bad_data(tmp_path, data_dir, kind):
 
 
 BAD_DATA = {
-    "odd": "odd size",
+    "odd": "not a whole number of uint16 tokens",
     "empty": "is empty",
     "directory": "not a regular file",
     "big ids": "token id 300",
