@@ -66,6 +66,17 @@ def build(args):
                                  args.n_head, args.n_kv_head, args.seq, args.tied)
 
 
+def initialise(deepspeed, model):
+    """transformers' initialisation of each module, its parameters gathered for it: under
+    zero.Init the model's own initialisation saw empty partitions, which left the weights as
+    allocated (a first loss of 2572 on Llama-3.2-3B, 2026-11-25)."""
+    for module in model.modules():
+        params = list(module.parameters(recurse=False))
+        if params:
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                model._init_weights(module)
+
+
 def main(argv=None):
     args = parse_args(argv)
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
@@ -96,6 +107,7 @@ def main(argv=None):
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu",
                                  pin_memory=args.pin, dtype=torch.bfloat16):
             model = build(args)
+        initialise(deepspeed, model)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=config)
         print(f"built in {time.perf_counter() - start:.1f} s", flush=True)
