@@ -476,6 +476,18 @@ def test_embedding(K, dt, rows, e, voff, v):
 
 # ---------------------------------------------------------------- layernorm
 
+def norm_dx_by_tiles(K, op, dt, tiles, eps, beta, x, dy, stats, weight, rowacc, dx0):
+    """A norm's dx, one call per column tile (``tiles``: slices of the row) with the row sums
+    of the whole row; dx starts as NaN where beta is 0 (it must be overwritten)."""
+    rows, e_total = x.shape
+    c = np.ascontiguousarray
+    return np.concatenate([run(K, op, dt, dict(rows=rows, e=s.stop - s.start, e_total=e_total,
+                                               eps=eps, beta=beta),
+                               c(x[:, s]), c(dy[:, s]), stats, c(weight[s]), rowacc,
+                               np.full((rows, s.stop - s.start), np.nan) if beta == 0
+                               else c(dx0[:, s]))[-1] for s in tiles], axis=1)
+
+
 @for_all_dtypes
 @SETTINGS
 @given(rows=st.integers(1, 6), e_total=st.integers(1, 70), seed=seeds,
@@ -526,12 +538,8 @@ def test_layernorm(K, dt, rows, e_total, seed, ntiles, beta):
     dx0 = rounded(rng.standard_normal((rows, e_total)), dt)
     c0, c1 = rowacc[:, :1] / e_total, rowacc[:, 1:] / e_total  # the sums as stored
     ref = rstd[:, None] * (g - c0 - xhat * c1) + (beta * dx0 if beta else 0)
-    dx = np.concatenate([run(K, "layernorm_backward", dt,
-                             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
-                                  beta=beta),
-                             c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc,
-                             np.full((rows, s.stop - s.start), np.nan) if beta == 0
-                             else c(dx0[:, s]))[-1] for s in sl], axis=1)
+    dx = norm_dx_by_tiles(K, "layernorm_backward", dt, sl, eps, beta, x, dy, stats, gamma,
+                          rowacc, dx0)
     close(dx, ref, dt, rtol_mult=50 if dt != "bf16" else 3,
           scale=max(1.0, float((rstd[:, None] * (np.abs(g) + np.abs(c0)
                                                  + np.abs(xhat * c1))).max())))
@@ -607,12 +615,8 @@ def test_rmsnorm(K, dt, rows, e_total, seed, ntiles, beta):
     dx0 = rounded(rng.standard_normal((rows, e_total)), dt)
     ref = rstd[:, None] * (g - xhat * (g * xhat).mean(1, keepdims=True))
     ref = ref + (beta * dx0 if beta else 0)
-    dx = np.concatenate([run(K, "rmsnorm_backward", dt,
-                             dict(rows=rows, e=s.stop - s.start, e_total=e_total, eps=eps,
-                                  beta=beta),
-                             c(x[:, s]), c(dy[:, s]), stats, c(w[s]), rowacc,
-                             np.full((rows, s.stop - s.start), np.nan) if beta == 0
-                             else c(dx0[:, s]))[-1] for s in sl], axis=1)
+    dx = norm_dx_by_tiles(K, "rmsnorm_backward", dt, sl, eps, beta, x, dy, stats, w, rowacc,
+                          dx0)
     close(dx, ref, dt, rtol_mult=50 if dt != "bf16" else 3,
           scale=max(1.0, float(np.abs(rstd[:, None] * (np.abs(g) + np.abs(
               xhat * (g * xhat).mean(1, keepdims=True)))).max())))
