@@ -201,7 +201,11 @@ def extensions():
             fail(f"CUDA is on, but {err} (NNTILE_CUDA=0 builds without CUDA)")
         CUDNN_COMPILE[:] = cudnn_compile
         link_args += [f"-L{os.path.join(home, 'lib64')}", "-lcudart", "-lcublas", *cudnn_link,
-                      "-lstdc++", f"-Wl,-rpath,{os.path.join(home, 'lib64')}"]
+                      # the shared C++ runtime, named by its file: with a bare -lstdc++ the
+                      # linker Python names (the GPU image's /opt/gcc) copied a static one
+                      # into the module, a second runtime in the process, and cuDNN's graph
+                      # build segfaulted in a stream insertion that called a wrong facet
+                      "-l:libstdc++.so.6", f"-Wl,-rpath,{os.path.join(home, 'lib64')}"]
         cu_sources = sorted(glob.glob("nntile/cuda/*.cu") + glob.glob("nntile/cuda/*.cpp"))
     core = Extension(
         "nntile._core.core",
