@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <mutex>
 #include <type_traits>
 
 #include "cuda_kernels.h"
+#include "scratch.h"
 
 /* Internal symbols get hidden visibility (only the extern "C" entry points,
  * declared in cuda_kernels.h, are exported from a shared library). */
@@ -173,67 +173,6 @@ void over_n(const Args *a, cudaStream_t stream, B *... bufs)
 {
     launch_elementwise(a->n, Op(), stream, bufs...);
 }
-
-/* Stream-ordered scratch memory (no host synchronisation) for split
- * reductions: a few KB to a few MB.  It comes from a memory pool of our own
- * per device that keeps its memory (release threshold: unlimited), so that
- * an allocation after a synchronisation does not go back to the driver
- * (the default pool returns its memory at every synchronisation).  ptr is
- * NULL when allocation failed; callers then take a path without scratch. */
-inline cudaMemPool_t scratch_pool()
-{
-    constexpr int kMaxDev = 64;
-    static std::mutex mu;
-    static cudaMemPool_t pools[kMaxDev];
-    static bool tried[kMaxDev];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDev) {
-        (void)cudaGetLastError();
-        return nullptr;
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (!tried[dev]) {
-        tried[dev] = true;
-        cudaMemPoolProps props;
-        memset(&props, 0, sizeof(props));
-        props.allocType = cudaMemAllocationTypePinned;
-        props.handleTypes = cudaMemHandleTypeNone;
-        props.location.type = cudaMemLocationTypeDevice;
-        props.location.id = dev;
-        if (cudaMemPoolCreate(&pools[dev], &props) == cudaSuccess) {
-            uint64_t keep = UINT64_MAX;
-            cudaMemPoolSetAttribute(pools[dev],
-                                    cudaMemPoolAttrReleaseThreshold, &keep);
-        } else {
-            pools[dev] = nullptr;
-            (void)cudaGetLastError();
-        }
-    }
-    return pools[dev];
-}
-
-struct Scratch {
-    void *ptr = nullptr;
-    cudaStream_t stream;
-    Scratch(size_t bytes, cudaStream_t s) : stream(s)
-    {
-        cudaMemPool_t pool = scratch_pool();
-        const cudaError_t err =
-            pool ? cudaMallocFromPoolAsync(&ptr, bytes, pool, s)
-                 : cudaMallocAsync(&ptr, bytes, s);
-        if (err != cudaSuccess) {
-            ptr = nullptr;
-            (void)cudaGetLastError();
-        }
-    }
-    ~Scratch()
-    {
-        if (ptr)
-            cudaFreeAsync(ptr, stream);
-    }
-    Scratch(const Scratch &) = delete;
-    Scratch &operator=(const Scratch &) = delete;
-};
 
 /* ---------------------------------------------------------------- reductions */
 
