@@ -182,7 +182,7 @@ def main():
     args_type = flash_args_type()
     print(f"kernels from {source}; {torch.cuda.get_device_name()}", flush=True)
 
-    # GPT-2 124M: the cuDNN workspace one worker thread keeps for its shape
+    # GPT-2 124M: the cuDNN workspace a call of its shape takes (scratch of the call's stream)
     g = torch.Generator(device="cuda").manual_seed(0)
     shape = (8, 1024, 12, 64)
     q, k, v, do = (torch.randn(shape, device="cuda", generator=g) for _ in range(4))
@@ -191,7 +191,7 @@ def main():
     torch.cuda.synchronize()
     counts = cudnn_counts(lib)
     print(f"cuDNN workspace after GPT-2 124M's attention (batch 8 x 1024, 12 heads of 64, "
-          f"forward and backward): {counts[4] / 2**20:.1f} MiB per worker thread "
+          f"forward and backward): {counts[4] / 2**20:.1f} MiB at most per call in flight "
           f"(cuDNN ran {counts[0]} forward, {counts[1]} backward calls)", flush=True)
 
     rows = []

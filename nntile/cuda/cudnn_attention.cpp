@@ -12,23 +12,23 @@
  * and every merge of key tiles run our kernels.
  *
  * Graphs are built once per shape (every extent, the mask, the scale, the
- * direction) and kept per thread and device with that thread's cuDNN handle:
- * StarPU runs one thread per CUDA worker, each on its own stream, so nothing
- * is shared between threads; each call binds the handle to the task's
- * stream.  A graph cuDNN refuses (at build or execution) is reported once
- * and the call runs our kernels; a failing cudnnCreate likewise.
+ * direction) and kept per thread and device with that thread's cuDNN handle,
+ * which each call binds to the task's stream.  One StarPU thread may drive
+ * several workers of a GPU (STARPU_NWORKER_PER_CUDA), one stream each, whose
+ * calls overlap on the device: so nothing a call writes is kept per thread.
+ * A graph cuDNN refuses (at build or execution) is reported once and the call
+ * runs our kernels; a failing cudnnCreate likewise.
  *
- * Workspace: one device buffer per thread and device, grown on demand (with
- * a device synchronisation, rarely) and never shrunk.  It holds cuDNN's
- * workspace (backward: an fp32 dq accumulator, batch*hq*tq*d floats, and
- * softmax sums; GQA adds fp32 dk/dv of every query head) and cuDNN's
- * statistics in its layout [batch, hq, tq] (cuDNN before 9.26 reads other
- * layouts wrongly), which a small kernel swaps with our [batch, tq, hq].
- * It is cudaMalloc'ed: StarPU's memory accounting does not see it.
+ * Workspace: scratch memory ordered on the call's stream (scratch.h), from a
+ * pool that keeps its memory.  It holds cuDNN's workspace (backward: an fp32
+ * dq accumulator, batch*hq*tq*d floats, and softmax sums; GQA adds fp32 dk/dv
+ * of every query head) and cuDNN's statistics in its layout [batch, hq, tq]
+ * (cuDNN before 9.26 reads other layouts wrongly), which a small kernel swaps
+ * with our [batch, tq, hq].  StarPU's memory accounting does not see it.
  *
  * NNTILE_CUDNN_ATTENTION=0 in the environment turns cuDNN off (our kernels
  * for every call).  nntile_cuda_flash_cudnn_counts tells how many calls ran
- * on cuDNN and how many fell back, and the workspace's size.
+ * on cuDNN and how many fell back, and the largest workspace a call took.
  *
  * Host code only, compiled with the frontend's own headers hidden
  * (-fvisibility=hidden): a process may hold another copy of the header-only
@@ -54,6 +54,7 @@
 #include "cuda_kernels.h"
 #pragma GCC visibility pop
 #include "flash.h"
+#include "scratch.h"
 
 namespace fe = cudnn_frontend;
 
@@ -63,23 +64,23 @@ namespace {
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
 std::atomic<int64_t> counts[4]; /* forward, backward on cuDNN; fell back */
+std::atomic<int64_t> largest_workspace(0); /* bytes */
 
 bool cudnn_enabled()
 {
-    /* opt-in: on an H100 the cuDNN path ran on the main thread (tests/cuda,
-     * bench/attention_op.py), but under StarPU the first graph build crashes
-     * inside cudnn-frontend's validation, also on a thread of a 256 MiB stack
-     * (docs/performance.md, "Fused attention on the GPU") */
+    /* on unless NNTILE_CUDNN_ATTENTION=0: under StarPU it beat our bf16
+     * kernels in training steps (docs/performance.md, "cuDNN's attention
+     * under StarPU") */
     static const bool on = [] {
         const char *e = std::getenv("NNTILE_CUDNN_ATTENTION");
-        return e && std::strcmp(e, "1") == 0;
+        return !(e && std::strcmp(e, "0") == 0);
     }();
     return on;
 }
 
 /* NNTILE_CUDNN_TRACE=1: one line on stderr per step of every call (thread,
- * shape, pointers, build, execute, a stream synchronisation after it), to
- * find where a crash under StarPU happens */
+ * shape, pointers, build, execute, a stream synchronisation after it): where
+ * a call fails or hangs inside a training run */
 bool trace_on()
 {
     static const bool on = [] {
@@ -130,17 +131,13 @@ struct Plan {
 
 struct DeviceState {
     cudnnHandle_t handle = nullptr; /* null: cudnnCreate failed */
-    void *buffer = nullptr;
-    size_t capacity = 0;
     std::unordered_map<Shape, Plan, ShapeHash> plans;
     ~DeviceState()
     {
         /* at thread exit (StarPU's shutdown, or the process's end, before
          * the CUDA runtime's own teardown); failures cannot be acted on */
-        CUDNN_TRACE("state freed: %zu plans, buffer %p", plans.size(), buffer);
+        CUDNN_TRACE("state freed: %zu plans", plans.size());
         plans.clear(); /* the graphs' descriptors before the handle they use */
-        if (buffer)
-            (void)cudaFree(buffer);
         if (handle)
             (void)cudnnDestroy(handle);
     }
@@ -169,36 +166,6 @@ DeviceState *device_state()
         }
     }
     return st->handle ? st.get() : nullptr;
-}
-
-/* At least bytes of device memory in the state's buffer. */
-bool reserve(DeviceState &st, size_t bytes)
-{
-    if (bytes <= st.capacity)
-        return true;
-    if (st.buffer) {
-        /* queued work may still use the old buffer */
-        cudaError_t err = cudaDeviceSynchronize();
-        if (err == cudaSuccess)
-            err = cudaFree(st.buffer);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            fprintf(stderr, "nntile cudnn attention: %s\n",
-                    cudaGetErrorString(err));
-            return false;
-        }
-        st.buffer = nullptr;
-        st.capacity = 0;
-    }
-    const size_t mib = (size_t)1 << 20;
-    bytes = (bytes + mib - 1) / mib * mib;
-    if (cudaMalloc(&st.buffer, bytes) != cudaSuccess) {
-        (void)cudaGetLastError();
-        st.buffer = nullptr;
-        return false; /* out of memory: our kernels need no workspace */
-    }
-    st.capacity = bytes;
-    return true;
 }
 
 /* [batch, heads, seq, d] tensors stored [batch, seq, heads, d] */
@@ -355,9 +322,14 @@ bool execute(DeviceState &st, const Shape &s, const Plan &plan,
              const float *lse_in, float *lse_out)
 {
     const size_t ws = ((size_t)plan.workspace + 255) / 256 * 256;
-    if (!reserve(st, ws + (size_t)s.batch * s.hq * s.tq * sizeof(float)))
-        return false;
-    float *stats = (float *)((char *)st.buffer + ws);
+    const size_t bytes = ws + (size_t)s.batch * s.hq * s.tq * sizeof(float);
+    Scratch scratch(bytes, stream); /* freed on the stream after this call's work */
+    if (!scratch.ptr)
+        return false; /* out of memory: our kernels need no workspace */
+    int64_t seen = largest_workspace.load();
+    while ((int64_t)bytes > seen && !largest_workspace.compare_exchange_weak(seen, bytes)) {
+    }
+    float *stats = (float *)((char *)scratch.ptr + ws);
     pack[kStats] = stats;
     cudnnStatus_t cs = cudnnSetStream(st.handle, stream);
     if (cs != CUDNN_STATUS_SUCCESS) {
@@ -369,11 +341,11 @@ bool execute(DeviceState &st, const Shape &s, const Plan &plan,
                       != cudaSuccess)
         return false;
     fe::error_t err;
-    CUDNN_TRACE("execute %s on stream %p: workspace %p (%zu of %zu bytes), stats %p",
-                s.backward ? "bwd" : "fwd", (void *)stream, st.buffer, ws,
-                st.capacity, (void *)stats);
+    CUDNN_TRACE("execute %s on stream %p: workspace %p (%zu bytes), stats %p",
+                s.backward ? "bwd" : "fwd", (void *)stream, scratch.ptr, ws,
+                (void *)stats);
     try {
-        err = plan.graph->execute(st.handle, pack, st.buffer);
+        err = plan.graph->execute(st.handle, pack, scratch.ptr);
     } catch (const std::exception &e) {
         err = fe::error_t(fe::error_code_t::GRAPH_EXECUTION_FAILED, e.what());
     }
@@ -487,19 +459,11 @@ extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, uint16_t, float, bf16_fp32,
 
 /* out[0], out[1]: the forward and backward calls of the bf16_fp32 column
  * that cuDNN ran, out[2], out[3]: those our kernels ran, since the process
- * started; out[4]: the bytes of the calling thread's workspace on the
- * current device. */
+ * started; out[4]: the bytes of the largest workspace a call took. */
 extern "C" __attribute__((visibility("default"))) void
 nntile_cuda_flash_cudnn_counts(int64_t *out)
 {
     for (int i = 0; i < 4; ++i)
         out[i] = nntile_cuda::counts[i].load();
-    int dev = -1;
-    out[4] = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess) {
-        auto it = nntile_cuda::t_states.find(dev);
-        if (it != nntile_cuda::t_states.end() && it->second)
-            out[4] = (int64_t)it->second->capacity;
-    } else
-        (void)cudaGetLastError();
+    out[4] = nntile_cuda::largest_workspace.load();
 }
