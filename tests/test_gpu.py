@@ -50,6 +50,12 @@ for name, (losses, grads, workers) in results.items():
            for k in ref_grads}
     out[name] = dict(losses=losses, max_grad_rel=max(rel.values()),
                      worst=max(rel, key=rel.get), workers=workers)
+if nntile.HAVE_CUDA:  # the bf16 attention calls that cuDNN ran inside StarPU's CUDA workers
+    import ctypes
+    import nntile._core.core as core
+    counts = (ctypes.c_int64 * 5)()
+    ctypes.CDLL(core.__file__).nntile_cuda_flash_cudnn_counts(counts)
+    out["cudnn_calls"] = list(counts)[:4]  # forward, backward on cuDNN; on our kernels
 print("RESULT" + json.dumps(out))
 """
 
@@ -107,12 +113,16 @@ def test_small_gpt2_bf16_mixed_gpu_matches_cpu():
     # measured 3.2% on an H100 (2026-11-23), the first layer's ln_1.weight: after two AdamW
     # updates, whose normalised steps turn bf16-level gradient differences into weight ones
     assert out["gpu"]["max_grad_rel"] < 2 ** -4
+    # cuDNN's attention (head dim 32) ran inside StarPU's workers (a core module carrying its
+    # own C++ runtime crashed there: docs/performance.md, "cuDNN's attention under StarPU")
+    forward, backward, _, _ = out["cudnn_calls"]
+    assert forward > 0 and backward > 0, out["cudnn_calls"]
 
 
 def test_small_llama_bf16_gpu_matches_cpu():
-    """Llama in bf16-mixed (cuDNN's fused attention where it applies, the mixed RMSNorm and
-    rotary kernels) and in bf16, GPU against CPU, with the bounds of GPT-2's bf16-mixed test
-    above. bf16 (everything bf16) keeps its loss in bf16 too, whose values lie 2**-7 of it
+    """Llama in bf16-mixed (grouped-query fused attention on our bf16 kernels: cuDNN takes head
+    dims of multiples of 8, this one is 12; the mixed RMSNorm and rotary kernels) and in bf16,
+    GPU against CPU, with the bounds of GPT-2's bf16-mixed test above. bf16 (everything bf16) keeps its loss in bf16 too, whose values lie 2**-7 of it
     apart: within two of those steps."""
     out = compare(dict(SMALL["llama"], batch=2, seq=37, steps=3,
                        runs=[("cpu", 0, "bf16-mixed"), ("gpu", 1, "bf16-mixed"),
@@ -149,3 +159,15 @@ def test_two_workers_per_gpu_by_default():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
     assert out == ["2", "2", "1", "1"]
+
+
+def test_core_module_links_the_shared_cpp_runtime():
+    """The core module's C++ (cudnn_attention.cpp) uses the process's libstdc++.so.6: a copy of
+    the runtime linked into the module crashed cuDNN's graph build inside StarPU's workers."""
+    import nntile._core.core as core
+    dynamic = subprocess.run(["readelf", "-d", core.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    assert "[libstdc++.so.6]" in dynamic
+    defined = subprocess.run(["nm", "-C", "--defined-only", core.__file__], capture_output=True,
+                             text=True, check=True).stdout
+    assert "std::locale::locale()" not in defined
