@@ -243,7 +243,7 @@ def main(argv=None):
         ctx.wait()
         say(f"built and initialised in {time.perf_counter() - t0:.1f} s (weights written "
             f"from numpy per {init})", flush=True)
-        show_memory(ctx, say)
+        host_at_start = show_memory(ctx, say)
         idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
                 if args.wont_use else [])
         gpu_total = sum(n["total"] for n in ctx.memory_nodes() if n["node"].startswith("CUDA"))
@@ -270,12 +270,15 @@ def main(argv=None):
                 say(f"registered tensors: {memory.fmt_bytes(measured)} "
                     f"(estimate {memory.fmt_bytes(whole)})", flush=True)
             host_used.append(show_memory(ctx, say))
+            # host memory StarPU allocated in this step (pinned, where there are GPUs: slow to
+            # allocate; docs/performance.md, "Step 1 past GPU memory")
+            grew = host_used[-1] - (host_used[-2] if len(host_used) > 1 else host_at_start)
             mpi = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
             say(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
                 f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s{mpi}; host->GPU "
                 f"{step_moved['h2d'] / 2**30:.1f} GiB, GPU->host {step_moved['d2h'] / 2**30:.1f}"
                 f" GiB, GPU->GPU {step_moved['d2d'] / 2**30:.1f} GiB; GPUs busy "
-                f"{100 * busy[-1]:.0f}%", flush=True)
+                f"{100 * busy[-1]:.0f}%; host memory in use {grew / 2**30:+.1f} GiB", flush=True)
         best = min(times[1:]) if len(times) > 1 else times[0]
         ibest = times.index(best)
         cross, floor_s = pcie_floor(est.alloc_bytes - est["workspaces"], gpu_total, bandwidth)
@@ -300,7 +303,8 @@ def main(argv=None):
                       gpu_busy=busy[ibest], moved_gib={k: v / 2**30 for k, v in moved[ibest].items()},
                       host_gpu_gbps={k: v / 1e9 for k, v in bandwidth.items()},
                       gpu_gib=gpu_total / 2**30, pcie_cross_gib=cross / 2**30,
-                      pcie_floor_s=floor_s, host_used_gib=[h / 2**30 for h in host_used])
+                      pcie_floor_s=floor_s, host_used_gib=[h / 2**30 for h in host_used],
+                      host_at_start_gib=host_at_start / 2**30)
         if rank == 0:
             print_result(result)
 
