@@ -122,8 +122,9 @@ def test_small_gpt2_bf16_mixed_gpu_matches_cpu():
 def test_small_llama_bf16_gpu_matches_cpu():
     """Llama in bf16-mixed (grouped-query fused attention on our bf16 kernels: cuDNN takes head
     dims of multiples of 8, this one is 12; the mixed RMSNorm and rotary kernels) and in bf16,
-    GPU against CPU, with the bounds of GPT-2's bf16-mixed test above. bf16 (everything bf16) keeps its loss in bf16 too, whose values lie 2**-7 of it
-    apart: within two of those steps."""
+    GPU against CPU, with the bounds of GPT-2's bf16-mixed test above. bf16 (everything bf16)
+    keeps its loss in bf16 too, whose values lie 2**-7 of it apart: within two of those
+    steps."""
     out = compare(dict(SMALL["llama"], batch=2, seq=37, steps=3,
                        runs=[("cpu", 0, "bf16-mixed"), ("gpu", 1, "bf16-mixed"),
                              ("cpu_bf16", 0, "bf16"), ("gpu_bf16", 1, "bf16")]))

@@ -73,11 +73,11 @@ def flash_args(batch, tq, tk, hq, hkv, d, q_offset, k_offset, causal, accumulate
                                      accumulate=accumulate, scale=scale))
 
 
-def call(env, op, col, args, bufs):
-    """nntile_cuda_<op>_<col>(args, stream, bufs...) on the test stream."""
+def call(env, op, col, args, bufs, stream=None):
+    """nntile_cuda_<op>_<col>(args, stream, bufs...) on ``stream`` (default: the test's)."""
     fn = getattr(env.cuda, f"nntile_cuda_{op}_{col}")
     fn.restype = None
-    fn(ctypes.byref(args), ctypes.c_void_p(env.stream.ptr),
+    fn(ctypes.byref(args), ctypes.c_void_p((stream or env.stream).ptr),
        *[ctypes.c_void_p(b.data.ptr) for b in bufs])
 
 
@@ -322,9 +322,6 @@ def test_cudnn_calls_overlapping_on_two_streams(env):
     col = "bf16_fp32"
     D, scale = c["D"], c["scale"]
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
-    fwd, bwd = (getattr(env.cuda, f"nntile_cuda_flash_{op}_{col}")
-                for op in ("forward", "backward"))
-    fwd.restype = bwd.restype = None
     args = flash_args(2, 512, 512, 16, 4, D, 0, 0, True, 0, scale)
     before = cudnn_counts(env)
     runs = []
@@ -338,9 +335,8 @@ def test_cudnn_calls_overlapping_on_two_streams(env):
             o = cp.full(q.shape, 0x7FC0, dtype=cp.uint16)
             lse = cp.full(lse_s.shape, np.nan, dtype=cp.float32)
         stream.synchronize()  # inputs in place; from here on the calls overlap
-        ptr = lambda a: ctypes.c_void_p(a.data.ptr)  # noqa: E731
-        bwd(ctypes.byref(args), ctypes.c_void_p(stream.ptr), *map(ptr, dev + grads))
-        fwd(ctypes.byref(args), ctypes.c_void_p(stream.ptr), *map(ptr, dev[:3] + [o, lse]))
+        call(env, "flash_backward", col, args, dev + grads, stream)
+        call(env, "flash_forward", col, args, dev[:3] + [o, lse], stream)
         runs.append((q, k, v, o_s, do, lse_s, ref_o, ref_lse, grads, o, lse, stream))
     after = cudnn_counts(env)
     assert after[0] - before[0] == 4 and after[1] - before[1] == 4, (before, after)
