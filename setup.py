@@ -181,6 +181,7 @@ def extensions():
     march = os.environ.get("NNTILE_MARCH", "native")
     mpi = mpi_flags()
     c_sources = sorted(glob.glob("nntile/_core/kernels/*.c")) + ["nntile/_core/codelets.c",
+                                                                  "nntile/_core/host_arena.c",
                                                                   "nntile/_core/mpi_glue.c"]
     include_dirs = ["nntile/_core", numpy.get_include(), *incdirs,
                     *[f[2:] for f in blas_cflags if f.startswith("-I")]]

@@ -66,6 +66,19 @@ cdef extern from "mpi_glue.h" nogil:
     void nntile_mpi_stats_enable()
     int nntile_mpi_bytes_sent(size_t *per_rank)
 
+cdef extern from "host_arena.h" nogil:
+    struct nntile_host_arena_stats:
+        size_t pinned, in_use, peak_in_use, served, outside, refused
+        double pin_seconds, wait_seconds
+    int nntile_host_arena_start(size_t target, size_t cap, size_t chunk, size_t headroom,
+                                int pinned, int hooks)
+    int nntile_host_arena_stop()
+    int nntile_host_arena_running()
+    void nntile_host_arena_read_stats(nntile_host_arena_stats *stats)
+    int nntile_host_arena_alloc(void **ptr, size_t size)
+    int nntile_host_arena_free(void *ptr)
+    size_t nntile_host_arena_free_blocks(size_t *largest)
+
 HAVE_MPI = bool(nntile_mpi_available())
 HAVE_CUDA = bool(NNTILE_HAVE_CUDA)
 STARPU_VERSION = f"{STARPU_MAJOR_VERSION}.{STARPU_MINOR_VERSION}.{STARPU_RELEASE_VERSION}"
@@ -298,6 +311,31 @@ class Runtime:
                               available=starpu_memory_get_available(node)))
         return nodes
 
+    def _start_host_arena(self, target, chunk, headroom):
+        """Pin up to ``target`` bytes of host memory in chunks of ``chunk`` bytes on a thread
+        of their own, ``headroom`` bytes ahead of use, and serve StarPU's pinned host copies of
+        tiles from them (host_arena.c says why); call it before any tensor exists. Returns the
+        bound on all pinned memory handed out (StarPU's host limit), or None where there is
+        no arena: no CUDA worker, several NUMA nodes (StarPU binds host memory to each), or
+        nothing to pin."""
+        self._check_running()
+        if not HAVE_CUDA or starpu_cuda_worker_get_count() == 0 or target <= 0:
+            return None
+        if starpu_memory_nodes_get_numa_count() > 1:
+            return None
+        cdef long total = starpu_memory_get_total(STARPU_MAIN_RAM)
+        if total <= 0:
+            return None  # no host limit: StarPU's accounting could not bound the arena
+        CHKERR(nntile_host_arena_start(min(target, total), total, chunk, headroom, 1, 1),
+               "nntile_host_arena_start")
+        return total
+
+    def host_arena_stats(self):
+        """The pinned host arena's counters (host_arena.h): bytes pinned, in use and at peak,
+        allocations served from it, made outside it and refused, and the seconds spent
+        pinning and waiting for it; None when no arena runs."""
+        return _host_arena_stats()
+
     def pause(self):
         """Stop the workers (they otherwise poll for tasks and keep the CPU cores busy),
         e.g. while another library computes; tasks submitted meanwhile wait for resume()."""
@@ -317,7 +355,7 @@ class Runtime:
         if _running_context is not self:
             return
         cdef bint mpi = _mpi_on
-        cdef int waited = 0, stopped = 0
+        cdef int waited = 0, stopped = 0, arena = 0
         try:
             with nogil:
                 waited = nntile_mpi_wait_for_all() if mpi else starpu_task_wait_for_all()
@@ -332,10 +370,12 @@ class Runtime:
                     stopped = nntile_mpi_stop()  # also stops StarPU, which StarPU-MPI started
                 else:
                     starpu_shutdown()
+                arena = nntile_host_arena_stop()  # StarPU has freed its tiles
             self._stopped()
             self._restore_env()  # a later Context decides afresh
         CHKERR(waited, "starpu_mpi_wait_for_all" if mpi else "starpu_task_wait_for_all")
         CHKERR(stopped, "starpu_mpi_shutdown")
+        CHKERR(arena, "nntile_host_arena_stop")
 
     def _stopped(self):
         """Called once StarPU has stopped (nntile.Context frees its MPI communicator)."""
@@ -373,6 +413,42 @@ cdef list _worker_names():
 def _shutdown_at_exit():
     if _running_context is not None:
         _running_context.shutdown()
+
+
+cdef object _host_arena_stats():
+    if not nntile_host_arena_running():
+        return None
+    cdef nntile_host_arena_stats st
+    nntile_host_arena_read_stats(&st)
+    return dict(pinned=st.pinned, in_use=st.in_use, peak_in_use=st.peak_in_use,
+                served=st.served, outside=st.outside, refused=st.refused,
+                pin_s=st.pin_seconds, wait_s=st.wait_seconds)
+
+
+def _host_arena_for_tests(str call, size_t value=0):
+    """The arena's allocator without StarPU or CUDA (plain memory, no hooks), for tests:
+    ``start`` (chunks of ``value`` bytes, one ahead at a time, up to 64), ``alloc`` (returns
+    the address), ``free`` (returns whether the address was the arena's), ``free_blocks``
+    ((count, largest)), ``stats``, ``stop``."""
+    cdef void *ptr = NULL
+    cdef size_t largest = 0
+    if call == "start":
+        CHKERR(nntile_host_arena_start(64 * value, 64 * value, value, value, 0, 0),
+               "nntile_host_arena_start")
+    elif call == "alloc":
+        ret = nntile_host_arena_alloc(&ptr, value)
+        return None if ret != 0 else <size_t> ptr
+    elif call == "free":
+        return bool(nntile_host_arena_free(<void *> value))
+    elif call == "free_blocks":
+        count = nntile_host_arena_free_blocks(&largest)
+        return count, largest
+    elif call == "stats":
+        return _host_arena_stats()
+    elif call == "stop":
+        CHKERR(nntile_host_arena_stop(), "nntile_host_arena_stop")
+    else:
+        raise ValueError(call)
 
 
 def live_tensor_count():

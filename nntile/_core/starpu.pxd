@@ -63,6 +63,7 @@ cdef extern from "starpu.h" nogil:
     starpu_worker_archtype starpu_worker_get_type(int id)
     void starpu_worker_get_name(int id, char *dst, size_t maxlen)
     unsigned starpu_memory_nodes_get_count()
+    unsigned starpu_memory_nodes_get_numa_count()
     int starpu_memory_node_get_name(unsigned node, char *name, size_t size)
     long starpu_memory_get_total(unsigned node)
     long starpu_memory_get_available(unsigned node)
