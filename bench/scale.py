@@ -241,7 +241,8 @@ def main(argv=None):
                 param.value.fill(1.0)
         opt = AdamW(model.named_parameters(), lr=1e-4, max_grad_norm=1.0)
         ctx.wait()
-        say(f"built and initialised in {time.perf_counter() - t0:.1f} s (weights written "
+        init_s = time.perf_counter() - t0
+        say(f"built and initialised in {init_s:.1f} s (weights written "
             f"from numpy per {init})", flush=True)
         host_at_start = show_memory(ctx, say)
         idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
@@ -274,11 +275,15 @@ def main(argv=None):
             # allocate; docs/performance.md, "Step 1 past GPU memory")
             grew = host_used[-1] - (host_used[-2] if len(host_used) > 1 else host_at_start)
             mpi = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
+            arena = ctx.host_arena_stats()  # host memory pinned ahead (nntile.policy)
+            pinned = (f"; pinned ahead {arena['pinned'] / 2**30:.1f} GiB, waited for "
+                      f"{arena['wait_s']:.2f} s in all" if arena else "")
             say(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
                 f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s{mpi}; host->GPU "
                 f"{step_moved['h2d'] / 2**30:.1f} GiB, GPU->host {step_moved['d2h'] / 2**30:.1f}"
                 f" GiB, GPU->GPU {step_moved['d2d'] / 2**30:.1f} GiB; GPUs busy "
-                f"{100 * busy[-1]:.0f}%; host memory in use {grew / 2**30:+.1f} GiB", flush=True)
+                f"{100 * busy[-1]:.0f}%; host memory in use {grew / 2**30:+.1f} GiB{pinned}",
+                flush=True)
         best = min(times[1:]) if len(times) > 1 else times[0]
         ibest = times.index(best)
         cross, floor_s = pcie_floor(est.alloc_bytes - est["workspaces"], gpu_total, bandwidth)
@@ -304,7 +309,8 @@ def main(argv=None):
                       host_gpu_gbps={k: v / 1e9 for k, v in bandwidth.items()},
                       gpu_gib=gpu_total / 2**30, pcie_cross_gib=cross / 2**30,
                       pcie_floor_s=floor_s, host_used_gib=[h / 2**30 for h in host_used],
-                      host_at_start_gib=host_at_start / 2**30)
+                      host_at_start_gib=host_at_start / 2**30, init_s=init_s,
+                      pinned_ahead=ctx.host_arena_stats())
         if rank == 0:
             print_result(result)
 

@@ -42,11 +42,14 @@ class Context(Runtime):
 
     Arguments left as None fall back to StarPU's environment variables (STARPU_NCPU,
     STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
-    STARPU_CALIBRATE, STARPU_NWORKER_PER_CUDA, STARPU_CALIBRATE_MINIMUM) and then to nntile's
+    STARPU_CALIBRATE, STARPU_NWORKER_PER_CUDA, STARPU_CALIBRATE_MINIMUM,
+    STARPU_HISTORY_MAX_ERROR) and then to nntile's
     defaults, which depend on the machine and the run (nntile.policy): on GPUs, GPU workers
     only, two per GPU (four where a process alone on one GPU cannot hold ``run_bytes``, the
     bytes the run registers as nntile.memory estimates them), and the scheduler measured
-    fastest for that number of GPUs. Under MPI, a rank bound to one core runs one CPU worker
+    fastest for that number of GPUs. ``pinned_host_mem`` (NNTILE_PINNED_HOST_MEM, MiB) is host
+    memory pinned ahead of StarPU's need on a thread of its own, by default the run's size
+    where the GPUs cannot hold it (0: StarPU pins as it goes). Under MPI, a rank bound to one core runs one CPU worker
     there beside StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT,
     seconds, default 300) is how long a rank may go without progress before the programs'
     watchdog ends the run. A scheduler StarPU does not have, and a STARPU_ variable StarPU
@@ -59,7 +62,7 @@ class Context(Runtime):
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
                  distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
-                 run_bytes=None):
+                 run_bytes=None, pinned_host_mem=None, history_max_error=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -69,7 +72,11 @@ class Context(Runtime):
             raise ValueError(f"Context(calibrate={self.calibrate}) must be 0, 1 or 2")
         self.workers_per_gpu = _positive_int_or_none("workers_per_gpu", workers_per_gpu, False)
         self.calibrate_minimum = None
+        self.history_max_error = _positive_int_or_none("history_max_error", history_max_error,
+                                                       allow_zero=True)
         self.run_bytes = _positive_int_or_none("run_bytes", run_bytes, allow_zero=True)
+        self.pinned_host_mem = _positive_int_or_none("pinned_host_mem", pinned_host_mem,
+                                                     allow_zero=True)
         if sched is not None and (not isinstance(sched, str) or not sched.strip()):
             raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
         if sched is not None:
@@ -116,7 +123,7 @@ class Context(Runtime):
         {name: (value, origin)}."""
         given = {name: getattr(self, name) for name, _ in policy.SETTINGS}
         env = {var: value for var, value in os.environ.items()
-               if var.startswith("STARPU_") and var not in self._env_from_defaults}
+               if var.startswith(("STARPU_", "NNTILE_")) and var not in self._env_from_defaults}
         return policy.runtime_settings(self.machine(), given, env, self.run_bytes)
 
     def default_tiles(self, config, batch=None, seq=None, run_bytes=None, given=None):
@@ -176,6 +183,14 @@ class Context(Runtime):
             self._env_from_defaults = set()
             self._free_comm()
             raise
+        pinned_mib = int(settings["pinned_host_mem"].value or 0)
+        if pinned_mib:
+            try:
+                self._start_host_arena(pinned_mib * policy.MiB, policy.PIN_CHUNK,
+                                       policy.PIN_HEADROOM)
+            except BaseException:
+                self.shutdown()
+                raise
         if self.verbose:
             print(self.describe(), file=sys.stderr)
         return self

@@ -190,6 +190,53 @@ def calibrate_minimum():
     return Choice(1, CALIBRATE_FAST)
 
 
+PIN_AHEAD = ("nntile default on GPUs that cannot hold the run: StarPU's host copies of tiles "
+             "come from host memory pinned ahead of need on a thread of its own")
+PIN_AS_NEEDED = ("nntile default where the GPUs hold the run, or there are none: StarPU pins "
+                 "host memory as it needs it")
+PINNING_OFF = "STARPU_DISABLE_PINNING: StarPU pins nothing"
+# The arena pins this much per call (each registration stalls the GPU's thread for ~25 ms),
+# and keeps this much pinned and free ahead of use: initialisation and step 1 of 6.07B take
+# 73 GiB in ~20 s, faster than a machine that has never touched its memory pins it (6 GB/s).
+PIN_CHUNK = 1 << 30
+PIN_HEADROOM = 32 << 30
+
+
+def pinned_host_mib(gpu_workers, run_bytes, gpu_bytes, env):
+    """MiB of host memory to pin ahead of StarPU's need (0: none). ``run_bytes``: what the
+    run registers (None: not known, or not this process's alone); ``gpu_bytes``: what StarPU
+    may use of each GPU.
+
+    Past GPU memory StarPU pins the host copies of evicted tiles as it first needs them, in
+    the one thread that drives every worker of the GPU: 47.2 GiB in step 1 of 6.07B at batch
+    16, at 0.34 s per GiB of step time, while cudaHostAlloc takes 0.33-0.66 s per GiB
+    (docs/performance.md, "Step 1 past GPU memory"). Pinned ahead, on a thread of its own,
+    those steps need not wait. At most the run's size (the core bounds it by StarPU's host
+    limit); in GPU memory StarPU pins little and nothing is taken ahead."""
+    if env.get("STARPU_DISABLE_PINNING", "").strip() not in ("", "0"):
+        return Choice(0, PINNING_OFF)
+    if (gpu_workers and run_bytes is not None and gpu_bytes is not None
+            and run_bytes > gpu_workers * gpu_bytes):
+        return Choice(-(-run_bytes // MiB), PIN_AHEAD)
+    return Choice(0, PIN_AS_NEEDED)
+
+
+HISTORY_TOLERANT = ("nntile default: a measurement up to 11x off a performance model's mean "
+                    "refines it instead of flushing it back to calibration")
+
+
+def history_max_error():
+    """How far (percent) a task's measured time may stray from its history model's mean
+    before StarPU counts it an error; once errors reach the samples, StarPU flushes the model
+    and calibrates that size again, placing its tasks without models (STARPU_HISTORY_MAX_ERROR,
+    StarPU's default 50). Several workers share a GPU, so a kernel's time varies far more than
+    that with what runs beside it: 6.07B at batch 16 on one H100 (bf16-mixed, fresh models)
+    flushed 594 times in 3 steps at 50%, 10 times at 1000%, and its steps took 19.1, 8.8, 5.5 s
+    against 7.2, 6.2, 6.0 s (docs/performance.md, "Host memory pinned ahead").
+    A first measurement more than 11x off (a kernel's first launch) is still flushed."""
+    return Choice(1000, HISTORY_TOLERANT)
+
+
 # ---- resolving a Context's settings ---------------------------------------------------------
 
 # Each runtime setting, with the StarPU environment variable it falls back to.
@@ -202,9 +249,11 @@ SETTINGS = (
     ("calibrate", "STARPU_CALIBRATE"),
     ("workers_per_gpu", "STARPU_NWORKER_PER_CUDA"),
     ("calibrate_minimum", "STARPU_CALIBRATE_MINIMUM"),
+    ("history_max_error", "STARPU_HISTORY_MAX_ERROR"),
+    ("pinned_host_mem", "NNTILE_PINNED_HOST_MEM"),
 )
 # the settings whose nntile default reaches StarPU through its environment variable
-DEFAULTS_IN_ENV = ("limit_cuda_mem", "workers_per_gpu", "calibrate_minimum")
+DEFAULTS_IN_ENV = ("limit_cuda_mem", "workers_per_gpu", "calibrate_minimum", "history_max_error")
 
 
 def runtime_settings(machine, given, env, run_bytes=None):
@@ -238,6 +287,13 @@ def runtime_settings(machine, given, env, run_bytes=None):
                                                     gpu_bytes)
     if result["calibrate_minimum"].value is None:
         result["calibrate_minimum"] = calibrate_minimum()
+    if result["history_max_error"].value is None:
+        result["history_max_error"] = history_max_error()
+    if result["pinned_host_mem"].value is None:
+        limit = result["limit_cuda_mem"].value
+        result["pinned_host_mem"] = pinned_host_mib(
+            gpus, None if machine.mpi else run_bytes,
+            int(limit) * MiB if limit is not None else None, env)
     return result
 
 
@@ -370,7 +426,8 @@ def _whole(minimum):
 
 
 # The STARPU_ variables nntile reads or sets, and what StarPU accepts without aborting (StarPU
-# asserts on a negative STARPU_NCPU and on a STARPU_CALIBRATE that is not a number).
+# asserts on a negative STARPU_NCPU and on a STARPU_CALIBRATE that is not a number); and
+# nntile's own runtime variable, checked as early.
 STARPU_ENV = {
     "STARPU_NCPU": (_whole(0), "a whole number of CPU workers (0 or more)"),
     "STARPU_NCUDA": (_whole(0), "a whole number of GPUs (0 or more)"),
@@ -379,9 +436,11 @@ STARPU_ENV = {
     "STARPU_LIMIT_CPU_MEM": (_whole(1), "a whole number of MiB (1 or more)"),
     "STARPU_CALIBRATE": (lambda t: t.strip() in ("0", "1", "2"), "0, 1 or 2"),
     "STARPU_CALIBRATE_MINIMUM": (_whole(1), "a whole number of measurements (1 or more)"),
+    "STARPU_HISTORY_MAX_ERROR": (_whole(0), "a whole number of percent (0 or more)"),
     "STARPU_SILENT": (_whole(0), "0 or 1"),
     "STARPU_CATCH_SIGNALS": (_whole(0), "0 or 1"),
     "STARPU_MPI_NOBIND": (_whole(0), "0 or 1"),
+    "NNTILE_PINNED_HOST_MEM": (_whole(0), "a whole number of MiB (0: pin as StarPU needs)"),
     "STARPU_WORKERS_CUDAID": (lambda t: re.fullmatch(r"\s*\d+(\s*[, ]\s*\d+)*\s*", t)
                               is not None, "GPU numbers separated by commas or spaces"),
 }

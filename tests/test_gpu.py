@@ -29,8 +29,8 @@ V = cfg["model"]["vocab_size"]
 ids = rng.integers(0, V, (cfg["batch"], cfg["seq"]))
 targets = rng.integers(0, V, (cfg["batch"], cfg["seq"]))
 results = {}
-for name, ncuda, dtype in cfg["runs"]:
-    with nntile.Context(ncuda=ncuda, ncpu=cfg.get("ncpu")) as ctx:
+for name, ncuda, dtype, *context in cfg["runs"]:  # context: more Context arguments
+    with nntile.Context(ncuda=ncuda, ncpu=cfg.get("ncpu"), **(context or [{}])[0]) as ctx:
         model = FAMILIES[family].from_transformers(hf, cfg["tiling"], dtype)
         opt = AdamW(model.named_parameters(), lr=1e-3, max_grad_norm=1.0)
         losses = []
@@ -41,15 +41,15 @@ for name, ncuda, dtype in cfg["runs"]:
             if step + 1 < cfg["steps"]:
                 opt.step()
         grads = model.gradients()
-        results[name] = (losses, grads, ctx.workers)
+        results[name] = (losses, grads, ctx.workers, ctx.host_arena_stats())
         model.unregister()
-ref_losses, ref_grads, _ = results[cfg["runs"][0][0]]
+ref_losses, ref_grads, _, _ = results[cfg["runs"][0][0]]
 out = {}
-for name, (losses, grads, workers) in results.items():
+for name, (losses, grads, workers, arena) in results.items():
     rel = {k: float(np.linalg.norm(grads[k] - ref_grads[k]) / np.linalg.norm(ref_grads[k]))
            for k in ref_grads}
     out[name] = dict(losses=losses, max_grad_rel=max(rel.values()),
-                     worst=max(rel, key=rel.get), workers=workers)
+                     worst=max(rel, key=rel.get), workers=workers, arena=arena)
 if nntile.HAVE_CUDA:  # the bf16 attention calls that cuDNN ran inside StarPU's CUDA workers
     import ctypes
     import nntile._core.core as core
@@ -149,6 +149,25 @@ def test_gpt2_124m_gpu_matches_cpu():
     assert out["gpu_fp32"]["max_grad_rel"] <= 1e-4
     assert abs(out["gpu_tf32"]["losses"][0] - cpu) <= 2e-3 * cpu
     assert out["gpu_tf32"]["max_grad_rel"] <= 3e-2
+
+
+def test_host_copies_of_tiles_from_memory_pinned_ahead():
+    """With host memory pinned ahead (nntile.policy.pinned_host_mib: by default past GPU
+    memory; asked for here), the host copies of the tiles come from the arena, and training
+    is the same as with StarPU pinning as it goes, and as on the CPU. (Past GPU memory the
+    same hooks serve evictions: docs/performance.md, "Host memory pinned ahead".)"""
+    out = compare(dict(SMALL["gpt2"], batch=2, seq=37, steps=3,
+                       runs=[("cpu", 0, "fp32"),
+                             ("as_needed", 1, "fp32", dict(pinned_host_mem=0)),
+                             ("ahead", 1, "fp32", dict(pinned_host_mem=64))]))
+    print(out)
+    assert out["as_needed"]["arena"] is None
+    arena = out["ahead"]["arena"]
+    assert arena["served"] > 0 and arena["refused"] == 0 and arena["in_use"] > 0, arena
+    for run in ("as_needed", "ahead"):
+        for a, b in zip(out["cpu"]["losses"], out[run]["losses"]):
+            assert abs(a - b) <= 1e-5 * abs(a)
+        assert out[run]["max_grad_rel"] < 1e-4
 
 
 def test_two_workers_per_gpu_by_default():

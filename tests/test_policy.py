@@ -75,15 +75,34 @@ def test_workers_per_gpu_follow_the_situation():
     assert policy.workers_per_gpu(1, 175 * GiB, None)[0] == 2
 
 
+def test_host_memory_is_pinned_ahead_only_past_gpu_memory():
+    """The run's size in MiB where the GPUs cannot hold it ("Step 1 past GPU memory"); none
+    in GPU memory, without GPUs, where the size is not known, or with pinning turned off."""
+    past = policy.pinned_host_mib(1, 175 * GiB, 76 * GiB, {})
+    assert past == (175 * 1024, policy.PIN_AHEAD)
+    assert policy.pinned_host_mib(1, 175 * GiB + 1, 76 * GiB, {})[0] == 175 * 1024 + 1
+    assert policy.pinned_host_mib(1, 50 * GiB, 76 * GiB, {}) == (0, policy.PIN_AS_NEEDED)
+    assert policy.pinned_host_mib(3, 175 * GiB, 76 * GiB, {})[0] == 0  # three GPUs hold it
+    assert policy.pinned_host_mib(2, 175 * GiB, 76 * GiB, {})[0] == 175 * 1024
+    assert policy.pinned_host_mib(0, 175 * GiB, None, {})[0] == 0
+    assert policy.pinned_host_mib(1, None, 76 * GiB, {})[0] == 0
+    off = policy.pinned_host_mib(1, 175 * GiB, 76 * GiB, {"STARPU_DISABLE_PINNING": "1"})
+    assert off == (0, policy.PINNING_OFF)
+    assert policy.pinned_host_mib(1, 175 * GiB, 76 * GiB, {"STARPU_DISABLE_PINNING": "0"})[0]
+
+
 def test_runtime_settings_argument_then_variable_then_rule():
     cpu = policy.runtime_settings(CPU2, {}, {})
     assert cpu["ncpu"] == (None, "StarPU default") and cpu["sched"][0] == "lws"
     assert cpu["ncuda"] == (0, "built without CUDA") and cpu["workers_per_gpu"][0] is None
     assert cpu["calibrate_minimum"] == (1, policy.CALIBRATE_FAST)
+    assert cpu["history_max_error"] == (1000, policy.HISTORY_TOLERANT)
     env = policy.runtime_settings(CPU2, {}, {"STARPU_NCPU": "1", "STARPU_SCHED": "eager",
                                              "STARPU_CALIBRATE_MINIMUM": "10"})
     assert env["ncpu"] == ("1", "$STARPU_NCPU") and env["sched"] == ("eager", "$STARPU_SCHED")
     assert env["calibrate_minimum"] == ("10", "$STARPU_CALIBRATE_MINIMUM")
+    assert policy.runtime_settings(CPU2, {}, {"STARPU_HISTORY_MAX_ERROR": "50"})[
+        "history_max_error"] == ("50", "$STARPU_HISTORY_MAX_ERROR")
     arg = policy.runtime_settings(CPU2, {"ncpu": 2, "sched": "dmdas"}, {"STARPU_NCPU": "1"})
     assert arg["ncpu"] == (2, "argument") and arg["sched"] == ("dmdas", "argument")
 
@@ -93,9 +112,14 @@ def test_runtime_settings_argument_then_variable_then_rule():
     assert gpu["workers_per_gpu"] == (2, policy.TWO_PER_GPU)
     past = policy.runtime_settings(ONE_H100, {}, {}, run_bytes=175 * GiB)
     assert past["workers_per_gpu"] == (4, policy.FOUR_PAST_MEMORY)
+    assert past["pinned_host_mem"] == (175 * 1024, policy.PIN_AHEAD)
+    assert gpu["pinned_host_mem"] == (0, policy.PIN_AS_NEEDED)
+    assert policy.runtime_settings(ONE_H100, {}, {"NNTILE_PINNED_HOST_MEM": "0"},
+                                   run_bytes=175 * GiB)["pinned_host_mem"][0] == "0"
     mpi = policy.runtime_settings(policy.Machine(cores=16, gpus=(H100,), cuda_built=True,
                                                  mpi=True), {}, {}, run_bytes=175 * GiB)
     assert mpi["workers_per_gpu"][0] == 2  # other ranks share the node: not measured
+    assert mpi["pinned_host_mem"][0] == 0
     assert policy.runtime_settings(TWO_H200, {}, {})["sched"][0] == "lws"
     assert policy.runtime_settings(ONE_H100, {"ncpu": 8}, {})["sched"][0] == "dmdas"
     assert policy.runtime_settings(ONE_H100, {"ncuda": 0}, {})["sched"][0] == "lws"
@@ -169,7 +193,8 @@ def test_tiles_fit_their_dimensions(heads, head_dim, batch, gpus, past):
 def test_starpu_variables_that_would_abort_are_refused():
     for name, value in (("STARPU_NCPU", "-1"), ("STARPU_CALIBRATE", "abc"),
                         ("STARPU_NWORKER_PER_CUDA", "0"), ("STARPU_LIMIT_CPU_MEM", "1.5G"),
-                        ("STARPU_WORKERS_CUDAID", "0;1")):
+                        ("STARPU_WORKERS_CUDAID", "0;1"), ("STARPU_HISTORY_MAX_ERROR", "50%"),
+                        ("NNTILE_PINNED_HOST_MEM", "-1")):
         with pytest.raises(ValueError, match=f"{name}={value!r} should be"):
             policy.check_starpu_env({name: value})
     policy.check_starpu_env({"STARPU_NCPU": "2", "STARPU_CALIBRATE": "1", "STARPU_SCHED": "x",
