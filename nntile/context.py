@@ -43,13 +43,13 @@ class Context(Runtime):
     Arguments left as None fall back to StarPU's environment variables (STARPU_NCPU,
     STARPU_NCUDA, STARPU_SCHED, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CPU_MEM in MiB,
     STARPU_CALIBRATE, STARPU_NWORKER_PER_CUDA, STARPU_CALIBRATE_MINIMUM,
-    STARPU_HISTORY_MAX_ERROR) and then to nntile's
-    defaults, which depend on the machine and the run (nntile.policy): on GPUs, GPU workers
-    only, two per GPU (four where a process alone on one GPU cannot hold ``run_bytes``, the
-    bytes the run registers as nntile.memory estimates them), and the scheduler measured
-    fastest for that number of GPUs. ``pinned_host_mem`` (NNTILE_PINNED_HOST_MEM, MiB) is host
-    memory pinned ahead of StarPU's need on a thread of its own, by default the run's size
-    where the GPUs cannot hold it (0: StarPU pins as it goes). Under MPI, a rank bound to one core runs one CPU worker
+    STARPU_HISTORY_MAX_ERROR) and then to nntile's defaults, which depend on the machine and
+    the run (nntile.policy): on GPUs, GPU workers only, two per GPU (four where a process alone
+    on one GPU cannot hold ``run_bytes``, the bytes the run registers as nntile.memory
+    estimates them), and the scheduler measured fastest for that number of GPUs.
+    ``pinned_host_mem`` (NNTILE_PINNED_HOST_MEM, MiB) is host memory pinned ahead of StarPU's
+    need on a thread of its own, by default the run's size where the GPUs cannot hold it (0:
+    StarPU pins as it goes). Under MPI, a rank bound to one core runs one CPU worker
     there beside StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT,
     seconds, default 300) is how long a rank may go without progress before the programs'
     watchdog ends the run. A scheduler StarPU does not have, and a STARPU_ variable StarPU

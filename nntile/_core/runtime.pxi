@@ -312,23 +312,21 @@ class Runtime:
         return nodes
 
     def _start_host_arena(self, target, chunk, headroom):
-        """Pin up to ``target`` bytes of host memory in chunks of ``chunk`` bytes on a thread
-        of their own, ``headroom`` bytes ahead of use, and serve StarPU's pinned host copies of
-        tiles from them (host_arena.c says why); call it before any tensor exists. Returns the
-        bound on all pinned memory handed out (StarPU's host limit), or None where there is
-        no arena: no CUDA worker, several NUMA nodes (StarPU binds host memory to each), or
-        nothing to pin."""
+        """Pin up to ``target`` bytes of host memory, within StarPU's host limit, in chunks of
+        ``chunk`` bytes on a thread of their own, ``headroom`` bytes ahead of use, and serve
+        StarPU's pinned host copies of tiles from them (host_arena.c says why); call it before
+        any tensor exists. Nothing starts without a CUDA worker (StarPU pins nothing then) or
+        with several NUMA nodes (StarPU binds host memory to each)."""
         self._check_running()
         if not HAVE_CUDA or starpu_cuda_worker_get_count() == 0 or target <= 0:
-            return None
+            return
         if starpu_memory_nodes_get_numa_count() > 1:
-            return None
-        cdef long total = starpu_memory_get_total(STARPU_MAIN_RAM)
-        if total <= 0:
-            return None  # no host limit: StarPU's accounting could not bound the arena
-        CHKERR(nntile_host_arena_start(min(target, total), total, chunk, headroom, 1, 1),
+            return
+        cdef long limit = starpu_memory_get_total(STARPU_MAIN_RAM)
+        if limit <= 0:
+            return  # no host limit: nothing would bound what the arena pins
+        CHKERR(nntile_host_arena_start(min(target, limit), limit, chunk, headroom, 1, 1),
                "nntile_host_arena_start")
-        return total
 
     def host_arena_stats(self):
         """The pinned host arena's counters (host_arena.h): bytes pinned, in use and at peak,
