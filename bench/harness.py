@@ -48,11 +48,14 @@ def model_flops_per_step(nparams, n_layer, n_embd, seq, tokens):
 def train_step(ctx, model, opt, ids, targets, idle=(), optimizer_on=None):
     """One AdamW step of our GPT2LMHead, waited for. ``idle``: tensors StarPU is told, once
     the step is submitted, will not be used soon (starpu_data_wont_use); ``optimizer_on``:
-    the kind of worker the update tasks must run on (None: any)."""
+    the kind of worker the update tasks must run on (None: any). With the update on CPU
+    workers, the forward and backward stay on the GPUs: a CPU worker would otherwise be handed
+    a model's matrix products to measure them (dmda's calibration)."""
     from nntile import ops
-    model.zero_grad()
-    model.submit_loss(ids, targets)
-    model.backward()
+    with ops.task_workers("cuda" if optimizer_on == "cpu" else None):
+        model.zero_grad()
+        model.submit_loss(ids, targets)
+        model.backward()
     with ops.task_workers(optimizer_on):
         opt.step()
     for tensor in idle:
