@@ -278,9 +278,13 @@ class Context(Runtime):
             kinds = {}
             for name in self.workers:  # "CPU 0", "CUDA 0.1", ...
                 kinds[name.split()[0]] = kinds.get(name.split()[0], 0) + 1
+            settings = self.settings()
             line = (f"nntile: StarPU {STARPU_VERSION}, " + ", ".join(
                 f"{n} {kind} worker{'s' if n > 1 else ''}" for kind, n in kinds.items())
-                + f", scheduler {self.settings()['sched'].value}")
+                + f", scheduler {settings['sched'].value}")
+            if self.running and self.host_arena_stats() is not None:
+                line += (f", host memory pinned ahead (up to "
+                         f"{int(settings['pinned_host_mem'].value) / 1024:.1f} GiB)")
             return line + (f", MPI rank {self.rank} of {self.world_size}" if self.mpi else "")
         lines = [f"nntile: StarPU {STARPU_VERSION}, {len(self.workers)} workers: "
                  + ", ".join(self.workers)]
