@@ -257,6 +257,13 @@ static void *fill(void *unused)
             continue;
         }
         size_t size = A.target - A.st.pinned < A.chunk ? A.target - A.st.pinned : A.chunk;
+        /* what was pinned outside the chunks counts against the cap too */
+        size_t room = A.st.pinned + A.outside_bytes < A.cap
+                          ? A.cap - A.st.pinned - A.outside_bytes : 0;
+        if (size > room)
+            size = room / PAGE * PAGE;
+        if (size == 0)
+            break;
         pthread_mutex_unlock(&A.lock);
         double start = now();
         void *p = take_memory(size, A.pinned);
