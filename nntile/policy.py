@@ -211,7 +211,7 @@ def pinned_host_mib(gpu_workers, run_bytes, gpu_bytes, env):
     the one thread that drives every worker of the GPU: 47.2 GiB in step 1 of 6.07B at batch
     16, at 0.34 s per GiB of step time, while cudaHostAlloc takes 0.33-0.66 s per GiB
     (docs/performance.md, "Step 1 past GPU memory"). Pinned ahead, on a thread of its own and
-    5x faster, those steps need not wait: 49.2, 21.1, 7.0 s became 10.2-11.7, 6.7-7.8, 5.1-6.6 s
+    5x faster, those steps need not wait: 49.2, 21.1, 7.0 s became 7.2-11.7, 6.2-7.8, 5.1-6.6 s
     (one H100; on two past their memory, 8.50B: 7.6, 5.8, 11.3 s became 4.9, 3.2, 2.3 s;
     "Host memory pinned ahead"). At most the run's size (the core bounds it by StarPU's host
     limit); in GPU memory StarPU pins little and nothing is taken ahead."""
