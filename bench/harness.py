@@ -99,9 +99,10 @@ def gpu_time(fn, steps=1, trace_path=None):
     """Run ``fn`` ``steps`` times under PyTorch's profiler (CUPTI records every kernel of the
     process, StarPU's included). Returns a dict: ``wall`` seconds, ``busy`` seconds in which
     the GPU ran at least one kernel or copy, ``kernels`` [(name, launches, seconds)] most time
-    first, and ``gaps`` [(seconds, kernel before, kernel after)] longest first: the GPU's idle
-    spans between its first and last kernel. What the GPU ran against the wall time tells
-    work from waiting, and the gaps' neighbours tell what it waited for."""
+    first, ``gaps`` [(seconds, kernel before, kernel after)] longest first: the GPU's idle
+    spans between its first and last kernel, and ``lanes``: seconds in which at least one
+    kernel ran, one copy host to GPU ran, one copy GPU to host ran. What the GPU ran against
+    the wall time tells work from waiting, and the gaps' neighbours tell what it waited for."""
     import tempfile
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -118,11 +119,13 @@ def gpu_time(fn, steps=1, trace_path=None):
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    spans, by_name = [], {}
+    spans, by_name, directions = [], {}, []
     for e in events:
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e:
             name = kernel_name(e["name"]) if e["cat"] == "kernel" else e["cat"]
             spans.append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, name))
+            kind = next((d for d in ("HtoD", "DtoH") if d in e["name"]), name)
+            directions.append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, kind))
             count, total = by_name.get(name, (0, 0.0))
             by_name[name] = (count + 1, total + e["dur"] * 1e-6)
     busy, gaps, end, last = 0.0, [], None, None
@@ -132,7 +135,17 @@ def gpu_time(fn, steps=1, trace_path=None):
         if end is None or stop > end:
             busy += stop - (start if end is None else max(start, end))
             end, last = stop, name
-    return dict(wall=wall, busy=busy, gaps=sorted(gaps, reverse=True),
+    lanes = {}
+    for lane, keep in (("kernels", lambda n: n not in ("gpu_memcpy", "gpu_memset", "HtoD", "DtoH")),
+                       ("host to GPU", lambda n: n == "HtoD"), ("GPU to host", lambda n: n == "DtoH")):
+        mine = sorted((a, b) for a, b, n in directions if keep(n))
+        total, end = 0.0, None
+        for a, b in mine:
+            if end is None or b > end:
+                total += b - (a if end is None else max(a, end))
+                end = b
+        lanes[lane] = total
+    return dict(wall=wall, busy=busy, gaps=sorted(gaps, reverse=True), lanes=lanes,
                 kernels=sorted(((n, c, t) for n, (c, t) in by_name.items()), key=lambda r: -r[2]))
 
 
@@ -144,6 +157,9 @@ def gpu_time_table(label, t, steps=1, top=20):
     lines = [f"{label}: step {1e3 * wall / steps:.2f} ms, GPU running {1e3 * busy / steps:.2f} "
              f"ms ({100 * busy / wall:.0f}%), kernels and copies {1e3 * total / steps:.2f} ms, "
              f"{sum(c for _, c, _ in rows) / steps:.0f} launches",
+             "  at least one running: " + ", ".join(
+                 f"{lane} {1e3 * v / steps:.2f} ms ({100 * v / wall:.0f}%)"
+                 for lane, v in t["lanes"].items()),
              f"  idle between kernels {1e3 * sum(g for g, _, _ in gaps) / steps:.2f} ms in "
              f"{len(gaps) / steps:.0f} gaps; those under 50 us: {len(small) / steps:.0f}, "
              f"{1e3 * sum(small) / steps:.2f} ms; the longest:"]

@@ -28,7 +28,9 @@ import time
 
 import numpy as np
 
-from harness import model_flops_per_step, print_result, seconds, train_step
+import timeline
+from harness import (gpu_time, gpu_time_table, model_flops_per_step, print_result, seconds,
+                     train_step)
 from shapes import add_model_args, llama_config, resolve_model
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
 from nntile import memory
@@ -69,6 +71,12 @@ def parse_args(argv=None):
                         "CausalLM.free_activations)")
     p.add_argument("--optimizer-on", choices=("cpu", "cuda"),
                    help="run the AdamW tasks only on this kind of worker (cpu needs --ncpu)")
+    p.add_argument("--timeline", metavar="PATH", help="record the last step task by task: "
+                   "print where the GPU's time went (bench/timeline.py) and write a Chrome "
+                   "trace to PATH")
+    p.add_argument("--cupti", metavar="PATH", help="run the last step under PyTorch's "
+                   "profiler (CUPTI): print what the GPU ran, kernels and copies, and write "
+                   "its Chrome trace to PATH (with --timeline, the step before the last)")
     p.add_argument("--disk-swap", metavar="DIR", help="StarPU disk swap directory "
                    "(STARPU_DISK_SWAP): host memory can then be evicted to it")
     p.add_argument("--disk-swap-mib", type=int, help="size of the disk swap in MiB "
@@ -257,8 +265,25 @@ def main(argv=None):
         for step in range(args.steps):
             before = sum(ctx.bytes_sent()) if ctx.world_size > 1 else 0
             ctx.bus_stats(), ctx.worker_stats()  # both count from here
-            times.append(seconds(lambda: train_step(ctx, model, opt, ids, targets, idle,
-                                                 args.optimizer_on)))
+            traced = args.timeline and step == args.steps - 1
+            # CUPTI's set-up and export would fall inside the timeline's window: it takes the
+            # step before when both are asked for
+            under_cupti = args.cupti and step == args.steps - 1 - bool(args.timeline)
+            if traced:
+                ctx.record_timeline()
+                t0 = ctx.clock_us()
+            step_fn = lambda: train_step(ctx, model, opt, ids, targets, idle, args.optimizer_on)
+            if under_cupti:
+                cupti = gpu_time(step_fn, 1, args.cupti)
+                times.append(cupti["wall"])
+                say(gpu_time_table(f"step {step + 1} (CUPTI)", cupti), flush=True)
+            else:
+                times.append(seconds(step_fn))
+            if traced:
+                t1 = ctx.clock_us()
+                table, dropped = ctx.timeline()
+                say(timeline.report(table, t0, t1, dropped), flush=True)
+                timeline.write_trace(table, args.timeline, t0)
             step_moved, bandwidth = traffic(ctx.bus_stats())
             moved.append(step_moved)
             gpus = [w for w in ctx.worker_stats() if w["worker"].startswith("CUDA")]

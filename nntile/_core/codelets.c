@@ -194,6 +194,31 @@ struct starpu_codelet *nntile_codelet(int op, int dtype)
 static unsigned long long op_ns[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
 static unsigned long long op_tasks[NNTILE_OP_COUNT][NNTILE_DTYPE_COUNT];
 
+/* The timeline: a buffer the caller owns, and the index of the next record (past the
+ * capacity, the records that did not fit). */
+static struct nntile_task_record *timeline;
+static unsigned long long timeline_capacity;
+static unsigned long long timeline_next;
+
+static void record_task(const struct starpu_task *task, int op, int dtype)
+{
+    const unsigned long long slot = __atomic_fetch_add(&timeline_next, 1ULL, __ATOMIC_RELAXED);
+    if (slot >= timeline_capacity)
+        return;
+    const struct starpu_profiling_task_info *info = task->profiling_info;
+    struct nntile_task_record *r = &timeline[slot];
+    r->op = op;
+    r->dtype = dtype;
+    r->worker = info->workerid;
+    r->submitted = starpu_timing_timespec_to_us((struct timespec *)&info->submit_time);
+    r->pushed = starpu_timing_timespec_to_us((struct timespec *)&info->push_end_time);
+    r->popped = starpu_timing_timespec_to_us((struct timespec *)&info->pop_end_time);
+    r->fetch_start = starpu_timing_timespec_to_us((struct timespec *)&info->acquire_data_start_time);
+    r->fetch_end = starpu_timing_timespec_to_us((struct timespec *)&info->acquire_data_end_time);
+    r->start = starpu_timing_timespec_to_us((struct timespec *)&info->start_time);
+    r->end = starpu_timing_timespec_to_us((struct timespec *)&info->end_time);
+}
+
 /* A codelet's callback: StarPU runs it once the task has finished, with the task current. */
 static void op_profile_callback(void *arg)
 {
@@ -206,6 +231,21 @@ static void op_profile_callback(void *arg)
                                                       &task->profiling_info->end_time);
     __atomic_fetch_add(&op_ns[0][0] + index, (unsigned long long)(us * 1e3), __ATOMIC_RELAXED);
     __atomic_fetch_add(&op_tasks[0][0] + index, 1ULL, __ATOMIC_RELAXED);
+    if (timeline)
+        record_task(task, (int)(index / NNTILE_DTYPE_COUNT), (int)(index % NNTILE_DTYPE_COUNT));
+}
+
+void nntile_op_timeline(struct nntile_task_record *buffer, unsigned long long capacity)
+{
+    timeline = NULL;
+    timeline_capacity = buffer ? capacity : 0;
+    __atomic_store_n(&timeline_next, 0ULL, __ATOMIC_RELAXED);
+    __atomic_store_n(&timeline, buffer, __ATOMIC_RELEASE);
+}
+
+unsigned long long nntile_op_timeline_count(void)
+{
+    return __atomic_load_n(&timeline_next, __ATOMIC_RELAXED);
 }
 
 void nntile_op_profiling(int enable)

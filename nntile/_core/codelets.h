@@ -54,6 +54,21 @@ void nntile_task_discard(struct starpu_task *task);
 void nntile_op_profiling(int enable);
 unsigned long long nntile_op_time(int op, int dtype, double *seconds);
 
+/* One finished task, while the timeline is on: its op, kernel dtype and worker, and StarPU's
+ * dates for it in microseconds (starpu_timing_now's clock): submitted, handed to the
+ * scheduler once its dependencies were met (pushed), taken by its worker (popped), its input
+ * fetched (fetch_start to fetch_end), and run (start to end). */
+struct nntile_task_record {
+    int op, dtype, worker, unused;
+    double submitted, pushed, popped, fetch_start, fetch_end, start, end;
+};
+
+/* Records every finished task into buffer (capacity records) from the start again, while op
+ * profiling is on; NULL stops. Call it with no task in flight. nntile_op_timeline_count is
+ * the number of tasks finished since: past the capacity, the ones not recorded. */
+void nntile_op_timeline(struct nntile_task_record *buffer, unsigned long long capacity);
+unsigned long long nntile_op_timeline_count(void);
+
 /* Set OpenBLAS to one thread: each StarPU CPU worker is already one thread. */
 void nntile_blas_single_thread(void);
 

@@ -6,6 +6,8 @@ import os
 import sys
 import weakref
 
+import numpy as np
+
 from libc.errno cimport ENODEV
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
@@ -44,6 +46,11 @@ cdef extern from "codelets.h" nogil:
     void nntile_task_discard(starpu_task *task)
     void nntile_op_profiling(int enable)
     unsigned long long nntile_op_time(int op, int dtype, double *seconds)
+    struct nntile_task_record:
+        int op, dtype, worker, unused
+        double submitted, pushed, popped, fetch_start, fetch_end, start, end
+    void nntile_op_timeline(nntile_task_record *buffer, unsigned long long capacity)
+    unsigned long long nntile_op_timeline_count()
     starpu_codelet *nntile_codelet(int op, int dtype)
     const char *nntile_op_name(int op)
     int NNTILE_HAVE_CUDA
@@ -106,6 +113,15 @@ def schedulers():
         result[policy[0].policy_name.decode()] = policy[0].policy_description.decode()
         policy += 1
     return result
+
+
+# One task of Runtime.timeline(), as codelets.h's struct nntile_task_record lays it out.
+TASK_RECORD = np.dtype([("op", "i4"), ("dtype", "i4"), ("worker", "i4"), ("unused", "i4"),
+                        ("submitted", "f8"), ("pushed", "f8"), ("popped", "f8"),
+                        ("fetch_start", "f8"), ("fetch_end", "f8"), ("start", "f8"),
+                        ("end", "f8")])
+if TASK_RECORD.itemsize != sizeof(nntile_task_record):
+    raise ImportError("TASK_RECORD does not match codelets.h's struct nntile_task_record")
 
 
 class Runtime:
@@ -261,6 +277,48 @@ class Runtime:
                                       seconds=seconds))
         return sorted(stats, key=lambda s: -s["seconds"])
 
+    def record_timeline(self, capacity=1 << 20):
+        """Record each task that finishes from now on (its op, worker and StarPU's dates for
+        it), at most ``capacity`` of them, until timeline() is called; needs profiling(True).
+        Call it with no task in flight."""
+        self._check_running()
+        if capacity < 1:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        nntile_op_timeline(NULL, 0)
+        self._timeline = np.zeros(int(capacity), dtype=TASK_RECORD)
+        nntile_op_timeline(<nntile_task_record *> <intptr_t> self._timeline.ctypes.data,
+                           capacity)
+
+    def timeline(self):
+        """Stop recording (record_timeline) and return what was recorded: a structured array
+        of TASK_RECORD, one row per task in the order they finished, with the op and worker
+        as names, and the number of tasks that finished past the capacity. Dates are in
+        microseconds on the clock of clock_us(). Call it with no task in flight."""
+        self._check_running()
+        records = getattr(self, "_timeline", None)
+        if records is None:
+            raise RuntimeError("no timeline is being recorded: call record_timeline() first")
+        finished = nntile_op_timeline_count()
+        nntile_op_timeline(NULL, 0)
+        self._timeline = None
+        kept = records[:min(finished, len(records))]
+        names = {op: nntile_op_name(op).decode() for op in np.unique(kept["op"])}
+        table = np.zeros(len(kept), dtype=[("op", object), ("dtype", object),
+                                           ("worker", object)]
+                         + [(f, "f8") for f in TASK_RECORD.names[4:]])
+        table["op"] = [names[op] for op in kept["op"]]
+        table["dtype"] = [_DTYPE_NAMES[d] for d in kept["dtype"]]
+        workers = self.workers
+        table["worker"] = [workers[w] if 0 <= w < len(workers) else str(w)
+                           for w in kept["worker"]]
+        for field in TASK_RECORD.names[4:]:
+            table[field] = kept[field]
+        return table, int(finished - len(kept))
+
+    def clock_us(self):
+        """Now, in microseconds, on the clock of StarPU's dates (timeline())."""
+        return starpu_timing_now()
+
     def worker_stats(self):
         """Seconds each worker spent in total, executing tasks and sleeping since the last
         call (StarPU resets the counters on reading); needs profiling(True)."""
@@ -369,6 +427,7 @@ class Runtime:
                 else:
                     starpu_shutdown()
                 arena = nntile_host_arena_stop()  # StarPU has freed its tiles
+                nntile_op_timeline(NULL, 0)  # the buffer belongs to this object
             self._stopped()
             self._restore_env()  # a later Context decides afresh
         CHKERR(waited, "starpu_mpi_wait_for_all" if mpi else "starpu_task_wait_for_all")

@@ -181,3 +181,4 @@ cdef extern from "starpu_profiling.h" nogil:
     int starpu_bus_get_dst(int busid)
     int starpu_bus_get_profiling_info(int busid, starpu_profiling_bus_info *bus_info)
     double starpu_timing_timespec_to_us(timespec *ts)
+    double starpu_timing_now()

@@ -1,0 +1,114 @@
+"""Context.timeline(): StarPU's dates for every finished task, and bench/timeline.py's split of
+a window into what the GPU was doing, against a per-microsecond count."""
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import nntile
+from nntile import ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "bench"))
+import timeline  # noqa: E402
+
+
+def test_every_task_is_recorded_with_dates_in_order(ctx):
+    a = nntile.Tensor((6, 6), (4, 4), "fp32")  # 4 tiles
+    c = nntile.Tensor((6, 6), (4, 4), "fp32")
+    ctx.wait()
+    ctx.profiling(True)
+    try:
+        ctx.record_timeline()
+        t0 = ctx.clock_us()
+        ops.fill(1.0, a)
+        ops.gemm(1.0, a, "N", a, "N", 0.0, c)  # 4 C tiles x 2 K tiles
+        ctx.wait()
+        t1 = ctx.clock_us()
+        table, dropped = ctx.timeline()
+    finally:
+        ctx.profiling(False)
+    assert dropped == 0
+    assert sorted(table["op"]) == ["fill"] * 4 + ["gemm"] * 8
+    assert set(table["worker"]) <= set(ctx.workers)
+    order = ["submitted", "pushed", "popped", "fetch_start", "fetch_end", "start", "end"]
+    for before, after in zip(order, order[1:]):
+        assert (table[before] <= table[after]).all(), (before, after)
+    assert (table["submitted"] >= t0).all() and (table["end"] <= t1).all()
+    # every product reads the filled tiles: it starts once the last fill has ended
+    fills, gemms = table[table["op"] == "fill"], table[table["op"] == "gemm"]
+    assert gemms["start"].min() >= fills["end"].max()
+    with pytest.raises(RuntimeError, match="record_timeline"):
+        ctx.timeline()
+
+
+def test_tasks_past_the_capacity_are_counted_not_recorded(ctx):
+    a = nntile.Tensor((8,), (2,), "fp32")
+    ctx.wait()
+    ctx.profiling(True)
+    try:
+        ctx.record_timeline(capacity=3)
+        ops.fill(2.0, a)  # 4 tasks
+        ctx.wait()
+        table, dropped = ctx.timeline()
+    finally:
+        ctx.profiling(False)
+    assert len(table) == 3 and dropped == 1
+    with pytest.raises(ValueError, match="positive"):
+        ctx.record_timeline(capacity=0)
+
+
+def _table(rows):
+    table = np.zeros(len(rows), dtype=[("op", object), ("dtype", object), ("worker", object)]
+                     + [(f, "f8") for f in ("submitted", "pushed", "popped", "fetch_start",
+                                            "fetch_end", "start", "end")])
+    for i, (worker, pushed, fetch_start, fetch_end, start, end) in enumerate(rows):
+        table[i] = ("op", "fp32", worker, pushed, pushed, fetch_start, fetch_start, fetch_end,
+                    start, end)
+    return table
+
+
+def _reference(rows, t0, t1):
+    """The state of each microsecond, by the definition in bench/timeline.py."""
+    out = dict.fromkeys(timeline.STATES, 0)
+    for t in range(t0, t1):
+        def any_(cond):
+            return any(cond(r) for r in rows)
+        if any_(lambda r: r[0].startswith("CUDA") and r[4] <= t < r[5]):
+            out["running"] += 1
+        elif any_(lambda r: r[0].startswith("CUDA") and r[2] <= t < r[3]):
+            out["fetching"] += 1
+        elif any_(lambda r: r[0].startswith("CUDA") and r[1] <= t < r[4]):
+            out["queued"] += 1
+        elif any_(lambda r: not r[0].startswith("CUDA") and r[4] <= t < r[5]):
+            out["cpu"] += 1
+        else:
+            out["starved"] += 1
+    return out
+
+
+@st.composite
+def tasks(draw):
+    """Tasks whose dates fall on multiples of the split's resolution."""
+    rows = []
+    for _ in range(draw(st.integers(0, 6))):
+        worker = draw(st.sampled_from(["CUDA 0", "CUDA 1", "CPU 0"]))
+        dates = sorted(draw(st.lists(st.integers(0, 40), min_size=4, max_size=4)))
+        pushed, fetch_start, fetch_end, start = dates
+        end = start + draw(st.integers(0, 10))
+        rows.append((worker,) + tuple(int(timeline.BIN_US) * d
+                                      for d in (pushed, fetch_start, fetch_end, start, end)))
+    return rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(tasks(), st.integers(0, 20), st.integers(1, 40))
+def test_the_split_matches_a_count_of_each_microsecond(rows, start, length):
+    step = int(timeline.BIN_US)
+    t0, t1 = start * step, (start + length) * step
+    got = timeline.split(_table(rows), t0, t1)
+    want = _reference(rows, t0, t1)
+    assert got == pytest.approx({s: v * 1e-6 for s, v in want.items()}, abs=1e-12)
+    assert sum(got.values()) == pytest.approx((t1 - t0) * 1e-6)
