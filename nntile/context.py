@@ -49,7 +49,8 @@ class Context(Runtime):
     estimates them), and the scheduler measured fastest for that number of GPUs.
     ``pinned_host_mem`` (NNTILE_PINNED_HOST_MEM, MiB) is host memory pinned ahead of StarPU's
     need on a thread of its own, by default the run's size where the GPUs cannot hold it (0:
-    StarPU pins as it goes). Under MPI, a rank bound to one core runs one CPU worker
+    StarPU pins as it goes); there too, by default, ``write_behind`` (NNTILE_WRITE_BEHIND)
+    copies each optimizer update's tiles to host memory right after it. Under MPI, a rank bound to one core runs one CPU worker
     there beside StarPU-MPI's progress thread, and ``mpi_timeout`` (NNTILE_MPI_TIMEOUT,
     seconds, default 300) is how long a rank may go without progress before the programs'
     watchdog ends the run. A scheduler StarPU does not have, and a STARPU_ variable StarPU
@@ -62,7 +63,8 @@ class Context(Runtime):
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
                  distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
-                 run_bytes=None, pinned_host_mem=None, history_max_error=None):
+                 run_bytes=None, pinned_host_mem=None, history_max_error=None,
+                 write_behind=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -77,6 +79,9 @@ class Context(Runtime):
         self.run_bytes = _positive_int_or_none("run_bytes", run_bytes, allow_zero=True)
         self.pinned_host_mem = _positive_int_or_none("pinned_host_mem", pinned_host_mem,
                                                      allow_zero=True)
+        if write_behind not in (None, True, False, 0, 1):
+            raise ValueError(f"Context(write_behind={write_behind!r}) must be True or False")
+        self.write_behind = None if write_behind is None else int(write_behind)
         if sched is not None and (not isinstance(sched, str) or not sched.strip()):
             raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
         if sched is not None:
@@ -183,6 +188,8 @@ class Context(Runtime):
             self._env_from_defaults = set()
             self._free_comm()
             raise
+        # nntile.optim reads it: each update's tiles copied to host memory after it
+        self.writes_behind = str(settings["write_behind"].value).strip() == "1"
         pinned_mib = int(settings["pinned_host_mem"].value or 0)
         if pinned_mib:
             try:

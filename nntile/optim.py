@@ -55,6 +55,10 @@ class Optimizer:
         self.states = {name: tuple(tensors[f"{name}/{state}"] for state in self.STATES)
                        for name, _ in self.params}
         self._by_param = {id(p): n for n, p in self.params}
+        if current_context().writes_behind:  # the states start as zeros written on the GPU
+            for tensors in self.states.values():
+                for tensor in tensors:
+                    tensor.write_back()
 
     @classmethod
     def tensor_specs(cls, named_parameters, grad_clip=True, nranks=1):
@@ -96,8 +100,13 @@ class Optimizer:
         if self.normsq is not None:
             self._submit_grad_norm()
         lr = self.schedule(self.step_count)
-        for _, param in self.params:
+        write_behind = current_context().writes_behind
+        for name, param in self.params:
             self._update(param, lr)
+            if write_behind:  # past GPU memory (nntile.policy.write_behind)
+                for tensor in (param.value, param.copy) + self.states[name]:
+                    if tensor is not None:
+                        tensor.write_back()
         return lr
 
     def state_tensors(self):

@@ -223,6 +223,26 @@ def pinned_host_mib(gpu_workers, run_bytes, gpu_bytes, env):
     return Choice(0, PIN_AS_NEEDED)
 
 
+WRITE_BEHIND = ("nntile default on GPUs that cannot hold the run: each update's tiles are "
+                "copied to host memory right after it, so that evicting them waits for no copy")
+NO_WRITE_BEHIND = "nntile default where the GPUs hold the run, or there are none: nothing to evict"
+
+
+def write_behind(gpu_workers, run_bytes, gpu_bytes):
+    """Whether each optimizer update copies the tiles it wrote (parameters, their compute
+    copies, optimizer states) to host memory right after it (1) or leaves them on the GPU
+    (0). Past GPU memory StarPU evicts a tile whose only valid copy is on the GPU by copying
+    it out inside the GPU's driver thread, which launches nothing meanwhile: 6.07B at batch
+    16 on one H100 (bf16-mixed) spent 2.2 s of a 5.8 s step with no kernel and no copy
+    running, its forward at a tenth of the GPU while the update's states were copied out one
+    by one (docs/performance.md, "Where the step waited"). In GPU memory it would only add
+    copies."""
+    if (gpu_workers and run_bytes is not None and gpu_bytes is not None
+            and run_bytes > gpu_workers * gpu_bytes):
+        return Choice(1, WRITE_BEHIND)
+    return Choice(0, NO_WRITE_BEHIND)
+
+
 HISTORY_TOLERANT = ("nntile default: a measurement up to 11x off a performance model's mean "
                     "refines it instead of flushing it back to calibration")
 
@@ -253,6 +273,7 @@ SETTINGS = (
     ("calibrate_minimum", "STARPU_CALIBRATE_MINIMUM"),
     ("history_max_error", "STARPU_HISTORY_MAX_ERROR"),
     ("pinned_host_mem", "NNTILE_PINNED_HOST_MEM"),
+    ("write_behind", "NNTILE_WRITE_BEHIND"),
 )
 # the settings whose nntile default reaches StarPU through its environment variable
 DEFAULTS_IN_ENV = ("limit_cuda_mem", "workers_per_gpu", "calibrate_minimum", "history_max_error")
@@ -296,6 +317,10 @@ def runtime_settings(machine, given, env, run_bytes=None):
         result["pinned_host_mem"] = pinned_host_mib(
             gpus, None if machine.mpi else run_bytes,
             int(limit) * MiB if limit is not None else None, env)
+    if result["write_behind"].value is None:
+        limit = result["limit_cuda_mem"].value
+        result["write_behind"] = write_behind(
+            gpus, None if machine.mpi else run_bytes, int(limit) * MiB if limit is not None else None)
     return result
 
 
@@ -443,6 +468,8 @@ STARPU_ENV = {
     "STARPU_CATCH_SIGNALS": (_whole(0), "0 or 1"),
     "STARPU_MPI_NOBIND": (_whole(0), "0 or 1"),
     "NNTILE_PINNED_HOST_MEM": (_whole(0), "a whole number of MiB (0: pin as StarPU needs)"),
+    "NNTILE_WRITE_BEHIND": (lambda t: t.strip() in ("0", "1"),
+                            "0 or 1 (1: copy each update's tiles to host memory after it)"),
     "STARPU_WORKERS_CUDAID": (lambda t: re.fullmatch(r"\s*\d+(\s*[, ]\s*\d+)*\s*", t)
                               is not None, "GPU numbers separated by commas or spaces"),
 }

@@ -108,6 +108,15 @@ def test_run_bytes_must_be_a_byte_count():
         nntile.Context(start=False, run_bytes=-1)
 
 
+def test_write_behind_is_on_or_off():
+    import pytest
+    import nntile
+    with pytest.raises(ValueError, match="write_behind"):
+        nntile.Context(start=False, write_behind="yes")
+    assert nntile.Context(start=False, write_behind=True).settings()["write_behind"] == (
+        1, "argument")
+
+
 def test_unknown_scheduler_is_refused_with_the_list():
     """StarPU warns and falls back to its default on a scheduler it lacks; nntile refuses it,
     from the argument and from STARPU_SCHED, before StarPU starts."""

@@ -71,7 +71,12 @@ def test_logits_loss_and_gradients_agree_with_autocast(ctx, tied):
     model.unregister()
 
 
-def test_fp32_master_update_equals_torch_adamw_on_the_same_gradients(ctx):
+@pytest.mark.parametrize("write_behind", [False, True], ids=["", "written back"])
+def test_fp32_master_update_equals_torch_adamw_on_the_same_gradients(ctx, monkeypatch,
+                                                                      write_behind):
+    # past GPU memory (nntile.policy.write_behind) each update's tiles are copied to the host
+    # after it: the updates must not change
+    monkeypatch.setattr(ctx, "writes_behind", write_behind)
     hf = hf_model(False, torch.float32)
     model = GPT2LMHead.from_transformers(hf, PARTIAL, "bf16-mixed")
     schedule = LRSchedule(1e-3, warmup=2, total=6, min_lr=1e-4)

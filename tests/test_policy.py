@@ -120,6 +120,15 @@ def test_runtime_settings_argument_then_variable_then_rule():
                                                  mpi=True), {}, {}, run_bytes=175 * GiB)
     assert mpi["workers_per_gpu"][0] == 2  # other ranks share the node: not measured
     assert mpi["pinned_host_mem"][0] == 0
+    # past GPU memory each update's tiles are copied to the host after it, else not
+    assert past["write_behind"] == (1, policy.WRITE_BEHIND)
+    assert gpu["write_behind"] == (0, policy.NO_WRITE_BEHIND)
+    assert cpu["write_behind"] == (0, policy.NO_WRITE_BEHIND)
+    assert mpi["write_behind"][0] == 0
+    assert policy.runtime_settings(ONE_H100, {"write_behind": 0}, {}, run_bytes=175 * GiB)[
+        "write_behind"] == (0, "argument")
+    assert policy.runtime_settings(ONE_H100, {}, {"NNTILE_WRITE_BEHIND": "0"},
+                                   run_bytes=175 * GiB)["write_behind"] == ("0", "$NNTILE_WRITE_BEHIND")
     assert policy.runtime_settings(TWO_H200, {}, {})["sched"][0] == "lws"
     assert policy.runtime_settings(ONE_H100, {"ncpu": 8}, {})["sched"][0] == "dmdas"
     assert policy.runtime_settings(ONE_H100, {"ncuda": 0}, {})["sched"][0] == "lws"
@@ -194,7 +203,7 @@ def test_starpu_variables_that_would_abort_are_refused():
     for name, value in (("STARPU_NCPU", "-1"), ("STARPU_CALIBRATE", "abc"),
                         ("STARPU_NWORKER_PER_CUDA", "0"), ("STARPU_LIMIT_CPU_MEM", "1.5G"),
                         ("STARPU_WORKERS_CUDAID", "0;1"), ("STARPU_HISTORY_MAX_ERROR", "50%"),
-                        ("NNTILE_PINNED_HOST_MEM", "-1")):
+                        ("NNTILE_PINNED_HOST_MEM", "-1"), ("NNTILE_WRITE_BEHIND", "yes")):
         with pytest.raises(ValueError, match=f"{name}={value!r} should be"):
             policy.check_starpu_env({name: value})
     policy.check_starpu_env({"STARPU_NCPU": "2", "STARPU_CALIBRATE": "1", "STARPU_SCHED": "x",

@@ -81,6 +81,11 @@ def test_hints_keep_contents(ctx, rng):
     t.invalidate()
     t.fill(1.5)  # an invalidated tensor is still usable once written again
     assert (t.to_array() == 1.5).all()
+    # a write-back comes after the writes submitted before it, and holds back none after it
+    nntile.ops.scal(2.0, t)
+    t.write_back()
+    nntile.ops.scal(2.0, t)
+    assert (t.to_array() == 6.0).all()
 
 
 def test_unregister_is_idempotent_and_tracked(ctx):

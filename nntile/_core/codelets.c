@@ -287,6 +287,18 @@ void nntile_blas_single_thread(void)
     openblas_set_num_threads(1);
 }
 
+/* The release half of nntile_write_back: StarPU calls it once the host copy is valid. */
+static void release_host_copy(void *handle)
+{
+    starpu_data_release_on_node((starpu_data_handle_t)handle, STARPU_MAIN_RAM);
+}
+
+int nntile_write_back(starpu_data_handle_t handle)
+{
+    return starpu_data_acquire_on_node_cb_sequential_consistency(
+        handle, STARPU_MAIN_RAM, STARPU_R, release_host_copy, handle, 1);
+}
+
 void nntile_task_discard(struct starpu_task *task)
 {
     task->destroy = 0;

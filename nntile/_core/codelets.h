@@ -44,6 +44,11 @@ struct starpu_codelet *nntile_codelet(int op, int dtype);
 
 const char *nntile_op_name(int op);
 
+/* Copies a tile to host memory once the tasks submitted before have run, without waiting:
+ * its GPU copy becomes clean, and evicting it later frees it at once instead of copying it
+ * out first (which StarPU does inside the GPU's driver thread, holding its workers). */
+int nntile_write_back(starpu_data_handle_t handle);
+
 /* Frees a task that was never submitted: StarPU refuses to destroy a task that would destroy
  * itself (destroy = 1, what starpu_task_create makes). */
 void nntile_task_discard(struct starpu_task *task);

@@ -44,6 +44,7 @@ cdef extern from "codelets.h" nogil:
     void nntile_cuda_start()
     void nntile_cuda_stop()
     void nntile_task_discard(starpu_task *task)
+    int nntile_write_back(starpu_data_handle_t handle)
     void nntile_op_profiling(int enable)
     unsigned long long nntile_op_time(int op, int dtype, double *seconds)
     struct nntile_task_record:
@@ -133,6 +134,7 @@ class Runtime:
     world_size = 1
     mpi = False
     mpi_stats = False
+    writes_behind = False  # nntile.optim: copy each update's tiles to host memory after it
     _epoch = -1
 
     @property

@@ -337,6 +337,17 @@ cdef class Tensor:
         for i in range(self.traits.ntiles):
             starpu_data_wont_use(self.handles[i])
 
+    def write_back(self):
+        """Copy this rank's tiles to host memory in the background, after the tasks submitted
+        so far that write them. Past GPU memory StarPU evicts a tile whose only valid copy is
+        on the GPU by copying it out inside the GPU's driver thread, which meanwhile launches
+        nothing; a tile written back is dropped at once."""
+        self.check_usable("tensor")
+        cdef Py_ssize_t i
+        for i in range(self.traits.ntiles):
+            if self.is_local(i):
+                CHKERR(nntile_write_back(self.handles[i]), "starpu_data_acquire_on_node_cb")
+
     def invalidate(self):
         """Drop the contents, after the tasks submitted so far that use them: StarPU may free
         the tiles' buffers without writing them anywhere. The tensor stays registered, but a
