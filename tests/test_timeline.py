@@ -18,6 +18,7 @@ import timeline  # noqa: E402
 def test_every_task_is_recorded_with_dates_in_order(ctx):
     a = nntile.Tensor((6, 6), (4, 4), "fp32")  # 4 tiles
     c = nntile.Tensor((6, 6), (4, 4), "fp32")
+    one = nntile.Tensor((4,), (4,), "fp32")
     ctx.wait()
     ctx.profiling(True)
     try:
@@ -25,21 +26,24 @@ def test_every_task_is_recorded_with_dates_in_order(ctx):
         t0 = ctx.clock_us()
         ops.fill(1.0, a)
         ops.gemm(1.0, a, "N", a, "N", 0.0, c)  # 4 C tiles x 2 K tiles
+        ops.fill(1.0, one)
+        ops.scal(2.0, one)
         ctx.wait()
         t1 = ctx.clock_us()
         table, dropped = ctx.timeline()
     finally:
         ctx.profiling(False)
     assert dropped == 0
-    assert sorted(table["op"]) == ["fill"] * 4 + ["gemm"] * 8
+    assert sorted(table["op"]) == ["fill"] * 5 + ["gemm"] * 8 + ["scal"]
     assert set(table["worker"]) <= set(ctx.workers)
     order = ["submitted", "pushed", "popped", "fetch_start", "fetch_end", "start", "end"]
     for before, after in zip(order, order[1:]):
         assert (table[before] <= table[after]).all(), (before, after)
     assert (table["submitted"] >= t0).all() and (table["end"] <= t1).all()
-    # every product reads the filled tiles: it starts once the last fill has ended
-    fills, gemms = table[table["op"] == "fill"], table[table["op"] == "gemm"]
-    assert gemms["start"].min() >= fills["end"].max()
+    # the scaling of the one-tile tensor waits for its fill, the last fill submitted
+    fill = table[table["op"] == "fill"]
+    scal = table[table["op"] == "scal"]
+    assert scal["start"][0] >= fill["end"][np.argmax(fill["submitted"])]
     with pytest.raises(RuntimeError, match="record_timeline"):
         ctx.timeline()
 
