@@ -59,6 +59,7 @@ class Optimizer:
             for tensors in self.states.values():
                 for tensor in tensors:
                     tensor.write_back()
+                    tensor.wont_use()
 
     @classmethod
     def tensor_specs(cls, named_parameters, grad_clip=True, nranks=1):
@@ -104,10 +105,16 @@ class Optimizer:
         for name, param in self.params:
             self._update(param, lr)
             if write_behind:  # past GPU memory (nntile.policy.write_behind)
-                for tensor in (param.value, param.copy) + self.states[name]:
-                    if tensor is not None:
-                        tensor.write_back()
+                param.compute.write_back()  # the next forward reads it
+                for tensor in self._read_by_updates_only(name, param):
+                    tensor.write_back()
+                    tensor.wont_use()  # first to go when StarPU makes room on the GPU
         return lr
+
+    def _read_by_updates_only(self, name, param):
+        """The tensors of a parameter that only its next update reads: its optimizer states,
+        and its master where the model computes with a copy."""
+        return self.states[name] + (() if param.copy is None else (param.value,))
 
     def state_tensors(self):
         """Optimizer state tensors keyed by '<parameter name>/<state name>'."""

@@ -230,13 +230,15 @@ NO_WRITE_BEHIND = "nntile default where the GPUs hold the run, or there are none
 
 def write_behind(gpu_workers, run_bytes, gpu_bytes):
     """Whether each optimizer update copies the tiles it wrote (parameters, their compute
-    copies, optimizer states) to host memory right after it (1) or leaves them on the GPU
-    (0). Past GPU memory StarPU evicts a tile whose only valid copy is on the GPU by copying
-    it out inside the GPU's driver thread, which launches nothing meanwhile: 6.07B at batch
-    16 on one H100 (bf16-mixed) spent 2.2 s of a 5.8 s step with no kernel and no copy
-    running, its forward at a tenth of the GPU while the update's states were copied out one
-    by one (docs/performance.md, "Where the step waited"). In GPU memory it would only add
-    copies."""
+    copies, optimizer states) to host memory right after it, and puts those only the next
+    update reads first in line for eviction (1), or leaves them on the GPU (0). Past GPU
+    memory StarPU evicts a tile whose only valid copy is on the GPU by copying it out inside
+    the GPU's driver thread, which launches nothing meanwhile: 6.07B at batch 16 on one H100
+    (bf16-mixed) spent 2.2 s of a 5.8 s step with no kernel and no copy running, its forward
+    at a tenth of the GPU while the update's states were copied out one by one; written back,
+    the step took 3.2-3.5 s against 5.3 s in the same call, and with the states evicted first
+    about 20 GiB less was copied out each step (docs/performance.md, "Where the step
+    waited"). In GPU memory it would only add copies."""
     if (gpu_workers and run_bytes is not None and gpu_bytes is not None
             and run_bytes > gpu_workers * gpu_bytes):
         return Choice(1, WRITE_BEHIND)
