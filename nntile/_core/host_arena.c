@@ -77,7 +77,7 @@ static void *touch_pages(void *arg)
  * pages as fast as memory bandwidth allows, which one thread does not reach. */
 static void touch(char *p, size_t size)
 {
-    enum { TOUCH_THREADS = 4 };
+    enum { TOUCH_THREADS = 8 };
     struct touch_slice slices[TOUCH_THREADS];
     pthread_t threads[TOUCH_THREADS];
     int n = size >= ((size_t)64 << 20) ? TOUCH_THREADS : 1, started = 0;
