@@ -136,8 +136,10 @@ def gpu_time(fn, steps=1, trace_path=None):
             busy += stop - (start if end is None else max(start, end))
             end, last = stop, name
     lanes = {}
-    for lane, keep in (("kernels", lambda n: n not in ("gpu_memcpy", "gpu_memset", "HtoD", "DtoH")),
-                       ("host to GPU", lambda n: n == "HtoD"), ("GPU to host", lambda n: n == "DtoH")):
+    copies = ("gpu_memcpy", "gpu_memset", "HtoD", "DtoH")
+    for lane, keep in (("kernels", lambda n: n not in copies),
+                       ("host to GPU", lambda n: n == "HtoD"),
+                       ("GPU to host", lambda n: n == "DtoH")):
         mine = sorted((a, b) for a, b, n in directions if keep(n))
         total, end = 0.0, None
         for a, b in mine:

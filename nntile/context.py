@@ -53,8 +53,8 @@ class Context(Runtime):
     copies each optimizer update's tiles to host memory right after it. Under MPI, a rank
     bound to one core runs one CPU worker there beside StarPU-MPI's progress thread, and
     ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default 300) is how long a rank may go
-    without progress before the programs' watchdog ends the run. A scheduler StarPU does not have, and a STARPU_ variable StarPU
-    would abort on, are refused before it starts.
+    without progress before the programs' watchdog ends the run. A scheduler StarPU does not
+    have, and a STARPU_ variable StarPU would abort on, are refused before it starts.
     ``describe()`` says which defaults were taken and why, the tiles of a model built with
     no tiling (``tiles``), and which cores StarPU's threads use. Only one Context runs at a
     time.

@@ -321,8 +321,8 @@ def runtime_settings(machine, given, env, run_bytes=None):
             int(limit) * MiB if limit is not None else None, env)
     if result["write_behind"].value is None:
         limit = result["limit_cuda_mem"].value
-        result["write_behind"] = write_behind(
-            gpus, None if machine.mpi else run_bytes, int(limit) * MiB if limit is not None else None)
+        result["write_behind"] = write_behind(gpus, None if machine.mpi else run_bytes,
+                                              int(limit) * MiB if limit is not None else None)
     return result
 
 

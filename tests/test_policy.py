@@ -127,8 +127,8 @@ def test_runtime_settings_argument_then_variable_then_rule():
     assert mpi["write_behind"][0] == 0
     assert policy.runtime_settings(ONE_H100, {"write_behind": 0}, {}, run_bytes=175 * GiB)[
         "write_behind"] == (0, "argument")
-    assert policy.runtime_settings(ONE_H100, {}, {"NNTILE_WRITE_BEHIND": "0"},
-                                   run_bytes=175 * GiB)["write_behind"] == ("0", "$NNTILE_WRITE_BEHIND")
+    off = policy.runtime_settings(ONE_H100, {}, {"NNTILE_WRITE_BEHIND": "0"}, run_bytes=175 * GiB)
+    assert off["write_behind"] == ("0", "$NNTILE_WRITE_BEHIND")
     assert policy.runtime_settings(TWO_H200, {}, {})["sched"][0] == "lws"
     assert policy.runtime_settings(ONE_H100, {"ncpu": 8}, {})["sched"][0] == "dmdas"
     assert policy.runtime_settings(ONE_H100, {"ncuda": 0}, {})["sched"][0] == "lws"

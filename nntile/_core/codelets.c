@@ -213,7 +213,8 @@ static void record_task(const struct starpu_task *task, int op, int dtype)
     r->submitted = starpu_timing_timespec_to_us((struct timespec *)&info->submit_time);
     r->pushed = starpu_timing_timespec_to_us((struct timespec *)&info->push_end_time);
     r->popped = starpu_timing_timespec_to_us((struct timespec *)&info->pop_end_time);
-    r->fetch_start = starpu_timing_timespec_to_us((struct timespec *)&info->acquire_data_start_time);
+    r->fetch_start =
+        starpu_timing_timespec_to_us((struct timespec *)&info->acquire_data_start_time);
     r->fetch_end = starpu_timing_timespec_to_us((struct timespec *)&info->acquire_data_end_time);
     r->start = starpu_timing_timespec_to_us((struct timespec *)&info->start_time);
     r->end = starpu_timing_timespec_to_us((struct timespec *)&info->end_time);
