@@ -95,14 +95,19 @@ def kernel_name(full):
     return "".join(out).rsplit("::", 1)[-1][:48]
 
 
+def covered(spans):
+    """Seconds in which at least one of the (start, stop) spans runs."""
+    total, end = 0.0, None
+    for start, stop in sorted(spans):
+        if end is None or stop > end:
+            total += stop - (start if end is None else max(start, end))
+            end = stop
+    return total
+
+
 def gpu_time(fn, steps=1, trace_path=None):
     """Run ``fn`` ``steps`` times under PyTorch's profiler (CUPTI records every kernel of the
-    process, StarPU's included). Returns a dict: ``wall`` seconds, ``busy`` seconds in which
-    the GPU ran at least one kernel or copy, ``kernels`` [(name, launches, seconds)] most time
-    first, ``gaps`` [(seconds, kernel before, kernel after)] longest first: the GPU's idle
-    spans between its first and last kernel, and ``lanes``: seconds in which at least one
-    kernel ran, one copy host to GPU ran, one copy GPU to host ran. What the GPU ran against
-    the wall time tells work from waiting, and the gaps' neighbours tell what it waited for."""
+    process, StarPU's included) and summarise its trace (trace_summary)."""
     import tempfile
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -119,15 +124,37 @@ def gpu_time(fn, steps=1, trace_path=None):
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    spans, by_name, directions = [], {}, []
+    return trace_summary(events, wall)
+
+
+def trace_summary(events, wall):
+    """A CUPTI Chrome trace's events (microseconds) over ``wall`` seconds, as a dict: ``wall``,
+    ``busy`` seconds in which the GPU ran at least one kernel or copy, ``kernels`` [(name,
+    launches, seconds)] most time first, ``gaps`` [(seconds, kernel before, kernel after)]
+    longest first: the GPU's idle spans between its first and last kernel, ``lanes``: seconds
+    in which at least one kernel ran, one copy host to GPU ran, one copy GPU to host ran, and
+    ``calls`` [(CUDA API call, count, seconds, longest)] of the host threads, most time first.
+    What the GPU ran against the wall time tells work from waiting, the gaps' neighbours what
+    it waited for, and the calls what the threads that feed it were doing (cudaFree, for
+    one, waits for the whole device)."""
+    spans, by_name, lanes, calls = [], {}, {"kernels": [], "host to GPU": [],
+                                            "GPU to host": []}, {}
     for e in events:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e:
+        if "dur" not in e:
+            continue
+        start, stop = e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
             name = kernel_name(e["name"]) if e["cat"] == "kernel" else e["cat"]
-            spans.append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, name))
-            kind = next((d for d in ("HtoD", "DtoH") if d in e["name"]), name)
-            directions.append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, kind))
+            spans.append((start, stop, name))
             count, total = by_name.get(name, (0, 0.0))
             by_name[name] = (count + 1, total + e["dur"] * 1e-6)
+            lane = ("kernels" if e["cat"] == "kernel" else "host to GPU" if "HtoD" in e["name"]
+                    else "GPU to host" if "DtoH" in e["name"] else None)
+            if lane:
+                lanes[lane].append((start, stop))
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            count, total, longest = calls.get(e["name"], (0, 0.0, 0.0))
+            calls[e["name"]] = (count + 1, total + stop - start, max(longest, stop - start))
     busy, gaps, end, last = 0.0, [], None, None
     for start, stop, name in sorted(spans):  # the union of the spans: overlapping kernels once
         if end is not None and start > end:
@@ -135,20 +162,11 @@ def gpu_time(fn, steps=1, trace_path=None):
         if end is None or stop > end:
             busy += stop - (start if end is None else max(start, end))
             end, last = stop, name
-    lanes = {}
-    copies = ("gpu_memcpy", "gpu_memset", "HtoD", "DtoH")
-    for lane, keep in (("kernels", lambda n: n not in copies),
-                       ("host to GPU", lambda n: n == "HtoD"),
-                       ("GPU to host", lambda n: n == "DtoH")):
-        mine = sorted((a, b) for a, b, n in directions if keep(n))
-        total, end = 0.0, None
-        for a, b in mine:
-            if end is None or b > end:
-                total += b - (a if end is None else max(a, end))
-                end = b
-        lanes[lane] = total
-    return dict(wall=wall, busy=busy, gaps=sorted(gaps, reverse=True), lanes=lanes,
-                kernels=sorted(((n, c, t) for n, (c, t) in by_name.items()), key=lambda r: -r[2]))
+    return dict(wall=wall, busy=busy, gaps=sorted(gaps, reverse=True),
+                lanes={lane: covered(s) for lane, s in lanes.items()},
+                kernels=sorted(((n, c, t) for n, (c, t) in by_name.items()), key=lambda r: -r[2]),
+                calls=sorted(((n, c, t, m) for n, (c, t, m) in calls.items()),
+                             key=lambda r: -r[2]))
 
 
 def gpu_time_table(label, t, steps=1, top=20):
@@ -166,6 +184,10 @@ def gpu_time_table(label, t, steps=1, top=20):
              f"{len(gaps) / steps:.0f} gaps; those under 50 us: {len(small) / steps:.0f}, "
              f"{1e3 * sum(small) / steps:.2f} ms; the longest:"]
     lines += [f"    {1e6 * g:8.0f} us  {a} -> {b}" for g, a, b in gaps[:6]]
+    if t["calls"]:
+        lines.append("  CUDA calls of the host threads (count, ms, longest ms): " + ", ".join(
+            f"{n} {c / steps:.0f} {1e3 * s / steps:.1f} {1e3 * m:.1f}"
+            for n, c, s, m in t["calls"][:8]))
     lines.append(f"  {'kernel':<50}{'launches':>9}{'ms':>9}")
     lines += [f"  {n:<50}{c / steps:>9.0f}{1e3 * s / steps:>9.2f}" for n, c, s in rows[:top]]
     if len(rows) > top:

@@ -116,3 +116,35 @@ def test_the_split_matches_a_count_of_each_microsecond(rows, start, length):
     want = _reference(rows, t0, t1)
     assert got == pytest.approx({s: v * 1e-6 for s, v in want.items()}, abs=1e-12)
     assert sum(got.values()) == pytest.approx((t1 - t0) * 1e-6)
+
+
+@st.composite
+def cupti_events(draw):
+    """A CUPTI trace's kernels, copies each way, memsets and CUDA API calls, whole microseconds."""
+    kinds = [("kernel", "void k<float>(int)"), ("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)"),
+             ("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)"), ("gpu_memset", "Memset (Device)"),
+             ("cuda_runtime", "cudaFree"), ("cuda_runtime", "cudaLaunchKernel")]
+    return [dict(cat=cat, name=name, ts=draw(st.integers(0, 60)), dur=draw(st.integers(0, 20)))
+            for cat, name in draw(st.lists(st.sampled_from(kinds), max_size=12))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(cupti_events())
+def test_the_trace_summary_matches_a_count_of_each_microsecond(events):
+    from harness import trace_summary
+    got = trace_summary(events, wall=1.0)
+
+    def seconds_of(keep):
+        return 1e-6 * len({t for e in events if keep(e) for t in range(e["ts"], e["ts"] + e["dur"])})
+    assert got["lanes"]["kernels"] == pytest.approx(seconds_of(lambda e: e["cat"] == "kernel"))
+    assert got["lanes"]["host to GPU"] == pytest.approx(seconds_of(lambda e: "HtoD" in e["name"]))
+    assert got["lanes"]["GPU to host"] == pytest.approx(seconds_of(lambda e: "DtoH" in e["name"]))
+    assert got["busy"] == pytest.approx(seconds_of(lambda e: not e["cat"].startswith("cuda")))
+    frees = [e["dur"] for e in events if e["name"] == "cudaFree"]
+    calls = {name: rest for name, *rest in got["calls"]}
+    if frees:
+        count, total, longest = calls["cudaFree"]
+        assert count == len(frees)
+        assert (total, longest) == pytest.approx((1e-6 * sum(frees), 1e-6 * max(frees)))
+    else:
+        assert "cudaFree" not in calls
