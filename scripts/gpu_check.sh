@@ -29,6 +29,10 @@
 #              NAME=value of $NNTILE_DEFAULTS_ENV are its environment (e.g.
 #              STARPU_CALIBRATE_MINIMUM=10, StarPU's own default); $NNTILE_DEFAULTS_ARGS are
 #              more options (e.g. "--precision bf16-mixed")
+#   offload    past one GPU's memory with no flags: the wide model for each EMBDxBATCHxSTEPS of
+#              $NNTILE_OFFLOAD_CONFIGS (default 10240x16x4 12288x8x3 13440x6x3: 6.07B, 8.50B,
+#              10.04B) in each of $NNTILE_OFFLOAD_PRECISIONS (bf16-mixed tf32), from fresh
+#              StarPU models, then DeepSpeed ZeRO-3 offload on the first (bench/deepspeed_ref.py)
 #   compare    ours vs PyTorch eager on the wide model ($NNTILE_COMPARE_SIZES)
 #   llama      Llama: tests/test_gpu.py's Llama tests; Llama-3.2-1B (batch 8 x 2048) against
 #              transformers' LlamaForCausalLM in bf16-mixed and tf32 (compare_torch.py, with
@@ -189,6 +193,33 @@ if want defaults; then
             --steps "${NNTILE_DEFAULT_STEPS:-4}" ${NNTILE_DEFAULTS_ARGS:-}
         rm -rf "$home"
     done
+fi
+if want offload; then
+    # issue 25's table past GPU memory: each EMBDxBATCHxSTEPS in each precision from fresh
+    # StarPU models, then DeepSpeed ZeRO-3 offload on the first configuration (installed
+    # offline from vendor/ when its sdist and wheels are there)
+    configs=(${NNTILE_OFFLOAD_CONFIGS:-10240x16x4 12288x8x3 13440x6x3})
+    for precision in ${NNTILE_OFFLOAD_PRECISIONS:-bf16-mixed tf32}; do
+        for config in "${configs[@]}"; do
+            IFS=x read -r embd batch nsteps <<<"$config"
+            home="$(mktemp -d)"
+            step "offload-$embd-b$batch-$precision" timeout "$run_limit" env STARPU_HOME="$home" \
+                python3 bench/scale.py --n-layer 4 --n-embd "$embd" --batch "$batch" \
+                --steps "$nsteps" --ncuda 1 --precision "$precision"
+            rm -rf "$home"
+        done
+    done
+    site=/tmp/nntile-deepspeed
+    if [ -f vendor/deepspeed-0.19.8.tar.gz ] && { python3 -c "import deepspeed" 2>/dev/null ||
+        { python3 -m pip install -q --no-index --no-deps --target "$site" vendor/whl/*.whl &&
+          python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" \
+              vendor/deepspeed-0.19.8.tar.gz; }; }; then
+        IFS=x read -r embd batch nsteps <<<"${configs[0]}"
+        step "offload-deepspeed-$embd-b$batch" timeout "$run_limit" env \
+            PYTHONPATH="$site:$PYTHONPATH" python3 bench/deepspeed_ref.py --model gpt2 \
+            --n-embd "$embd" --n-layer 4 --batch "$batch" --steps 3 --no-pin
+    fi
+    grep -h "^step\|^RESULT" "$logs"/offload-*.log | cut -c1-200
 fi
 if want compare; then
     for e in ${NNTILE_COMPARE_SIZES:-4096 8192}; do
