@@ -147,6 +147,13 @@ def scheduler(gpu_workers, cpu_workers):
     return Choice("dmdas", "nntile default for one GPU")
 
 
+def past_gpu_memory(gpu_workers, run_bytes, gpu_bytes):
+    """Whether the run (``run_bytes``; None: not known) is known not to fit the GPUs
+    (``gpu_workers`` of ``gpu_bytes`` each; None: not known)."""
+    return bool(gpu_workers and run_bytes is not None and gpu_bytes is not None
+                and run_bytes > gpu_workers * gpu_bytes)
+
+
 def workers_per_gpu(gpu_workers, run_bytes, gpu_bytes):
     """CUDA workers per GPU where none is given. ``run_bytes``: what the run registers (None:
     not known, or not this process's alone, as under MPI); ``gpu_bytes``: what StarPU may use
@@ -158,8 +165,7 @@ def workers_per_gpu(gpu_workers, run_bytes, gpu_bytes):
     workers per GPU"). Four on one GPU that cannot hold the run (6.07B at batch 16: 9.1-10.7 s
     against 10.6-12.3 s with two; in memory four are no faster and vary more: "Activations
     dropped after backward"). Several GPUs past their memory were not measured: two."""
-    if (gpu_workers == 1 and run_bytes is not None and gpu_bytes is not None
-            and run_bytes > gpu_bytes):
+    if gpu_workers == 1 and past_gpu_memory(gpu_workers, run_bytes, gpu_bytes):
         return Choice(4, FOUR_PAST_MEMORY)
     return Choice(2, TWO_PER_GPU)
 
@@ -217,8 +223,7 @@ def pinned_host_mib(gpu_workers, run_bytes, gpu_bytes, env):
     limit); in GPU memory StarPU pins little and nothing is taken ahead."""
     if env.get("STARPU_DISABLE_PINNING", "").strip() not in ("", "0"):
         return Choice(0, PINNING_OFF)
-    if (gpu_workers and run_bytes is not None and gpu_bytes is not None
-            and run_bytes > gpu_workers * gpu_bytes):
+    if past_gpu_memory(gpu_workers, run_bytes, gpu_bytes):
         return Choice(-(-run_bytes // MiB), PIN_AHEAD)
     return Choice(0, PIN_AS_NEEDED)
 
@@ -239,8 +244,7 @@ def write_behind(gpu_workers, run_bytes, gpu_bytes):
     the step took 3.2-3.5 s against 5.3 s in the same call, and with the states evicted first
     about 20 GiB less was copied out each step (docs/performance.md, "Where the step
     waited"). In GPU memory it would only add copies."""
-    if (gpu_workers and run_bytes is not None and gpu_bytes is not None
-            and run_bytes > gpu_workers * gpu_bytes):
+    if past_gpu_memory(gpu_workers, run_bytes, gpu_bytes):
         return Choice(1, WRITE_BEHIND)
     return Choice(0, NO_WRITE_BEHIND)
 
@@ -304,25 +308,20 @@ def runtime_settings(machine, given, env, run_bytes=None):
     if result["sched"].value is None:
         cpus = result["ncpu"].value
         result["sched"] = scheduler(gpus, cpus is None or int(cpus) > 0)
+    limit = result["limit_cuda_mem"].value
+    gpu_bytes = int(limit) * MiB if limit is not None else None
+    # under MPI other processes share the node's GPUs and host memory: not measured
+    own_bytes = None if machine.mpi else run_bytes
     if result["workers_per_gpu"].value is None and gpus:
-        limit = result["limit_cuda_mem"].value
-        gpu_bytes = int(limit) * MiB if limit is not None else None
-        # under MPI other processes share the node's GPUs and host memory: not measured
-        result["workers_per_gpu"] = workers_per_gpu(gpus, None if machine.mpi else run_bytes,
-                                                    gpu_bytes)
+        result["workers_per_gpu"] = workers_per_gpu(gpus, own_bytes, gpu_bytes)
     if result["calibrate_minimum"].value is None:
         result["calibrate_minimum"] = calibrate_minimum()
     if result["history_max_error"].value is None:
         result["history_max_error"] = history_max_error()
     if result["pinned_host_mem"].value is None:
-        limit = result["limit_cuda_mem"].value
-        result["pinned_host_mem"] = pinned_host_mib(
-            gpus, None if machine.mpi else run_bytes,
-            int(limit) * MiB if limit is not None else None, env)
+        result["pinned_host_mem"] = pinned_host_mib(gpus, own_bytes, gpu_bytes, env)
     if result["write_behind"].value is None:
-        limit = result["limit_cuda_mem"].value
-        result["write_behind"] = write_behind(gpus, None if machine.mpi else run_bytes,
-                                              int(limit) * MiB if limit is not None else None)
+        result["write_behind"] = write_behind(gpus, own_bytes, gpu_bytes)
     return result
 
 
