@@ -35,6 +35,14 @@ class LRSchedule:
         return {"lr": self.lr, "warmup": self.warmup, "total": self.total, "min_lr": self.min_lr}
 
 
+def _send_back(tensors):
+    """Copy the tensors to host memory after the tasks submitted so far, and put them first in
+    line when StarPU makes room on the GPU: nothing reads them before the next update."""
+    for tensor in tensors:
+        tensor.write_back()
+        tensor.wont_use()
+
+
 class Optimizer:
     STATES = ()  # the state tensors of each parameter, by name
 
@@ -57,9 +65,7 @@ class Optimizer:
         self._by_param = {id(p): n for n, p in self.params}
         if current_context().writes_behind:  # the states start as zeros written on the GPU
             for tensors in self.states.values():
-                for tensor in tensors:
-                    tensor.write_back()
-                    tensor.wont_use()
+                _send_back(tensors)
 
     @classmethod
     def tensor_specs(cls, named_parameters, grad_clip=True, nranks=1):
@@ -106,15 +112,9 @@ class Optimizer:
             self._update(param, lr)
             if write_behind:  # past GPU memory (nntile.policy.write_behind)
                 param.compute.write_back()  # the next forward reads it
-                for tensor in self._read_by_updates_only(name, param):
-                    tensor.write_back()
-                    tensor.wont_use()  # first to go when StarPU makes room on the GPU
+                # only the next update reads the states, and the master where a copy exists
+                _send_back(self.states[name] + (() if param.copy is None else (param.value,)))
         return lr
-
-    def _read_by_updates_only(self, name, param):
-        """The tensors of a parameter that only its next update reads: its optimizer states,
-        and its master where the model computes with a copy."""
-        return self.states[name] + (() if param.copy is None else (param.value,))
 
     def state_tensors(self):
         """Optimizer state tensors keyed by '<parameter name>/<state name>'."""
