@@ -56,23 +56,25 @@ def split(table, t0, t1):
     return {s: float(mask.sum()) * BIN_US * 1e-6 for s, mask in states(table, t0, t1).items()}
 
 
-def concurrency(table, t0, t1):
-    """Mean number of GPU tasks running at once, over the time at least one runs."""
+def concurrency(table, t0, t1, running):
+    """Mean number of GPU tasks running at once over the ``running`` seconds of the window
+    (split's) in which at least one runs."""
     g = table[np.array([is_gpu(w) for w in table["worker"]], bool)]
     start, end = np.clip(g["start"], t0, t1), np.clip(g["end"], t0, t1)
-    running = split(table, t0, t1)["running"]
     return float((end - start).sum()) * 1e-6 / running if running else 0.0
 
 
 def slices(table, t0, t1, count=20):
     """The window in ``count`` equal slices: per slice its states' shares, the op that ran
     longest on the GPU in it and the tasks submitted in it."""
+    masks = states(table, t0, t1)  # once for the window; each slice takes its bins
+    nbins = len(masks["starved"])
     edges = np.linspace(t0, t1, count + 1)
-    gpu = np.array([is_gpu(w) for w in table["worker"]], bool)
+    g = table[np.array([is_gpu(w) for w in table["worker"]], bool)]
     rows = []
-    for a, b in zip(edges[:-1], edges[1:]):
-        shares = {s: v / ((b - a) * 1e-6) for s, v in split(table, a, b).items()}
-        g = table[gpu]
+    for i, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        lo, hi = i * nbins // count, max((i + 1) * nbins // count, i * nbins // count + 1)
+        shares = {s: float(mask[lo:hi].mean()) for s, mask in masks.items()}
         overlap = np.clip(np.minimum(g["end"], b) - np.maximum(g["start"], a), 0, None)
         ops = {}
         for op, us in zip(g["op"], overlap):
@@ -92,7 +94,8 @@ def report(table, t0, t1, dropped=0, count=20):
     lines = [f"timeline: {len(table)} tasks in {total:.3f} s"
              + (f" ({dropped} finished past the buffer, not recorded)" if dropped else ""),
              "  GPU " + ", ".join(f"{s} {v:.3f} s ({100 * v / total:.0f}%)" for s, v in sp.items()),
-             f"  GPU tasks running at once, when any runs: {concurrency(table, t0, t1):.2f}"]
+             "  GPU tasks running at once, when any runs: "
+             f"{concurrency(table, t0, t1, sp['running']):.2f}"]
     if len(table):
         last = (table["submitted"].max() - t0) * 1e-6
         lines.append(f"  the last task was submitted {last:.3f} s into the window")
