@@ -83,7 +83,11 @@ def parse_args(argv=None):
                    "(STARPU_DISK_SWAP_SIZE; default: the free space of DIR)")
     p.add_argument("--disk-swap-backend", help="STARPU_DISK_SWAP_BACKEND (default "
                    "unistd_o_direct, or unistd when some tiles are not whole pages)")
-    return resolve_model(p.parse_args(argv))
+    args = p.parse_args(argv)
+    for flag, path in (("--timeline", args.timeline), ("--cupti", args.cupti)):
+        if path and os.path.exists(path):  # a trace written once is not replaced
+            p.error(f"{flag} {path}: it exists; remove it or name another file")
+    return resolve_model(args)
 
 
 def set_disk_swap(args, est):

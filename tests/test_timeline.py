@@ -148,3 +148,23 @@ def test_the_trace_summary_matches_a_count_of_each_microsecond(events):
         assert (total, longest) == pytest.approx((1e-6 * sum(frees), 1e-6 * max(frees)))
     else:
         assert "cudaFree" not in calls
+
+
+def test_scale_writes_the_last_steps_trace_and_keeps_an_existing_one(tmp_path):
+    import json
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trace = tmp_path / "trace.json"
+    cmd = [sys.executable, os.path.join(root, "bench", "scale.py"), "--n-embd", "64",
+           "--n-layer", "1", "--batch", "2", "--seq", "16", "--vocab", "50", "--steps", "2",
+           "--ncpu", "2", "--timeline", str(trace)]
+    env = dict(os.environ, PYTHONPATH=root)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "timeline: " in done.stdout and "starved" in done.stdout
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert events and {e["ph"] for e in events} == {"X"}
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert again.returncode == 2
+    assert f"--timeline {trace}: it exists" in again.stderr.strip().splitlines()[-1]
+    assert json.loads(trace.read_text())["traceEvents"] == events
