@@ -5,7 +5,8 @@ from nntile._core.core cimport Tensor
 cdef class Parameter:
     cdef readonly list specs
     cdef readonly Tensor value
-    cdef readonly Tensor grad
+    cdef Tensor _grad
+    cdef bint _grad_is_zero
     cdef readonly Tensor copy
     cdef readonly Tensor compute
 
