@@ -142,49 +142,6 @@ def test_adamw_with_warmup_and_clipping_matches_torch(ctx):
     model.unregister()
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_zero_grad_submits_nothing_and_backward_overwrites(ctx, tied):
-    """zero_grad submits no task: the first backward write into a GEMM's weight or bias
-    gradient overwrites it (beta 0), and only the gradients other ops add into (norms,
-    embeddings) are zeroed, when first used. Gradients read right after zero_grad are zero;
-    two half-scaled backwards after it give the reference gradients, two more double them."""
-    hf = hf_model(tied, torch.float32)
-    ids, targets = tokens(7)
-    _, _, ref = hf_loss_and_grads(hf, ids, targets)
-    model = GPT2LMHead.from_transformers(hf, TILINGS["partial everywhere"], "fp32")
-    model.loss(ids, targets)
-    model.backward()
-    model.zero_grad()
-    assert not any(g.any() for g in model.gradients().values())
-    ctx.wait()
-    ctx.profiling(True)
-
-    def fills_since_last():
-        ctx.wait()
-        return sum(s["tasks"] for s in ctx.op_stats() if s["op"] == "fill")
-
-    def two_half_steps():
-        for _ in range(2):
-            model.loss(ids, targets)
-            model.backward(scale=0.5)
-        return fills_since_last(), model.gradients()
-
-    try:
-        fills_since_last()
-        model.zero_grad()
-        fills_after_zero, grads = two_half_steps()
-        fills_accumulating, doubled = two_half_steps()
-    finally:
-        ctx.profiling(False)
-    # tied, the language-model head's GEMM writes the token embedding's gradient first
-    added_into = sum(p.grad.ntiles for name, p in model.named_parameters()
-                     if "ln_" in name or "wpe" in name or ("wte" in name and not tied))
-    assert fills_after_zero - fills_accumulating == added_into
-    assert all(rel(grads[name], r) < 1e-5 and rel(doubled[name], 2 * r) < 1e-5
-               for name, r in ref.items())
-    model.unregister()
-
-
 def test_backward_drops_what_forward_kept_and_changes_no_number(ctx):
     """free_activations (the default) invalidates each block's activations once backward has
     read them: after a step StarPU holds no valid copy of any, and three AdamW steps give the

@@ -368,8 +368,7 @@ cdef class CausalLM(Module):
         self._prioritize(len(self.blocks) + 1)
         ops.cross_entropy_backward(dlogits, ws["labels"], ws["loss/stats"],
                                    scale / ids.traits.size)
-        grad_beta, grad = self.lm_head.grad_to_write()
-        ops.gemm(1.0, dlogits, "T", self._h, "N", grad_beta, grad, ndim=2)
+        ops.gemm(1.0, dlogits, "T", self._h, "N", 1.0, self.lm_head.grad, ndim=2)
         cdef Tensor dx = ws["dx"], other = ws["dx_other"]
         # StarPU orders the reuse of dx_other after the norm has read it (data dependencies).
         ops.gemm(1.0, dlogits, "N", self.lm_head.compute, "N", 0.0, other)

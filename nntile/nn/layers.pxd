@@ -5,8 +5,7 @@ from nntile._core.core cimport Tensor
 cdef class Parameter:
     cdef readonly list specs
     cdef readonly Tensor value
-    cdef Tensor _grad
-    cdef bint _grad_is_zero
+    cdef readonly Tensor grad
     cdef readonly Tensor copy
     cdef readonly Tensor compute
 

@@ -44,35 +44,9 @@ cdef class Parameter:
     def create(self):
         """Create value, gradient and copy from ``specs``."""
         tensors = [spec.create() for spec in self.specs]
-        self.value, self._grad = tensors[0], tensors[1]
-        self._grad_is_zero = False
+        self.value, self.grad = tensors[0], tensors[1]
         self.copy = tensors[2] if len(tensors) == 3 else None
         self.compute = self.value if self.copy is None else self.copy
-
-    @property
-    def grad(self):
-        """The gradient. After ``zero_grad`` its tiles are zeroed here, at the first use that
-        is not ``grad_to_write``."""
-        if self._grad_is_zero:
-            self._grad_is_zero = False
-            self._grad.clear()
-        return self._grad
-
-    def zero_grad(self):
-        """Make the gradient zero, lazily: no task is submitted now. Zeroing every gradient
-        tile at the start of a step would place them all in GPU memory before forward runs,
-        and past that memory they would be copied out and back in, zeros, before backward
-        writes them."""
-        self._grad_is_zero = True
-
-    def grad_to_write(self):
-        """(beta, grad) for an op that writes ``beta * grad + its result``: beta is 0 for the
-        first write since ``zero_grad``, which then overwrites tiles nothing has zeroed and
-        does not read them, and 1 after."""
-        if self._grad_is_zero:
-            self._grad_is_zero = False
-            return 0.0, self._grad
-        return 1.0, self._grad
 
     def refresh(self):
         """Bring the compute copy up to date with the value (one task per tile); to be
@@ -86,7 +60,7 @@ cdef class Parameter:
         self.refresh()
 
     def unregister(self):
-        for tensor in (self.value, self._grad, self.copy):
+        for tensor in (self.value, self.grad, self.copy):
             if tensor is not None:
                 tensor.unregister()
 
@@ -163,7 +137,7 @@ cdef class Module:
 
     def zero_grad(self):
         for _, param in self.named_parameters():
-            (<Parameter> param).zero_grad()
+            (<Parameter> param).grad.clear()
 
     def refresh_copies(self):
         """Refresh every parameter's compute copy (after writing values directly)."""
@@ -332,11 +306,9 @@ cdef class Linear(Module):
         dy and dx may be in either dtype of the precision."""
         dy = self._in_compute(dy)
         cdef int lead_ndim = dy.ndim - len(self.out_shape)
-        grad_beta, grad = self.weight.grad_to_write()
-        ops.gemm(1.0, self.x, "T", dy, "N", grad_beta, grad, ndim=lead_ndim)
+        ops.gemm(1.0, self.x, "T", dy, "N", 1.0, self.weight.grad, ndim=lead_ndim)
         if self.bias is not None:
-            grad_beta, grad = self.bias.grad_to_write()
-            ops.sum_bias(1.0, dy, grad_beta, grad)
+            ops.sum_bias(1.0, dy, 1.0, self.bias.grad)
         if dx is not None:
             ops.gemm(1.0, dy, "N", self.weight.compute, "T", beta, dx, ndim=len(self.out_shape))
         return dx
