@@ -20,7 +20,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <starpu.h>
 #if NNTILE_HAVE_CUDA
@@ -74,20 +73,14 @@ static void *touch_pages(void *arg)
     return NULL;
 }
 
-/* Fault every page of [p, p + size) in on several threads: the kernel zeroes pages as fast
- * as memory bandwidth allows, which one thread does not reach, and on a virtual machine
- * that has never touched its memory each first fault also waits for the host to back the
- * page, so the more threads the better. Every core but two (the thread that drives the
- * GPUs' workers and the program's own), at most TOUCH_THREADS_MAX. */
+/* Fault every page of [p, p + size) in, on up to TOUCH_THREADS threads: the kernel zeroes
+ * pages as fast as memory bandwidth allows, which one thread does not reach. */
 static void touch(char *p, size_t size)
 {
-    enum { TOUCH_THREADS_MAX = 16 };
-    struct touch_slice slices[TOUCH_THREADS_MAX];
-    pthread_t threads[TOUCH_THREADS_MAX];
-    long spare = sysconf(_SC_NPROCESSORS_ONLN) - 2;
-    int n = size < ((size_t)64 << 20) || spare < 1 ? 1
-            : spare > TOUCH_THREADS_MAX ? TOUCH_THREADS_MAX : (int)spare;
-    int started = 0;
+    enum { TOUCH_THREADS = 8 };
+    struct touch_slice slices[TOUCH_THREADS];
+    pthread_t threads[TOUCH_THREADS];
+    int n = size >= ((size_t)64 << 20) ? TOUCH_THREADS : 1, started = 0;
     size_t share = (size / PAGE + n - 1) / n * PAGE;
     for (int i = 0; i < n; ++i) {
         size_t from = (size_t)i * share;
