@@ -50,7 +50,9 @@ class Context(Runtime):
     ``pinned_host_mem`` (NNTILE_PINNED_HOST_MEM, MiB) is host memory pinned ahead of StarPU's
     need on a thread of its own, by default the run's size where the GPUs cannot hold it (0:
     StarPU pins as it goes); there too, by default, ``write_behind`` (NNTILE_WRITE_BEHIND)
-    copies each optimizer update's tiles to host memory right after it. Under MPI, a rank
+    copies each optimizer update's tiles to host memory right after it. ``cuda_pool``
+    (NNTILE_CUDA_POOL) takes StarPU's GPU buffers from a memory pool of each device, by
+    default where StarPU drives one GPU. Under MPI, a rank
     bound to one core runs one CPU worker there beside StarPU-MPI's progress thread, and
     ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default 300) is how long a rank may go
     without progress before the programs' watchdog ends the run. A scheduler StarPU does not
@@ -64,7 +66,7 @@ class Context(Runtime):
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
                  distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
                  run_bytes=None, pinned_host_mem=None, history_max_error=None,
-                 write_behind=None):
+                 write_behind=None, cuda_pool=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -82,6 +84,9 @@ class Context(Runtime):
         if write_behind not in (None, True, False, 0, 1):
             raise ValueError(f"Context(write_behind={write_behind!r}) must be True or False")
         self.write_behind = None if write_behind is None else int(write_behind)
+        if cuda_pool not in (None, True, False, 0, 1):
+            raise ValueError(f"Context(cuda_pool={cuda_pool!r}) must be True or False")
+        self.cuda_pool = None if cuda_pool is None else int(cuda_pool)
         if sched is not None and (not isinstance(sched, str) or not sched.strip()):
             raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
         if sched is not None:

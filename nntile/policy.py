@@ -249,6 +249,27 @@ def write_behind(gpu_workers, run_bytes, gpu_bytes):
     return Choice(0, NO_WRITE_BEHIND)
 
 
+POOL = ("nntile default on one GPU: StarPU's GPU buffers come from a memory pool that keeps "
+        "what is freed, so making room never waits for the whole device")
+NO_POOL = ("nntile default on several GPUs: the pool's memory is not mapped for the other GPUs, "
+           "and StarPU's copies between them would go through host memory")
+
+
+def cuda_pool(gpu_workers):
+    """Whether StarPU's GPU buffers come from a stream-ordered memory pool of each device (1)
+    or from cudaMalloc and cudaFree (0) (NNTILE_CUDA_POOL, read by
+    scripts/starpu-patches/cuda-memory-pool.patch). On one GPU past its memory the pool took
+    step 1 of 6.07B from 7.63 to 5.90 s and kept later steps steadier: cudaFree waits for every
+    stream of the device (docs/performance.md, "Where the step waited"). On several GPUs of one
+    process StarPU copies tiles between them, and a pool's memory is not mapped for the other
+    devices, so those copies went through host memory: 4 H100s, n_embd 8192 at batch 4, 2.34 s
+    a step against 0.31 s without the pool, at 55 GB/s instead of NVLink's 320
+    ("Four H100s"). Under MPI each rank drives its own GPU: one GPU."""
+    if gpu_workers > 1:
+        return Choice(0, NO_POOL)
+    return Choice(1, POOL)
+
+
 HISTORY_TOLERANT = ("nntile default: a measurement up to 11x off a performance model's mean "
                     "refines it instead of flushing it back to calibration")
 
@@ -280,9 +301,11 @@ SETTINGS = (
     ("history_max_error", "STARPU_HISTORY_MAX_ERROR"),
     ("pinned_host_mem", "NNTILE_PINNED_HOST_MEM"),
     ("write_behind", "NNTILE_WRITE_BEHIND"),
+    ("cuda_pool", "NNTILE_CUDA_POOL"),
 )
 # the settings whose nntile default reaches StarPU through its environment variable
-DEFAULTS_IN_ENV = ("limit_cuda_mem", "workers_per_gpu", "calibrate_minimum", "history_max_error")
+DEFAULTS_IN_ENV = ("limit_cuda_mem", "workers_per_gpu", "calibrate_minimum", "history_max_error",
+                   "cuda_pool")
 
 
 def runtime_settings(machine, given, env, run_bytes=None):
@@ -322,6 +345,8 @@ def runtime_settings(machine, given, env, run_bytes=None):
         result["pinned_host_mem"] = pinned_host_mib(gpus, own_bytes, gpu_bytes, env)
     if result["write_behind"].value is None:
         result["write_behind"] = write_behind(gpus, own_bytes, gpu_bytes)
+    if result["cuda_pool"].value is None and gpus:
+        result["cuda_pool"] = cuda_pool(gpus)
     return result
 
 
@@ -471,6 +496,8 @@ STARPU_ENV = {
     "NNTILE_PINNED_HOST_MEM": (_whole(0), "a whole number of MiB (0: pin as StarPU needs)"),
     "NNTILE_WRITE_BEHIND": (lambda t: t.strip() in ("0", "1"),
                             "0 or 1 (1: copy each update's tiles to host memory after it)"),
+    "NNTILE_CUDA_POOL": (lambda t: t.strip() in ("0", "1"),
+                         "0 or 1 (1: GPU buffers from a memory pool of each device)"),
     "STARPU_WORKERS_CUDAID": (lambda t: re.fullmatch(r"\s*\d+(\s*[, ]\s*\d+)*\s*", t)
                               is not None, "GPU numbers separated by commas or spaces"),
 }

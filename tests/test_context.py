@@ -117,6 +117,15 @@ def test_write_behind_is_on_or_off():
         1, "argument")
 
 
+def test_cuda_pool_is_on_or_off():
+    import pytest
+    import nntile
+    with pytest.raises(ValueError, match="cuda_pool"):
+        nntile.Context(start=False, cuda_pool=2)
+    assert nntile.Context(start=False, cuda_pool=False).settings()["cuda_pool"] == (
+        0, "argument")
+
+
 def test_unknown_scheduler_is_refused_with_the_list():
     """StarPU warns and falls back to its default on a scheduler it lacks; nntile refuses it,
     from the argument and from STARPU_SCHED, before StarPU starts."""

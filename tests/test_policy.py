@@ -129,6 +129,16 @@ def test_runtime_settings_argument_then_variable_then_rule():
         "write_behind"] == (0, "argument")
     off = policy.runtime_settings(ONE_H100, {}, {"NNTILE_WRITE_BEHIND": "0"}, run_bytes=175 * GiB)
     assert off["write_behind"] == ("0", "$NNTILE_WRITE_BEHIND")
+    # GPU buffers from a memory pool on one GPU; on several its memory is not mapped for the
+    # others and copies between them would go through the host
+    assert gpu["cuda_pool"] == (1, policy.POOL) and past["cuda_pool"] == (1, policy.POOL)
+    assert mpi["cuda_pool"] == (1, policy.POOL)  # each rank drives one GPU
+    assert policy.runtime_settings(TWO_H200, {}, {})["cuda_pool"] == (0, policy.NO_POOL)
+    assert policy.runtime_settings(TWO_H200, {}, {"NNTILE_CUDA_POOL": "1"})["cuda_pool"] == (
+        "1", "$NNTILE_CUDA_POOL")
+    assert policy.runtime_settings(TWO_H200, {"cuda_pool": 1}, {})["cuda_pool"] == (1, "argument")
+    assert cpu["cuda_pool"][0] is None
+    assert "cuda_pool" in policy.DEFAULTS_IN_ENV
     assert policy.runtime_settings(TWO_H200, {}, {})["sched"][0] == "lws"
     assert policy.runtime_settings(ONE_H100, {"ncpu": 8}, {})["sched"][0] == "dmdas"
     assert policy.runtime_settings(ONE_H100, {"ncuda": 0}, {})["sched"][0] == "lws"
@@ -203,7 +213,8 @@ def test_starpu_variables_that_would_abort_are_refused():
     for name, value in (("STARPU_NCPU", "-1"), ("STARPU_CALIBRATE", "abc"),
                         ("STARPU_NWORKER_PER_CUDA", "0"), ("STARPU_LIMIT_CPU_MEM", "1.5G"),
                         ("STARPU_WORKERS_CUDAID", "0;1"), ("STARPU_HISTORY_MAX_ERROR", "50%"),
-                        ("NNTILE_PINNED_HOST_MEM", "-1"), ("NNTILE_WRITE_BEHIND", "yes")):
+                        ("NNTILE_PINNED_HOST_MEM", "-1"), ("NNTILE_WRITE_BEHIND", "yes"),
+                        ("NNTILE_CUDA_POOL", "on")):
         with pytest.raises(ValueError, match=f"{name}={value!r} should be"):
             policy.check_starpu_env({name: value})
     policy.check_starpu_env({"STARPU_NCPU": "2", "STARPU_CALIBRATE": "1", "STARPU_SCHED": "x",
