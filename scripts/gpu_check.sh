@@ -15,8 +15,10 @@
 #              data tensor; extra mpirun options in $NNTILE_MPIRUN_ARGS)
 #   (NNTILE_WIDE_EXTRA: options appended to the wide model's, e.g. "--batch 8 --tile-batch 4")
 #   scale      growing n_embd ($NNTILE_SCALE_SIZES) on one GPU until a size fails
-#   largest    growing n_embd on every GPU ($NNTILE_LARGEST_SIZES, default 30720 32768 36864:
-#              48.4B, 54.9B, 69.0B parameters) until a size fails or the pre-check refuses it
+#   largest    growing n_embd on every GPU ($NNTILE_LARGEST_SIZES; default on 8 GPUs 30720 32768
+#              36864: 48.4B, 54.9B, 69.0B parameters; on fewer 28672 29696 30720: 42.4B, 45.4B,
+#              48.4B, what the pre-check admits on 4 H100s and 503 GiB of host memory) until a
+#              size fails or the pre-check refuses it
 #   depth      the wide model on every GPU with $NNTILE_DEPTHS layers (default 4 8 16), and
 #              each depth's tokens/s x layers against the first depth's (throughput per layer)
 #   levers     the wide model on one GPU once per variant in $NNTILE_LEVERS (';'-separated
@@ -152,7 +154,8 @@ if want scale; then
     done
 fi
 if want largest; then
-    for e in ${NNTILE_LARGEST_SIZES:-30720 32768 36864}; do
+    if [ "$ngpu" -ge 8 ]; then largest_sizes="30720 32768 36864"; else largest_sizes="28672 29696 30720"; fi
+    for e in ${NNTILE_LARGEST_SIZES:-$largest_sizes}; do
         step "largest-$e" timeout "$run_limit" python3 bench/scale.py --n-embd "$e" \
             --ncuda "$ngpu" "${wide[@]}" || break
     done
