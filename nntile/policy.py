@@ -264,7 +264,8 @@ def cuda_pool(gpu_workers):
     process StarPU copies tiles between them, and a pool's memory is not mapped for the other
     devices, so those copies went through host memory: 4 H100s, n_embd 8192 at batch 4, 2.34 s
     a step against 0.31 s without the pool, at 55 GB/s instead of NVLink's 320
-    ("Four H100s"). Under MPI each rank drives its own GPU: one GPU."""
+    ("Four H100s"). Under MPI the rule sees the GPUs visible to the rank, on a node of several
+    all of them, so ranks there go without the pool too (not measured either way)."""
     if gpu_workers > 1:
         return Choice(0, NO_POOL)
     return Choice(1, POOL)
