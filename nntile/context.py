@@ -25,6 +25,13 @@ def _positive_int_or_none(name, value, allow_zero):
     return number
 
 
+def _on_off_or_none(name, value):
+    """A setting that is on or off: None (the default decides), or 1 or 0."""
+    if value not in (None, True, False, 0, 1):
+        raise ValueError(f"Context({name}={value!r}) must be True or False")
+    return None if value is None else int(value)
+
+
 def _check_mpi_env():
     """StarPU-MPI settings that cannot work, refused before MPI or StarPU starts."""
     frequency = os.environ.get("STARPU_MPI_DRIVER_CALL_FREQUENCY", "").strip()
@@ -81,12 +88,8 @@ class Context(Runtime):
         self.run_bytes = _positive_int_or_none("run_bytes", run_bytes, allow_zero=True)
         self.pinned_host_mem = _positive_int_or_none("pinned_host_mem", pinned_host_mem,
                                                      allow_zero=True)
-        if write_behind not in (None, True, False, 0, 1):
-            raise ValueError(f"Context(write_behind={write_behind!r}) must be True or False")
-        self.write_behind = None if write_behind is None else int(write_behind)
-        if cuda_pool not in (None, True, False, 0, 1):
-            raise ValueError(f"Context(cuda_pool={cuda_pool!r}) must be True or False")
-        self.cuda_pool = None if cuda_pool is None else int(cuda_pool)
+        self.write_behind = _on_off_or_none("write_behind", write_behind)
+        self.cuda_pool = _on_off_or_none("cuda_pool", cuda_pool)
         if sched is not None and (not isinstance(sched, str) or not sched.strip()):
             raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
         if sched is not None:

@@ -473,6 +473,10 @@ def describe_tiles(choices):
 
 # ---- StarPU's environment -------------------------------------------------------------------
 
+def _zero_or_one(text):
+    return text.strip() in ("0", "1")
+
+
 def _whole(minimum):
     def check(text):
         return re.fullmatch(r"\s*\d+\s*", text) is not None and int(text) >= minimum
@@ -495,10 +499,9 @@ STARPU_ENV = {
     "STARPU_CATCH_SIGNALS": (_whole(0), "0 or 1"),
     "STARPU_MPI_NOBIND": (_whole(0), "0 or 1"),
     "NNTILE_PINNED_HOST_MEM": (_whole(0), "a whole number of MiB (0: pin as StarPU needs)"),
-    "NNTILE_WRITE_BEHIND": (lambda t: t.strip() in ("0", "1"),
+    "NNTILE_WRITE_BEHIND": (_zero_or_one,
                             "0 or 1 (1: copy each update's tiles to host memory after it)"),
-    "NNTILE_CUDA_POOL": (lambda t: t.strip() in ("0", "1"),
-                         "0 or 1 (1: GPU buffers from a memory pool of each device)"),
+    "NNTILE_CUDA_POOL": (_zero_or_one, "0 or 1 (1: GPU buffers from a memory pool of each device)"),
     "STARPU_WORKERS_CUDAID": (lambda t: re.fullmatch(r"\s*\d+(\s*[, ]\s*\d+)*\s*", t)
                               is not None, "GPU numbers separated by commas or spaces"),
 }
