@@ -201,8 +201,7 @@ class Context(Runtime):
         pinned_mib = int(settings["pinned_host_mem"].value or 0)
         if pinned_mib:
             try:
-                self._start_host_arena(pinned_mib * policy.MiB, policy.PIN_CHUNK,
-                                       policy.PIN_HEADROOM)
+                self._start_host_arena(pinned_mib * policy.MiB, policy.PIN_CHUNK)
             except BaseException:
                 self.shutdown()
                 raise

@@ -202,10 +202,10 @@ PIN_AS_NEEDED = ("nntile default where the GPUs hold the run, or there are none:
                  "host memory as it needs it")
 PINNING_OFF = "STARPU_DISABLE_PINNING: StarPU pins nothing"
 # The arena pins this much per call (each registration stalls the GPU's thread up to ~37 ms),
-# and keeps this much pinned and free ahead of use: initialisation and step 1 of 6.07B take
-# 73 GiB in ~20 s, faster than a machine that has never touched its memory pins it (6 GB/s).
+# from the start and as fast as it can: initialisation and step 1 of 6.07B take 73 GiB in ~20
+# s, faster than a machine that has never touched its memory pins it (3.6-6.1 GB/s), so the
+# programs wait for the rest before step 1 (Context.finish_pinning).
 PIN_CHUNK = 1 << 30
-PIN_HEADROOM = 32 << 30
 
 
 def pinned_host_mib(gpu_workers, run_bytes, gpu_bytes, env):

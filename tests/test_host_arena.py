@@ -75,6 +75,20 @@ def test_waits_for_the_filler_then_refuses_past_the_target(started):
         assert arena("free", address)
 
 
+def test_pin_all_pins_the_whole_target_before_any_request(started):
+    # the test arena keeps one chunk ahead; pin_all lifts that and returns once all 64 are
+    # pinned, so that no request waits afterwards
+    assert arena("pin_all") >= 0.0
+    stats = arena("stats")
+    assert stats["pinned"] == 64 * CHUNK and stats["in_use"] == 0
+    addresses = [arena("alloc", CHUNK) for _ in range(64)]
+    assert None not in addresses
+    assert arena("stats")["wait_s"] == 0.0
+    assert arena("pin_all") >= 0.0  # nothing left to pin: returns at once
+    for address in addresses:
+        assert arena("free", address)
+
+
 def test_a_second_start_is_refused_and_stop_is_idempotent(started):
     with pytest.raises(nntile.StarpuError, match="nntile_host_arena_start"):
         arena("start", CHUNK)

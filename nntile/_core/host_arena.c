@@ -465,6 +465,19 @@ int nntile_host_arena_stop(void)
     return 0;
 }
 
+double nntile_host_arena_pin_all(void)
+{
+    pthread_mutex_lock(&A.lock);
+    double start = now();
+    A.headroom = A.target;  /* pinned - in_use stays below it until the target is pinned */
+    pthread_cond_signal(&A.need);
+    while (A.running && A.filling)
+        pthread_cond_wait(&A.grown, &A.lock);
+    double waited = now() - start;
+    pthread_mutex_unlock(&A.lock);
+    return waited;
+}
+
 int nntile_host_arena_running(void)
 {
     pthread_mutex_lock(&A.lock);

@@ -31,6 +31,9 @@ int nntile_host_arena_start(size_t target, size_t cap, size_t chunk, size_t head
 /* Stop the filler, give StarPU back its own allocation and release all the arena pinned:
  * after starpu_shutdown (or, in tests, once every block is freed). Returns 0. */
 int nntile_host_arena_stop(void) NNTILE_CHECKED;
+/* Pin the rest of ``target`` now, whatever the headroom, and wait until the filler is done
+ * (target reached, cap reached or no more memory); returns the seconds waited. */
+double nntile_host_arena_pin_all(void);
 int nntile_host_arena_running(void);
 void nntile_host_arena_read_stats(struct nntile_host_arena_stats *stats);
 /* The allocator itself, as the hooks call it (for tests): 0 and *ptr, or -ENOMEM. */

@@ -82,6 +82,7 @@ cdef extern from "host_arena.h" nogil:
                                 int pinned, int hooks)
     int nntile_host_arena_stop()
     int nntile_host_arena_running()
+    double nntile_host_arena_pin_all()
     void nntile_host_arena_read_stats(nntile_host_arena_stats *stats)
     int nntile_host_arena_alloc(void **ptr, size_t size)
     int nntile_host_arena_free(void *ptr)
@@ -371,9 +372,9 @@ class Runtime:
                               available=starpu_memory_get_available(node)))
         return nodes
 
-    def _start_host_arena(self, target, chunk, headroom):
+    def _start_host_arena(self, target, chunk):
         """Pin up to ``target`` bytes of host memory, within StarPU's host limit, in chunks of
-        ``chunk`` bytes on a thread of their own, ``headroom`` bytes ahead of use, and serve
+        ``chunk`` bytes on a thread of their own, as fast as it can from now on, and serve
         StarPU's pinned host copies of tiles from them (host_arena.c says why); call it before
         any tensor exists. Nothing starts without a CUDA worker (StarPU pins nothing then) or
         with several NUMA nodes (StarPU binds host memory to each)."""
@@ -385,8 +386,23 @@ class Runtime:
         cdef long limit = starpu_memory_get_total(STARPU_MAIN_RAM)
         if limit <= 0:
             return  # no host limit: nothing would bound what the arena pins
-        CHKERR(nntile_host_arena_start(min(target, limit), limit, chunk, headroom, 1, 1),
+        target = min(target, limit)
+        CHKERR(nntile_host_arena_start(target, limit, chunk, target, 1, 1),
                "nntile_host_arena_start")
+
+    def finish_pinning(self):
+        """Wait until the host memory pinned ahead (nntile.policy.pinned_host_mib) is all
+        pinned, and return the seconds waited (0.0 when none is pinned ahead). Call it before
+        the first step: a machine that has never touched its memory pins it more slowly than
+        a step past GPU memory fills it, and the step would wait (docs/performance.md, "The
+        first step on a new machine")."""
+        self._check_running()
+        if not nntile_host_arena_running():
+            return 0.0
+        cdef double waited
+        with nogil:
+            waited = nntile_host_arena_pin_all()
+        return waited
 
     def host_arena_stats(self):
         """The pinned host arena's counters (host_arena.h): bytes pinned, in use and at peak,
@@ -488,12 +504,14 @@ def _host_arena_for_tests(str call, size_t value=0):
     """The arena's allocator without StarPU or CUDA (plain memory, no hooks), for tests:
     ``start`` (chunks of ``value`` bytes, one ahead at a time, up to 64), ``alloc`` (returns
     the address), ``free`` (returns whether the address was the arena's), ``free_blocks``
-    ((count, largest)), ``stats``, ``stop``."""
+    ((count, largest)), ``pin_all`` (returns the seconds waited), ``stats``, ``stop``."""
     cdef void *ptr = NULL
     cdef size_t largest = 0
     if call == "start":
         CHKERR(nntile_host_arena_start(64 * value, 64 * value, value, value, 0, 0),
                "nntile_host_arena_start")
+    elif call == "pin_all":
+        return nntile_host_arena_pin_all()
     elif call == "alloc":
         ret = nntile_host_arena_alloc(&ptr, value)
         return None if ret != 0 else <size_t> ptr
