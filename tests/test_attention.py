@@ -3,6 +3,8 @@ and against a float64 numpy reference, forward and every gradient: causal and no
 attention with kv head tiles, partial tiles in every dimension, several (uneven) sequence
 tiles, the head dims of real models; and the tensor ops under it (flash_attention and its
 backward, repeat_kv, sum_kv) with their checks of bad input."""
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -190,3 +192,22 @@ def test_flash_attention_bad_input(ctx):
         ops.repeat_kv(t((2, 6, 3, 8), (1, 3, 1, 8)), q)
     with pytest.raises(ValueError, match="same tensor"):
         ops.sum_kv(q, q)
+
+
+def test_warm_up_runs_each_fused_attention_tile_shape_once(ctx):
+    """nntile.nn.warm_up: the fused-attention calls of a bf16 model's input, one per shape (a
+    second seq tile adds the tiles off the diagonal), run forward and backward on tensors of
+    their own and released; nothing runs on CPU workers only, nor for fp32 attention."""
+    from nntile._core.core import live_tensor_count
+    from nntile.models import GPT2Config, GPT2LMHead
+    from nntile.nn.warm_up import attention_tile_shapes, run_attention_tiles, warm_up_attention
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    model = GPT2LMHead(config, dict(batch=2, seq=8, head=2), "bf16-mixed")
+    shapes = attention_tile_shapes(model, 4, 16)
+    assert shapes == [(2, 8, 2, 2, 8, "bf16", True, 1 / math.sqrt(8), 2)]  # both layers alike
+    assert attention_tile_shapes(model, 4, 8)[0][-1] == 1  # one seq tile: the diagonal only
+    assert attention_tile_shapes(GPT2LMHead(config, dict(batch=2), "fp32"), 4, 16) == []
+    before = live_tensor_count()
+    run_attention_tiles(shapes)
+    assert live_tensor_count() == before
+    assert warm_up_attention(model, 4, 16) == 0  # no CUDA worker here

@@ -71,6 +71,12 @@ def main():
         ops.sumsq(G, 0.0, parts)
         ops.sum_slice(1.0, parts, 0.0, total, 0)
         assert abs(total.to_array()[0] - (g ** 2).sum()) <= 1e-12 * (g ** 2).sum()
+        # the attention warm-up: every rank registers the same tensors, each runs its own
+        from nntile._core.core import live_tensor_count
+        from nntile.nn.warm_up import run_attention_tiles
+        before = live_tensor_count()
+        run_attention_tiles([(1, 4, 2, 1, 8, "bf16", True, 0.5, 2)])
+        assert live_tensor_count() == before
         print(f"rank {ctx.rank} of {size}: ok", flush=True)
 
 
