@@ -318,6 +318,25 @@ def test_gpu_and_host_together_or_host_and_disk_together_hold_the_run():
     memory.check_fits(est, 0, int(est.total / memory.STARPU_MARGIN) + 1)
 
 
+def test_gpu_and_host_memory_full_to_within_four_percent_is_refused():
+    """The edge measured on one H100 (79.6 GiB) with 124.4 GiB of host memory, the wide GPT-2
+    of bench/scale.py in tf32 at batch 1: 12.09B (n_embd 14848) stalled in step 1, 11.70B
+    (14592) trained; 12 of the largest tiles (1.5 GiB) would have admitted both."""
+    def run(n_embd):
+        config = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=n_embd, n_layer=4,
+                            n_head=n_embd // 128, tie_word_embeddings=False)
+        return memory.estimate(config, 1, 1024, dict(batch=1, embd=4096, inner=4096, head=32,
+                                                      vocab=8192), "tf32", init="tiles")
+    gpu, host = int(79.6 * memory.GiB), int(124.4 * memory.GiB)
+    memory.check_fits(run(14592), gpu, host)
+    stalled = run(14848)
+    room = memory.budget(gpu, host)
+    assert stalled.alloc_bytes + memory.SWAP_SLACK_TILES * stalled.largest_tile < \
+        room["gpu"] + room["host"]
+    with pytest.raises(memory.MemoryBudgetError, match=r"plus 7.5 GiB \(4% of them\)"):
+        memory.check_fits(stalled, gpu, host)
+
+
 def test_weights_written_from_numpy_must_fit_in_host_memory():
     est = _estimate()
     with pytest.raises(memory.MemoryBudgetError, match="writing the weights"):
