@@ -296,7 +296,9 @@ class Runtime:
         """Stop recording (record_timeline) and return what was recorded: a structured array
         of TASK_RECORD, one row per task in the order they finished, with the op and worker
         as names, and the number of tasks that finished past the capacity. Dates are in
-        microseconds on the clock of clock_us(). Call it with no task in flight."""
+        microseconds on the clock of clock_us(). Call it with no task in flight. StarPU leaves
+        a task's pop date unset when profiling was turned on while its worker was already
+        waiting to pop; such a date is given as the task's fetch start, the latest it can be."""
         self._check_running()
         records = getattr(self, "_timeline", None)
         if records is None:
@@ -316,6 +318,8 @@ class Runtime:
                            for w in kept["worker"]]
         for field in TASK_RECORD.names[4:]:
             table[field] = kept[field]
+        unset = table["popped"] == 0
+        table["popped"][unset] = table["fetch_start"][unset]
         return table, int(finished - len(kept))
 
     def clock_us(self):
