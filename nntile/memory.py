@@ -500,7 +500,14 @@ def _suggestions(est, b):
         out.append("more ranks (each then owns a smaller share of the gradients and "
                    "optimizer states)")
     if not b["disk"]:
-        out.append("disk swap (STARPU_DISK_SWAP) for what host memory cannot hold")
+        # host memory and disk then hold the run (with the slack of tiles on their way); a
+        # disk no larger than the GPU's share is not counted (_fits: one or the other)
+        total = est.alloc_bytes if b["gpu"] else est.total
+        disk = max(total + SWAP_SLACK_TILES * est.largest_tile - b["host"], b["gpu"] + MiB)
+        step = GiB // 10 if disk >= GiB else MiB // 10  # rounded up to what fmt_bytes shows
+        disk = -(-disk // step) * step
+        out.append(f"a disk swap (STARPU_DISK_SWAP) of at least {fmt_bytes(disk)} for what "
+                   "host memory cannot hold")
     return out
 
 

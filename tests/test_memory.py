@@ -2,6 +2,7 @@
 import contextlib
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -282,6 +283,14 @@ def test_check_fits_names_the_numbers_and_what_to_change():
     assert memory.fmt_bytes(est["activations"]) in message
     assert "n_layer <= " in message and "batch <= " in message and "n_embd" in message
     assert "STARPU_DISK_SWAP" in message
+    # the disk it names is enough, beside a GPU too
+    for gpu in (0, est.alloc_bytes // 20):
+        with pytest.raises(memory.MemoryBudgetError) as info:
+            memory.check_fits(est, gpu, host)
+        size, unit = re.search(r"disk swap \(STARPU_DISK_SWAP\) of at least ([\d.]+) (\w+)",
+                               str(info.value)).groups()
+        units = {"GiB": memory.GiB, "MiB": memory.MiB, "KiB": 1 << 10}
+        memory.check_fits(est, gpu, host, disk_bytes=int((float(size) + 0.1) * units[unit]))
     assert info.value.estimate is est and info.value.budget["host"] == int(0.9 * host)
     # what it suggests does fit
     layers = int(message.split("n_layer <= ")[1].split(";")[0])
