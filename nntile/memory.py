@@ -20,7 +20,8 @@ StarPU 1.4 spends memory:
   together hold the run. What moves between them needs free room as it goes: the run plus
   ``SWAP_SLACK_TILES`` of its largest tiles must fit (with less, StarPU prints "Not enough
   memory left on node NUMA 0" and spins, memalloc.c ``_starpu_memory_reclaim_generic``).
-  With ``STARPU_DISK_SWAP``, host memory and disk together may hold it instead.
+  With ``STARPU_DISK_SWAP``, the disk may hold it instead, host memory caching it: where both
+  are full, making room on each waits for the other (below).
 * Writing weights from numpy allocates every parameter tile in host memory first (plus the
   numpy array of the parameter being written).
 
@@ -53,7 +54,11 @@ TASK_TILES = 3                     # a GEMM task holds three tiles on the GPU at
 # disk (CPU workers, a GPT-2 of 39.2 MiB with tiles of 0.25 to 1 MiB) livelock once both are
 # full with a slack of up to 4.8 of the largest tiles, not with 5.6 to 7.2 (docs/performance.md,
 # "Disk swap needs slack"); GPU and host (H100, 6.07B, 174.9 GiB in tiles of up to 256 MiB)
-# trained with 12 ("Host memory drops its stale copies"). 12 it is.
+# trained with 12 ("Host memory drops its stale copies"). 12 it is. Host and disk both full
+# hung even with 31 tiles to spare (one run in about a hundred, two CPU workers under load):
+# a worker evicting host tiles to the disk waited for a copy that itself waited for the disk
+# to evict to host memory ("The disk swap holds the whole run"), so the disk alone must hold
+# the run.
 SWAP_SLACK_TILES = 12
 # GPU and host memory full but for 12 tiles is not enough near the edge: 12.09B (tf32, batch 1,
 # one H100, 185.5 GiB in 188.6) stalled in step 1 for minutes with and without write-behind;
@@ -442,20 +447,25 @@ def _fits(est, b):
         if total > b["host"]:
             return "without a GPU or a disk swap everything lives in host memory"
         return None
-    # the run lives in GPU and host memory, or in host memory and on disk
-    room = b["host"] + max(b["gpu"], b["disk"])
-    on_gpu = b["gpu"] > b["disk"]
-    where = "GPU and host memory" if on_gpu else "host memory and disk swap"
+    # the run lives in GPU and host memory together, or on the disk swap, which host memory
+    # (and the GPU) then cache: whichever holds more
     tiles = SWAP_SLACK_TILES * est.largest_tile
-    share = GPU_SWAP_SLACK_SHARE * room if on_gpu else 0
-    slack = max(tiles, share)
+    gpu_room = b["host"] + b["gpu"] if b["gpu"] else 0
+    if gpu_room >= b["disk"]:
+        where, room, verb = "GPU and host memory together", gpu_room, "hold"
+        slack = max(tiles, GPU_SWAP_SLACK_SHARE * room)
+        between = "between them: when both are full StarPU livelocks"
+    else:
+        where, room, verb, slack = "the disk swap", b["disk"], "holds", tiles
+        between = ("between it and host memory: where host memory and the disk must make room "
+                   "for each other, StarPU livelocks")
     if total > room:
-        return f"{where} together hold less than that"
+        return f"{where} {verb} less than that"
     if total + slack > room:
         why = (f"{SWAP_SLACK_TILES} of the largest tiles" if slack == tiles else
                f"{GPU_SWAP_SLACK_SHARE:.0%} of them")
-        return (f"{where} together must hold that plus {fmt_bytes(slack)} ({why}) for tiles "
-                "on their way between them: when both are full StarPU livelocks")
+        return (f"{where} must hold that plus {fmt_bytes(slack)} ({why}) for tiles on their "
+                f"way {between}")
     if b["gpu"] and TASK_TILES * est.largest_tile > b["gpu"]:
         return (f"one task needs {TASK_TILES} tiles of up to {fmt_bytes(est.largest_tile)} on "
                 "the GPU at once; use smaller tiles")
@@ -500,14 +510,13 @@ def _suggestions(est, b):
         out.append("more ranks (each then owns a smaller share of the gradients and "
                    "optimizer states)")
     if not b["disk"]:
-        # host memory and disk then hold the run (with the slack of tiles on their way); a
-        # disk no larger than the GPU's share is not counted (_fits: one or the other)
+        # the disk then holds the run, with the slack of tiles on their way (_fits)
         total = est.alloc_bytes if b["gpu"] else est.total
-        disk = max(total + SWAP_SLACK_TILES * est.largest_tile - b["host"], b["gpu"] + MiB)
+        disk = max(total + SWAP_SLACK_TILES * est.largest_tile, b["host"] + b["gpu"] + MiB)
         step = GiB // 10 if disk >= GiB else MiB // 10  # rounded up to what fmt_bytes shows
         disk = -(-disk // step) * step
-        out.append(f"a disk swap (STARPU_DISK_SWAP) of at least {fmt_bytes(disk)} for what "
-                   "host memory cannot hold")
+        out.append(f"a disk swap (STARPU_DISK_SWAP) of at least {fmt_bytes(disk)}, which "
+                   "holds the run while host memory caches it")
     return out
 
 
@@ -516,8 +525,9 @@ def check_fits(estimate, gpu_bytes, host_bytes, limit_cuda_mem=None, limit_cpu_m
     """Raise MemoryBudgetError (a MemoryError) when the run cannot fit the memory StarPU may
     use, naming the numbers and what to change; return the Budget otherwise.
 
-    The run, plus ``SWAP_SLACK_TILES`` of its largest tiles, must fit in GPU and host memory
-    together, or in host memory and disk swap together; without either, in host memory.
+    The run, plus ``SWAP_SLACK_TILES`` of its largest tiles (GPU and host: or 4% of them,
+    whichever is more), must fit in GPU and host memory together, or on the disk swap alone;
+    without either, in host memory.
     """
     b = budget(gpu_bytes, host_bytes, limit_cuda_mem, limit_cpu_mem, disk_bytes, ngpu)
     reason = _fits(estimate, b)
