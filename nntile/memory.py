@@ -437,9 +437,15 @@ def budget(gpu_bytes, host_bytes, limit_cuda_mem=None, limit_cpu_mem=None, disk_
                   gpu_origin=gpu_origin, host_origin=host_origin)
 
 
+def _needs(est, b):
+    """The bytes the run takes of the budget: StarPU's rounding of tiles applies where there
+    are GPUs (pinned host memory and GPU memory), not in plain host memory."""
+    return est.alloc_bytes if b["gpu"] else est.total
+
+
 def _fits(est, b):
     """The first reason the estimate does not fit the budget, or None."""
-    total = est.alloc_bytes if b["gpu"] else est.total
+    total = _needs(est, b)
     if est.init_host_peak > b["host"]:
         return (f"writing the weights from numpy needs {fmt_bytes(est.init_host_peak)} of host "
                 f"memory (every parameter tile plus the largest numpy array)")
@@ -511,8 +517,8 @@ def _suggestions(est, b):
                    "optimizer states)")
     if not b["disk"]:
         # the disk then holds the run, with the slack of tiles on their way (_fits)
-        total = est.alloc_bytes if b["gpu"] else est.total
-        disk = max(total + SWAP_SLACK_TILES * est.largest_tile, b["host"] + b["gpu"] + MiB)
+        disk = max(_needs(est, b) + SWAP_SLACK_TILES * est.largest_tile,
+                   b["host"] + b["gpu"] + MiB)
         step = GiB // 10 if disk >= GiB else MiB // 10  # rounded up to what fmt_bytes shows
         disk = -(-disk // step) * step
         out.append(f"a disk swap (STARPU_DISK_SWAP) of at least {fmt_bytes(disk)}, which "
@@ -531,7 +537,7 @@ def check_fits(estimate, gpu_bytes, host_bytes, limit_cuda_mem=None, limit_cpu_m
     """
     b = budget(gpu_bytes, host_bytes, limit_cuda_mem, limit_cpu_mem, disk_bytes, ngpu)
     reason = _fits(estimate, b)
-    b["needs"] = estimate.alloc_bytes if b["gpu"] else estimate.total
+    b["needs"] = _needs(estimate, b)
     if reason is None:
         return b
     message = (f"not enough memory: the run needs {estimate.summary()}, but StarPU may use "
