@@ -51,12 +51,14 @@ def train_step(ctx, model, opt, ids, targets, idle=(), optimizer_on=None):
     the kind of worker the update tasks must run on (None: any). With the update on CPU
     workers, the forward and backward stay on the GPUs: a CPU worker would otherwise be handed
     a model's matrix products to measure them (dmda's calibration)."""
+    from contextlib import nullcontext
     from nntile import ops
-    with ops.task_workers("cuda" if optimizer_on == "cpu" else None):
+    # without optimizer_on, the Context's placement stands (nntile.policy.cpu_update)
+    with ops.task_workers("cuda") if optimizer_on == "cpu" else nullcontext():
         model.zero_grad()
         model.submit_loss(ids, targets)
         model.backward()
-    with ops.task_workers(optimizer_on):
+    with ops.task_workers(optimizer_on) if optimizer_on else nullcontext():
         opt.step()
     for tensor in idle:
         tensor.wont_use()

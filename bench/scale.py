@@ -239,7 +239,7 @@ def main(argv=None):
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
                         verbose=rank == 0, distribution=distribution,
-                        mpi_stats=nranks > 1, run_bytes=est.total) as ctx:
+                        mpi_stats=nranks > 1, run_bytes=est.total, training=args.dtype) as ctx:
         pool = RandomPool(rng)
         t0 = time.perf_counter()
         model = model_class(config.model_type)(config, tiling, args.dtype)

@@ -275,18 +275,20 @@ def model_tiling(tiles):
     return {k: v for k, v in tiles.items() if v is not None}
 
 
-def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=None):
+def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=None,
+                  training=None):
     """Start StarPU with the runtime flags (and StarPU-MPI under mpirun); print its workers
-    and settings on stderr. ``run_bytes``: the pre-check's estimate, which some defaults
-    depend on (nntile.Context); ``tiles``: {key: Choice} of the run's tiles, for
-    describe()."""
+    and settings on stderr. ``run_bytes``: the pre-check's estimate, and ``training``: the
+    precision a training run updates in, which some defaults depend on (nntile.Context);
+    ``tiles``: {key: Choice} of the run's tiles, for describe()."""
     import nntile
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
     os.environ.setdefault("STARPU_SILENT", "1")
     try:
         ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
-                             distribution=distribution, run_bytes=run_bytes)
+                             distribution=distribution, run_bytes=run_bytes,
+                             training=training)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CLIError(f"cannot start StarPU: {exc}") from None
     ctx.tiles = tiles

@@ -8,7 +8,8 @@ import sys
 
 from nntile import policy
 from nntile._core.core import (HAVE_CUDA, HAVE_MPI, STARPU_VERSION, Runtime,
-                               current_context, schedulers)
+                               current_context, schedulers, set_task_workers)
+from nntile.precision import precision_dtypes
 
 
 def _positive_int_or_none(name, value, allow_zero):
@@ -59,7 +60,11 @@ class Context(Runtime):
     StarPU pins as it goes); there too, by default, ``write_behind`` (NNTILE_WRITE_BEHIND)
     copies each optimizer update's tiles to host memory right after it. ``cuda_pool``
     (NNTILE_CUDA_POOL) takes StarPU's GPU buffers from a memory pool of each device, by
-    default where StarPU drives one GPU. Under MPI, a rank
+    default where StarPU drives one GPU. ``cpu_update`` (NNTILE_CPU_UPDATE) is the share of
+    the parameters, from the model's end, whose optimizer update runs on CPU workers while
+    every other task runs on the GPUs: by default half, on every spare core, where a process
+    alone on one GPU cannot hold a training run without compute copies (``training``: the
+    run's precision name, nntile.precision; None when not training). Under MPI, a rank
     bound to one core runs one CPU worker there beside StarPU-MPI's progress thread, and
     ``mpi_timeout`` (NNTILE_MPI_TIMEOUT, seconds, default 300) is how long a rank may go
     without progress before the programs' watchdog ends the run. A scheduler StarPU does not
@@ -69,11 +74,13 @@ class Context(Runtime):
     time.
     """
 
+    cpu_update_share = 0.0  # nntile.optim: the share of the update on CPU workers
+
     def __init__(self, ncpu=None, ncuda=None, sched=None, limit_cuda_mem=None,
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
                  distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
                  run_bytes=None, pinned_host_mem=None, history_max_error=None,
-                 write_behind=None, cuda_pool=None):
+                 write_behind=None, cuda_pool=None, cpu_update=None, training=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -90,6 +97,14 @@ class Context(Runtime):
                                                      allow_zero=True)
         self.write_behind = _on_off_or_none("write_behind", write_behind)
         self.cuda_pool = _on_off_or_none("cuda_pool", cuda_pool)
+        if cpu_update is not None and (isinstance(cpu_update, bool)
+                                       or policy.share(cpu_update) is None):
+            raise ValueError(f"Context(cpu_update={cpu_update!r}) must be a share of the "
+                             "parameters from 0 to 1")
+        self.cpu_update = cpu_update
+        # (master, compute) dtypes of a training run's precision, for the rules that depend
+        # on it (nntile.policy.cpu_update)
+        self.training = None if training is None else precision_dtypes(training)
         if sched is not None and (not isinstance(sched, str) or not sched.strip()):
             raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
         if sched is not None:
@@ -137,7 +152,8 @@ class Context(Runtime):
         given = {name: getattr(self, name) for name, _ in policy.SETTINGS}
         env = {var: value for var, value in os.environ.items()
                if var.startswith(("STARPU_", "NNTILE_")) and var not in self._env_from_defaults}
-        return policy.runtime_settings(self.machine(), given, env, self.run_bytes)
+        return policy.runtime_settings(self.machine(), given, env, self.run_bytes,
+                                       self.training)
 
     def default_tiles(self, config, batch=None, seq=None, run_bytes=None, given=None):
         """{key: Choice} of the tiles nntile.policy.tiles picks for a model of this ``config``
@@ -174,9 +190,11 @@ class Context(Runtime):
             elif name in policy.DEFAULTS_IN_ENV and origin.startswith("nntile default"):
                 env[var] = value
                 defaults.add(var)
+        share = self._cpu_update_share(settings)
+        # nntile's own count goes to StarPU as a number: StarPU-MPI then reserves no core
         ncpus = settings["ncpu"].value if settings["ncpu"].reason in (
-            policy.GPU_ONLY, policy.SHARED_CORE) else None  # an explicit count: StarPU-MPI
-        ncuda = 0 if not HAVE_CUDA else None                  # then reserves no core
+            policy.GPU_ONLY, policy.SHARED_CORE, policy.CPU_UPDATE_WORKERS) else None
+        ncuda = 0 if not HAVE_CUDA else None
         comm_handle = None
         try:
             if self.mpi:
@@ -198,6 +216,11 @@ class Context(Runtime):
             raise
         # nntile.optim reads it: each update's tiles copied to host memory after it
         self.writes_behind = str(settings["write_behind"].value).strip() == "1"
+        # nntile.optim updates this share of the parameters on the CPU workers, which are
+        # there for it alone: every other task goes to the GPUs
+        self.cpu_update_share = share
+        if share:
+            set_task_workers("cuda")
         pinned_mib = int(settings["pinned_host_mem"].value or 0)
         if pinned_mib:
             try:
@@ -254,7 +277,24 @@ class Context(Runtime):
             self._starpu_comm.Free()
             self._starpu_comm = None
 
+    def _cpu_update_share(self, settings):
+        """The share of the update on CPU workers, refused before StarPU starts where there
+        would be no CPU worker or no GPU to share the step with."""
+        value, origin = settings["cpu_update"]
+        share = policy.share(value)
+        if share is None:
+            raise ValueError(f"cpu_update {value!r} ({origin}) must be a share from 0 to 1")
+        ncpu, ncuda = settings["ncpu"].value, settings["ncuda"].value
+        gpus = policy.gpu_workers(self.machine(), ncuda)
+        if share and (not gpus or (ncpu is not None and int(ncpu) == 0)):
+            raise ValueError(f"cpu_update {value} ({origin}) runs part of the update on CPU "
+                             "workers beside GPUs, but this run has "
+                             + ("no GPU" if not gpus else "no CPU worker (ncpu 0)"))
+        return share
+
     def _stopped(self):
+        set_task_workers(None)
+        self.cpu_update_share = 0.0
         self._free_comm()
         self._env_from_defaults = set()
 

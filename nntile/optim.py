@@ -43,6 +43,23 @@ def _send_back(tensors):
         tensor.wont_use()
 
 
+def last_share(named_parameters, share):
+    """The ids of the last parameters (in model order, which ends with the last blocks, the
+    final norm and the head) that together hold at most ``share`` of the elements: those the
+    update runs on CPU workers (nntile.policy.cpu_update; backward leaves them in host memory
+    with their states)."""
+    if not share:
+        return frozenset()
+    sizes = [math.prod(param.value.shape) for _, param in named_parameters]
+    room, taken = share * sum(sizes), set()
+    for (_, param), size in zip(reversed(named_parameters), reversed(sizes)):
+        if size > room:
+            break
+        room -= size
+        taken.add(id(param))
+    return frozenset(taken)
+
+
 class Optimizer:
     STATES = ()  # the state tensors of each parameter, by name
 
@@ -63,6 +80,7 @@ class Optimizer:
         self.states = {name: tuple(tensors[f"{name}/{state}"] for state in self.STATES)
                        for name, _ in self.params}
         self._by_param = {id(p): n for n, p in self.params}
+        self._on_cpu = last_share(self.params, current_context().cpu_update_share)
         if current_context().writes_behind:  # the states start as zeros written on the GPU
             for tensors in self.states.values():
                 _send_back(tensors)
@@ -109,7 +127,11 @@ class Optimizer:
         lr = self.schedule(self.step_count)
         write_behind = current_context().writes_behind
         for name, param in self.params:
-            self._update(param, lr)
+            if id(param) in self._on_cpu:
+                with ops.task_workers("cpu"):
+                    self._update(param, lr)
+            else:
+                self._update(param, lr)
             if write_behind:  # past GPU memory (nntile.policy.write_behind)
                 param.compute.write_back()  # the next forward reads it
                 # only the next update reads the states, and the master where a copy exists

@@ -111,14 +111,19 @@ CALIBRATE_FAST = ("nntile default: a performance model is trusted after its firs
                   "so the first step is scheduled by models instead of calibrating")
 
 
-def cpu_workers(gpu_workers, machine):
+def cpu_workers(gpu_workers, machine, cpu_update_share=0):
     """CPU workers where ``ncpu`` is not given (None: StarPU's default, every core).
+    Where part of the update runs on CPU workers (``cpu_update``), every core but those of
+    the threads beside the workers.
 
     With GPUs, none: a CPU worker that takes a matrix product the GPU would run 100x faster
     holds up every task after it (docs/performance.md, "Defaults at scale"; lws with 8 CPU
     workers beside one H100: 1,132 against 52,645 tokens/s, "Scheduler study"). On an MPI rank
     of one core, one: StarPU-MPI would keep that core for its progress thread and leave no
     worker (README, "Several processes and machines")."""
+    if gpu_workers and cpu_update_share:
+        return Choice(max(1, machine.cores - gpu_workers - THREADS_BESIDE_WORKERS),
+                      CPU_UPDATE_WORKERS)
     if gpu_workers:
         return Choice(0, GPU_ONLY)
     if machine.mpi and machine.one_core:
@@ -271,6 +276,45 @@ def cuda_pool(gpu_workers):
     return Choice(1, POOL)
 
 
+UPDATE_ON_CPU = ("nntile default on one GPU that cannot hold a run without compute copies: the "
+                 "update of the later half of the parameters runs on CPU workers, next to its "
+                 "states in host memory; every other task on the GPU")
+UPDATE_WITH_STEP = "nntile default: the update runs where the rest of the step runs"
+CPU_UPDATE_WORKERS = ("nntile default where part of the update runs on CPU workers: every core "
+                      "but the main thread's, the pinning thread's and one per GPU")
+# the share measured best (6.07B tf32 on one H100: 0.29, 0.5 and 1 tried), and the CPU workers
+# it was measured with (fewer stream the states more slowly: not measured)
+CPU_UPDATE_SHARE = 0.5
+CPU_UPDATE_MIN_WORKERS = 13
+THREADS_BESIDE_WORKERS = 2  # the main thread, which submits, and the host arena's
+
+
+def cpu_update(gpu_workers, run_bytes, gpu_bytes, machine, training):
+    """The share of the parameters (by bytes, from the model's end: the head, the final norm,
+    the last blocks) whose optimizer update runs on CPU workers; 0: the update runs with the
+    rest of the step. ``training``: (master dtype, compute dtype) of the run's precision, None
+    when not training or not known.
+
+    Past one GPU's memory, backward leaves the first blocks' tiles on the GPU and the last
+    blocks' in host memory with their optimizer states; updated on the GPU, those states
+    cross PCIe in and out each step. In tf32 on one H100 with 13 CPU workers
+    (docs/performance.md, "The update where its states live"), half updated on the CPU moved
+    a third to a half less to the GPU, the step within 7% either way: 6.07B at batch 16,
+    3.54-4.24 s a step and 57-66 GiB in (0.91-1.04x the floor) against 3.54-3.91 s and 92-106
+    GiB; 8.50B at batch 8, 3.54-3.76 s against 3.81-3.85 (66-68 against 111-114 GiB); 10.04B
+    at batch 6, 4.56-4.68 s against 4.32-4.50 (92-101 against 138-141 GiB). 29% on the CPU
+    moved 72-78 GiB; all of it took 6.81 s (the CPU streams 28 bytes per parameter through
+    host memory). Not taken with compute copies (bf16-mixed: 29% on the CPU, 3.00-3.18 s
+    against 2.86-3.03), on several GPUs or ranks (host memory shared: not measured), nor with
+    fewer than ``CPU_UPDATE_MIN_WORKERS`` cores to spare."""
+    spare = machine.cores - gpu_workers - THREADS_BESIDE_WORKERS
+    if (gpu_workers == 1 and not machine.mpi and training is not None
+            and training[0] == training[1] and spare >= CPU_UPDATE_MIN_WORKERS
+            and past_gpu_memory(gpu_workers, run_bytes, gpu_bytes)):
+        return Choice(CPU_UPDATE_SHARE, UPDATE_ON_CPU)
+    return Choice(0, UPDATE_WITH_STEP)
+
+
 HISTORY_TOLERANT = ("nntile default: a measurement up to 11x off a performance model's mean "
                     "refines it instead of flushing it back to calibration")
 
@@ -303,17 +347,19 @@ SETTINGS = (
     ("pinned_host_mem", "NNTILE_PINNED_HOST_MEM"),
     ("write_behind", "NNTILE_WRITE_BEHIND"),
     ("cuda_pool", "NNTILE_CUDA_POOL"),
+    ("cpu_update", "NNTILE_CPU_UPDATE"),
 )
 # the settings whose nntile default reaches StarPU through its environment variable
 DEFAULTS_IN_ENV = ("limit_cuda_mem", "workers_per_gpu", "calibrate_minimum", "history_max_error",
                    "cuda_pool")
 
 
-def runtime_settings(machine, given, env, run_bytes=None):
+def runtime_settings(machine, given, env, run_bytes=None, training=None):
     """{setting: Choice} for every setting of SETTINGS: the argument (``given``), else the
     STARPU_ variable (``env``, as the user set it), else nntile's rule for the ``machine``,
     else StarPU's own default. ``run_bytes``: the bytes the run registers (the memory
-    estimate), None when not known."""
+    estimate), None when not known; ``training``: (master dtype, compute dtype) of a training
+    run's precision, None when not training or not known."""
     result = {}
     for name, var in SETTINGS:
         if given.get(name) is not None:
@@ -327,15 +373,19 @@ def runtime_settings(machine, given, env, run_bytes=None):
     gpus = gpu_workers(machine, result["ncuda"].value)
     if result["limit_cuda_mem"].value is None and gpus and machine.gpus:
         result["limit_cuda_mem"] = Choice(cuda_limit_mib(min(machine.gpus)), CUDA_LIMIT)
-    if result["ncpu"].value is None:
-        result["ncpu"] = cpu_workers(gpus, machine)
-    if result["sched"].value is None:
-        cpus = result["ncpu"].value
-        result["sched"] = scheduler(gpus, cpus is None or int(cpus) > 0)
     limit = result["limit_cuda_mem"].value
     gpu_bytes = int(limit) * MiB if limit is not None else None
     # under MPI other processes share the node's GPUs and host memory: not measured
     own_bytes = None if machine.mpi else run_bytes
+    if result["cpu_update"].value is None:
+        # CPU workers of the user's own (ncpu) take whatever the scheduler gives them
+        result["cpu_update"] = (Choice(0, UPDATE_WITH_STEP) if result["ncpu"].value is not None
+                                else cpu_update(gpus, own_bytes, gpu_bytes, machine, training))
+    if result["ncpu"].value is None:
+        result["ncpu"] = cpu_workers(gpus, machine, share(result["cpu_update"].value) or 0)
+    if result["sched"].value is None:
+        cpus = result["ncpu"].value
+        result["sched"] = scheduler(gpus, cpus is None or int(cpus) > 0)
     if result["workers_per_gpu"].value is None and gpus:
         result["workers_per_gpu"] = workers_per_gpu(gpus, own_bytes, gpu_bytes)
     if result["calibrate_minimum"].value is None:
@@ -502,9 +552,20 @@ STARPU_ENV = {
     "NNTILE_WRITE_BEHIND": (_zero_or_one,
                             "0 or 1 (1: copy each update's tiles to host memory after it)"),
     "NNTILE_CUDA_POOL": (_zero_or_one, "0 or 1 (1: GPU buffers from a memory pool of each device)"),
+    "NNTILE_CPU_UPDATE": (lambda t: share(t) is not None,
+                          "a share of the parameters from 0 to 1 (0: update on the GPUs)"),
     "STARPU_WORKERS_CUDAID": (lambda t: re.fullmatch(r"\s*\d+(\s*[, ]\s*\d+)*\s*", t)
                               is not None, "GPU numbers separated by commas or spaces"),
 }
+
+
+def share(text):
+    """A share from 0 to 1 written as text or a number, else None."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if 0.0 <= value <= 1.0 else None
 
 
 def check_starpu_env(env):

@@ -126,6 +126,36 @@ def test_cuda_pool_is_on_or_off():
         0, "argument")
 
 
+def test_cpu_update_is_a_share_and_needs_a_gpu_beside_cpu_workers():
+    """A share of the update on CPU workers is refused before StarPU starts where it cannot
+    run (no GPU here), as is a value that is no share, or a precision nntile does not have."""
+    import pytest
+    import nntile
+    for bad in ("half", 1.5, -1, True):
+        with pytest.raises(ValueError, match="cpu_update"):
+            nntile.Context(start=False, cpu_update=bad)
+    with pytest.raises(ValueError, match="precision 'fp16'"):
+        nntile.Context(start=False, training="fp16")
+    assert nntile.Context(start=False, cpu_update=0.5).settings()["cpu_update"] == (
+        0.5, "argument")
+    result = run_python("""
+        import nntile
+        ctx = nntile.Context(start=False, cpu_update=0.5, ncpu=1, ncuda=0)
+        try:
+            ctx.start()
+        except ValueError as exc:
+            print("refused:", exc)
+        print(ctx.running, nntile.current_context())
+        # without GPUs the rule keeps the whole update with the step, training or not
+        with nntile.Context(ncpu=1, training="tf32", run_bytes=10**12) as ctx:
+            print(ctx.settings()["cpu_update"][0], ctx.cpu_update_share)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "refused: cpu_update 0.5 (argument) runs part of the update on CPU workers beside "
+        "GPUs, but this run has no GPU", "False None", "0 0.0"]
+
+
 def test_unknown_scheduler_is_refused_with_the_list():
     """StarPU warns and falls back to its default on a scheduler it lacks; nntile refuses it,
     from the argument and from STARPU_SCHED, before StarPU starts."""

@@ -33,6 +33,8 @@ for name, ncuda, dtype, *context in cfg["runs"]:  # context: more Context argume
     with nntile.Context(ncuda=ncuda, ncpu=cfg.get("ncpu"), **(context or [{}])[0]) as ctx:
         model = FAMILIES[family].from_transformers(hf, cfg["tiling"], dtype)
         opt = AdamW(model.named_parameters(), lr=1e-3, max_grad_norm=1.0)
+        ctx.profiling(True)
+        ctx.worker_stats()  # counts from here
         losses = []
         for step in range(cfg["steps"]):
             model.zero_grad()
@@ -41,15 +43,21 @@ for name, ncuda, dtype, *context in cfg["runs"]:  # context: more Context argume
             if step + 1 < cfg["steps"]:
                 opt.step()
         grads = model.gradients()
-        results[name] = (losses, grads, ctx.workers, ctx.host_arena_stats())
+        # tasks CPU workers ran, and the update tasks of the parameters updated there
+        cpu_tasks = sum(w["tasks"] for w in ctx.worker_stats() if w["worker"].startswith("CPU"))
+        cpu_updates = (cfg["steps"] - 1) * sum(p.value.ntiles for _, p in opt.params
+                                               if id(p) in opt._on_cpu)
+        results[name] = (losses, grads, ctx.workers, ctx.host_arena_stats(),
+                         (cpu_tasks, cpu_updates))
         model.unregister()
-ref_losses, ref_grads, _, _ = results[cfg["runs"][0][0]]
+ref_losses, ref_grads, *_ = results[cfg["runs"][0][0]]
 out = {}
-for name, (losses, grads, workers, arena) in results.items():
+for name, (losses, grads, workers, arena, cpu) in results.items():
     rel = {k: float(np.linalg.norm(grads[k] - ref_grads[k]) / np.linalg.norm(ref_grads[k]))
            for k in ref_grads}
     out[name] = dict(losses=losses, max_grad_rel=max(rel.values()),
-                     worst=max(rel, key=rel.get), workers=workers, arena=arena)
+                     worst=max(rel, key=rel.get), workers=workers, arena=arena,
+                     cpu_tasks=cpu[0], cpu_updates=cpu[1])
 if nntile.HAVE_CUDA:  # the bf16 attention calls that cuDNN ran inside StarPU's CUDA workers
     import ctypes
     import nntile._core.core as core
@@ -168,6 +176,23 @@ def test_host_copies_of_tiles_from_memory_pinned_ahead():
         for a, b in zip(out["cpu"]["losses"], out[run]["losses"]):
             assert abs(a - b) <= 1e-5 * abs(a)
         assert out[run]["max_grad_rel"] < 1e-4
+
+
+def test_the_update_of_the_model_end_on_cpu_workers_trains_the_same():
+    """Half the update on CPU workers (nntile.policy.cpu_update: by default past one GPU's
+    memory without compute copies; asked for here): CPU workers run exactly the update tasks
+    of the last half of the parameters, the GPU everything else, and training matches the GPU
+    alone (the C and CUDA AdamW kernels round alike to a few ulps)."""
+    out = compare(dict(SMALL["gpt2"], batch=2, seq=37, steps=3,
+                       runs=[("gpu", 1, "fp32"), ("split", 1, "fp32", dict(cpu_update=0.5))]))
+    print(out)
+    split = out["split"]
+    assert split["cpu_tasks"] == split["cpu_updates"] > 0, split
+    assert out["gpu"]["cpu_tasks"] == 0 and out["gpu"]["cpu_updates"] == 0
+    assert any(w.startswith("CPU") for w in split["workers"])
+    for a, b in zip(out["gpu"]["losses"], split["losses"]):
+        assert abs(a - b) <= 1e-5 * abs(a)
+    assert split["max_grad_rel"] < 1e-4
 
 
 def test_two_workers_per_gpu_by_default():

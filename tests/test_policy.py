@@ -146,6 +146,46 @@ def test_runtime_settings_argument_then_variable_then_rule():
     assert policy.runtime_settings(one_core, {}, {})["ncpu"] == (1, policy.SHARED_CORE)
 
 
+def test_half_the_update_on_cpu_workers_only_where_measured():
+    """One GPU that cannot hold a run without compute copies: half the update on every spare
+    core, the rest of the step on the GPU ("The update where its states live"); nowhere else
+    (bf16-mixed, in memory, several GPUs, MPI, few cores, not training, CPU workers given)."""
+    tf32, mixed = ("tf32", "tf32"), ("fp32", "bf16")
+    past = policy.runtime_settings(ONE_H100, {}, {}, 175 * GiB, tf32)
+    assert past["cpu_update"] == (0.5, policy.UPDATE_ON_CPU)
+    assert past["ncpu"] == (13, policy.CPU_UPDATE_WORKERS) and past["sched"][0] == "dmdas"
+    assert past["workers_per_gpu"][0] == 4 and past["write_behind"][0] == 1
+    fp64 = policy.runtime_settings(ONE_H100, {}, {}, 175 * GiB, ("fp64", "fp64"))
+    assert fp64["cpu_update"][0] == 0.5
+    on_gpu = (0, policy.UPDATE_WITH_STEP)
+    for machine, given, run_bytes, training in (
+            (ONE_H100, {}, 175 * GiB, mixed), (ONE_H100, {}, 50 * GiB, tf32),
+            (ONE_H100, {}, 175 * GiB, None), (ONE_H100, {}, None, tf32),
+            (TWO_H200, {}, 400 * GiB, tf32), (ONE_H100, {"ncuda": 0}, 175 * GiB, tf32),
+            (policy.Machine(cores=15, gpus=(H100,), cuda_built=True), {}, 175 * GiB, tf32),
+            (policy.Machine(cores=16, gpus=(H100,), cuda_built=True, mpi=True), {},
+             175 * GiB, tf32)):
+        settings_ = policy.runtime_settings(machine, given, {}, run_bytes, training)
+        assert settings_["cpu_update"] == on_gpu, (machine, given, run_bytes, training)
+        assert settings_["ncpu"][0] in (0, None, 1)
+    # on a node of 64 cores driving one of its GPUs, every spare core
+    assert policy.runtime_settings(policy.Machine(cores=64, gpus=(H100,) * 4, cuda_built=True),
+                                   {"ncuda": 1}, {}, 175 * GiB, tf32)["ncpu"][0] == 61
+    # CPU workers of the user's own take what the scheduler gives them
+    own = policy.runtime_settings(ONE_H100, {"ncpu": 4}, {}, 175 * GiB, tf32)
+    assert own["cpu_update"] == on_gpu and own["ncpu"] == (4, "argument")
+    # asked for: an argument, then the variable; the spare cores then work for it
+    asked = policy.runtime_settings(ONE_H100, {"cpu_update": 0.25}, {}, 50 * GiB, mixed)
+    assert asked["cpu_update"] == (0.25, "argument") and asked["ncpu"][0] == 13
+    env = policy.runtime_settings(ONE_H100, {}, {"NNTILE_CPU_UPDATE": "0"}, 175 * GiB, tf32)
+    assert env["cpu_update"] == ("0", "$NNTILE_CPU_UPDATE") and env["ncpu"][0] == 0
+    for bad in ("half", "1.5", "-0.1", ""):
+        assert policy.share(bad) is None
+    assert policy.share("0.5") == 0.5 and policy.share(1) == 1.0
+    with pytest.raises(ValueError, match="NNTILE_CPU_UPDATE='2'.*share of the parameters"):
+        policy.check_starpu_env({"NNTILE_CPU_UPDATE": "2"})
+
+
 def test_cuda_limit_leaves_three_gib_or_three_percent():
     assert policy.cuda_limit_mib(80 * GiB) == (80 * GiB - 3 * GiB) // 2**20
     assert policy.cuda_limit_mib(200 * GiB) == int(200 * GiB * 0.97) // 2**20

@@ -111,6 +111,17 @@ cdef class CausalLM(Module):
                 raise RuntimeError(f"{type(self).__name__}: {param} has shape {ours[param]}, "
                                    f"its name map says {shape}")
 
+    def named_parameters(self, prefix=""):
+        """The parameters in the order the forward pass reads them: the embeddings, the
+        blocks, the final norm, then the head (an untied one, the model's own parameter).
+        The optimizer updates them in this order, and those on CPU workers come from its end
+        (nntile.optim.last_share)."""
+        cdef str name
+        for name, child in self._children.items():
+            yield from (<Module> child).named_parameters(f"{prefix}{name}.")
+        for name, param in self._params.items():
+            yield prefix + name, param
+
     def create(self):
         """Create the parameters' tensors and the loss."""
         Module.create(self)
