@@ -233,7 +233,7 @@ def main(argv=None):
 
     import nntile
     from nntile.models import model_class
-    from nntile.nn.warm_up import warm_up_attention
+    from nntile.nn.warm_up import before_first_step
     from nntile.optim import AdamW
     rng = np.random.default_rng(0)
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
@@ -257,14 +257,13 @@ def main(argv=None):
         init_s = time.perf_counter() - t0
         say(f"built and initialised in {init_s:.1f} s (weights written "
             f"from numpy per {init})", flush=True)
-        pin_wait_s = ctx.finish_pinning()
+        pin_wait_s, attention_s, shapes = before_first_step(model, args.batch, args.seq)
         arena = ctx.host_arena_stats()
         if arena:
             say(f"host memory pinned ahead: {arena['pinned'] / 2**30:.1f} GiB, "
                 f"{pin_wait_s:.1f} s more waited for it before step 1", flush=True)
-        t0 = time.perf_counter()
-        if warm_up_attention(model, args.batch, args.seq):
-            say(f"attention's GPU code prepared in {time.perf_counter() - t0:.1f} s", flush=True)
+        if shapes:
+            say(f"attention's GPU code prepared in {attention_s:.1f} s", flush=True)
         host_at_start = show_memory(ctx, say)
         idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
                 if args.wont_use else [])

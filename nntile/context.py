@@ -281,9 +281,7 @@ class Context(Runtime):
         """The share of the update on CPU workers, refused before StarPU starts where there
         would be no CPU worker or no GPU to share the step with."""
         value, origin = settings["cpu_update"]
-        share = policy.share(value)
-        if share is None:
-            raise ValueError(f"cpu_update {value!r} ({origin}) must be a share from 0 to 1")
+        share = policy.share(value)  # checked by __init__ (argument), start (variable)
         ncpu, ncuda = settings["ncpu"].value, settings["ncuda"].value
         gpus = policy.gpu_workers(self.machine(), ncuda)
         if share and (not gpus or (ncpu is not None and int(ncpu) == 0)):

@@ -8,6 +8,7 @@ copy (bf16-mixed) has it refreshed after each update: by the update task itself 
 (adam_step_refresh), by one cast task per tile for SGD.
 """
 import math
+from contextlib import nullcontext
 
 from nntile import current_context, ops
 from nntile.declare import TensorSpec
@@ -127,10 +128,7 @@ class Optimizer:
         lr = self.schedule(self.step_count)
         write_behind = current_context().writes_behind
         for name, param in self.params:
-            if id(param) in self._on_cpu:
-                with ops.task_workers("cpu"):
-                    self._update(param, lr)
-            else:
+            with ops.task_workers("cpu") if id(param) in self._on_cpu else nullcontext():
                 self._update(param, lr)
             if write_behind:  # past GPU memory (nntile.policy.write_behind)
                 param.compute.write_back()  # the next forward reads it

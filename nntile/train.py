@@ -676,7 +676,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     from nntile.checkpoint import CheckpointError, checkpoint_name, prune, save
     from nntile.data import BatchSampler, eval_batches
     from nntile.distributed import Watchdog
-    from nntile.nn.warm_up import warm_up_attention
+    from nntile.nn.warm_up import before_first_step
     from nntile.optim import AdamW, LRSchedule
 
     config = s.config
@@ -717,10 +717,9 @@ def _run(s, args, ctx, stop, echo, tqdm):
     for note in s.notes:
         echo(f"nntile-train: note: {note}")
     echo(banner(s, ctx, start_step, args.verbose))
-    pin_wait_s = ctx.finish_pinning()  # pinning while steps run would stall them
+    pin_wait_s, _, _ = before_first_step(model, s.batch_size, s.seq_len)
     if pin_wait_s >= 1.0:
         echo(f"nntile-train: waited {pin_wait_s:.0f} s for host memory pinned ahead")
-    warm_up_attention(model, s.batch_size, s.seq_len)  # its compilation would stall step 1
 
     def checkpoint_meta(step):
         state = sampler.state()

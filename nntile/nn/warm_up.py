@@ -1,4 +1,4 @@
-"""Attention's GPU code prepared before the first step.
+"""Before the first step: attention's GPU code prepared, host memory pinned.
 
 cuDNN builds a fused-attention graph at its first call with a shape, and its kernels are
 compiled at run time: on a machine that has never compiled them, the driver compiles them
@@ -10,6 +10,7 @@ tile of each shape the model's fused attention will see, forward and backward, o
 its own, while nothing else runs.
 """
 import math
+import time
 
 from nntile import ops
 from nntile._core.core import Tensor, current_context
@@ -52,6 +53,18 @@ def run_attention_tiles(shapes):
     ctx.wait()
     for tensor in created:
         tensor.unregister()
+
+
+def before_first_step(model, batch, seq):
+    """What a training program does between initialisation and step 1, so that step 1 waits
+    for neither: the rest of the host memory pinned ahead (Context.finish_pinning; pinning
+    while steps run would stall them) and attention's GPU code (``warm_up_attention``).
+    Returns (seconds waited for pinning, seconds spent on attention, attention shapes run)."""
+    ctx = current_context()
+    pin_wait_s = ctx.finish_pinning()
+    start = time.perf_counter()
+    shapes = warm_up_attention(model, batch, seq)
+    return pin_wait_s, time.perf_counter() - start, shapes
 
 
 def warm_up_attention(model, batch, seq):
