@@ -461,6 +461,11 @@ def _fits(est, b):
         where, room, verb = "GPU and host memory together", gpu_room, "hold"
         slack = max(tiles, GPU_SWAP_SLACK_SHARE * room)
         between = "between them: when both are full StarPU livelocks"
+        if b["disk"]:
+            # measured: 12.09B on one H100 with 54.7 GiB of disk swap filled host memory and
+            # the disk while initialising, then stalled (docs/performance.md, "12B with the disk")
+            where = ("GPU and host memory together (a disk swap smaller than they are adds "
+                     "nothing: with host memory and the disk both full StarPU stalls)")
     else:
         where, room, verb, slack = "the disk swap", b["disk"], "holds", tiles
         between = ("between it and host memory: where host memory and the disk must make room "

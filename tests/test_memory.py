@@ -324,6 +324,10 @@ def test_gpu_and_host_together_or_the_disk_alone_hold_the_run():
     with pytest.raises(memory.MemoryBudgetError, match="the disk swap must hold that plus"):
         memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk - 1)
     memory.check_fits(est, gpu_for(est.alloc_bytes + slack - budget_host), host, disk_bytes=1)
+    # a smaller disk swap is not counted beside them, and the refusal says so
+    with pytest.raises(memory.MemoryBudgetError, match=r"together \(a disk swap smaller than "
+                       r"they are adds nothing: .* stalls\) hold less"):
+        memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk // 2)
     # with neither, host memory holds it all
     with pytest.raises(memory.MemoryBudgetError, match="without a GPU or a disk swap"):
         memory.check_fits(est, 0, host)
