@@ -461,22 +461,22 @@ def _fits(est, b):
         where, room, verb = "GPU and host memory together", gpu_room, "hold"
         slack = max(tiles, GPU_SWAP_SLACK_SHARE * room)
         between = "between them: when both are full StarPU livelocks"
-        if b["disk"]:
-            # measured: 12.09B on one H100 with 54.7 GiB of disk swap filled host memory and
-            # the disk while initialising, then stalled (docs/performance.md, "12B with the disk")
-            where = ("GPU and host memory together (a disk swap smaller than they are adds "
-                     "nothing: with host memory and the disk both full StarPU stalls)")
+        # measured: 12.09B on one H100 with 54.7 GiB of disk swap filled host memory and the
+        # disk while initialising, then stalled (docs/performance.md, "12B with the disk")
+        unused_disk = ("; a disk swap smaller than they are adds nothing to them (with host "
+                       "memory and the disk both full StarPU stalls)" if b["disk"] else "")
     else:
         where, room, verb, slack = "the disk swap", b["disk"], "holds", tiles
         between = ("between it and host memory: where host memory and the disk must make room "
                    "for each other, StarPU livelocks")
+        unused_disk = ""
     if total > room:
-        return f"{where} {verb} less than that"
+        return f"{where} {verb} less than that{unused_disk}"
     if total + slack > room:
         why = (f"{SWAP_SLACK_TILES} of the largest tiles" if slack == tiles else
                f"{GPU_SWAP_SLACK_SHARE:.0%} of them")
         return (f"{where} must hold that plus {fmt_bytes(slack)} ({why}) for tiles on their "
-                f"way {between}")
+                f"way {between}{unused_disk}")
     if b["gpu"] and TASK_TILES * est.largest_tile > b["gpu"]:
         return (f"one task needs {TASK_TILES} tiles of up to {fmt_bytes(est.largest_tile)} on "
                 "the GPU at once; use smaller tiles")
@@ -520,12 +520,12 @@ def _suggestions(est, b):
     if isinstance(est, RankEstimate):
         out.append("more ranks (each then owns a smaller share of the gradients and "
                    "optimizer states)")
-    if not b["disk"]:
-        # the disk then holds the run, with the slack of tiles on their way (_fits)
-        disk = max(_needs(est, b) + SWAP_SLACK_TILES * est.largest_tile,
-                   b["host"] + b["gpu"] + MiB)
-        step = GiB // 10 if disk >= GiB else MiB // 10  # rounded up to what fmt_bytes shows
-        disk = -(-disk // step) * step
+    # the disk then holds the run, with the slack of tiles on their way (_fits)
+    disk = max(_needs(est, b) + SWAP_SLACK_TILES * est.largest_tile,
+               b["host"] + b["gpu"] + MiB)
+    step = GiB // 10 if disk >= GiB else MiB // 10  # rounded up to what fmt_bytes shows
+    disk = -(-disk // step) * step
+    if disk > b["disk"]:
         out.append(f"a disk swap (STARPU_DISK_SWAP) of at least {fmt_bytes(disk)}, which "
                    "holds the run while host memory caches it")
     return out

@@ -325,9 +325,14 @@ def test_gpu_and_host_together_or_the_disk_alone_hold_the_run():
         memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk - 1)
     memory.check_fits(est, gpu_for(est.alloc_bytes + slack - budget_host), host, disk_bytes=1)
     # a smaller disk swap is not counted beside them, and the refusal says so
-    with pytest.raises(memory.MemoryBudgetError, match=r"together \(a disk swap smaller than "
-                       r"they are adds nothing: .* stalls\) hold less"):
+    with pytest.raises(memory.MemoryBudgetError, match="together hold less than that; a disk "
+                       "swap smaller than they are adds nothing to them") as refused:
         memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk // 2)
+    # and names the disk swap that would hold the run
+    size = re.search(r"disk swap \(STARPU_DISK_SWAP\) of at least ([\d.]+) MiB",
+                     str(refused.value)).group(1)
+    memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host,
+                      disk_bytes=int((float(size) + 0.1) * memory.MiB))
     # with neither, host memory holds it all
     with pytest.raises(memory.MemoryBudgetError, match="without a GPU or a disk swap"):
         memory.check_fits(est, 0, host)
