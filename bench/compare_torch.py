@@ -52,16 +52,9 @@ TILE_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_args(p)
-    p.add_argument("--n-embd", type=int, default=1024)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int,
-                   help="default: heads of 128 from n_embd 1024 up (as bench/scale.py), "
-                        "of 64 below")
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per side")
+    add_model_args(p, steps_help="timed steps per side",
+                   heads_help="default: heads of 128 from n_embd 1024 up (as bench/scale.py), "
+                              "of 64 below")
     p.add_argument("--warmup", type=int,
                    help="untimed steps first (default 1 on CPU, 3 on GPU, where StarPU "
                         "calibrates its performance models)")
@@ -77,10 +70,8 @@ def parse_args(argv):
         p.add_argument(f"--tile-{key}", type=int)
     p.add_argument("--plot-data", type=output_file("records.json"),
                    help="append the two records to this JSON list")
-    args = resolve_model(p.parse_args(argv))
-    if args.n_head is None:
-        args.n_head = max(1, args.n_embd // (128 if args.n_embd >= 1024 else 64))
-    return args
+    return resolve_model(p.parse_args(argv),
+                         heads=lambda n_embd: max(1, n_embd // (128 if n_embd >= 1024 else 64)))
 
 
 def failure(exc):

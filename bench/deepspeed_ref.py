@@ -29,18 +29,9 @@ from shapes import add_model_args, llama_config, resolve_model
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(p)
-    p.add_argument("--n-embd", type=int, default=1024)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, help="default n_embd / 128")
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=3)
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="unpinned host buffers (pinned ones need more host memory)")
-    args = resolve_model(p.parse_args(argv))
-    args.n_head = args.n_head or max(1, args.n_embd // 128)
-    return args
+    return resolve_model(p.parse_args(argv))
 
 
 def ds_config(args):

@@ -21,22 +21,17 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E4
 
 import torch_reference  # noqa: E402
 from harness import model_flops_per_step, print_result  # noqa: E402
+from shapes import add_shape_args, default_heads  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n-embd", type=int, default=1024)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--batch", type=int, default=4, help="global batch, split over ranks")
-    p.add_argument("--steps", type=int, default=3)
+    add_shape_args(p, batch_help="global batch, split over ranks")
     p.add_argument("--dtype", default="tf32", choices=["tf32", "fp32", "bf16", "bf16-mixed"],
                    help="bf16-mixed: MixedPrecisionPolicy(param_dtype=bf16, "
                    "reduce_dtype=fp32), fp32 shards and Adam states")
     args = p.parse_args(argv)
-    args.n_head = args.n_head or max(1, args.n_embd // 128)
+    args.n_head = args.n_head or default_heads(args.n_embd)
     return args
 
 

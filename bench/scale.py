@@ -39,13 +39,6 @@ from nntile import memory
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(p)
-    p.add_argument("--n-embd", type=int, default=1024)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, help="default n_embd / 128")
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=3)
     p.add_argument("--precision", "--dtype", dest="dtype", default="tf32",
                    help="tf32 (default), fp32, bf16 or bf16-mixed")
     p.add_argument("--attention", default="fused", help="fused (default) or unfused "
@@ -188,7 +181,7 @@ def main(argv=None):
     E = args.n_embd
     if args.model == "gpt2":
         config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=E,
-                            n_layer=args.n_layer, n_head=args.n_head or max(1, E // 128),
+                            n_layer=args.n_layer, n_head=args.n_head,
                             tie_word_embeddings=False, attention=args.attention)
     else:
         config = llama_config(args, args.attention)

@@ -1,6 +1,6 @@
 """The model shapes the benches train, without torch: the wide GPT-2 of bench/scale.py and
 Llama, by name (the shapes the issues measure) or from flags. bench/compare_torch.py,
-bench/scale.py and bench/deepspeed_ref.py (through torch_reference) take them from here."""
+bench/scale.py, bench/deepspeed_ref.py and bench/fsdp_ref.py take their flags from here."""
 
 # (hidden, inner, layers, heads, kv heads, vocabulary, tied)
 LLAMA_SHAPES = {
@@ -15,9 +15,26 @@ MODELS = ["gpt2", "llama"] + sorted(LLAMA_SHAPES)
 LLAMA_ROPE_THETA = 500000.0
 
 
-def add_model_args(p):
-    """--model and the Llama flags (the GPT-2 ones, --n-embd, --n-layer, --n-head, --vocab,
-    are each bench's own)."""
+def default_heads(n_embd):
+    """The wide GPT-2's (and a flag-built Llama's) heads: of 128 each."""
+    return max(1, n_embd // 128)
+
+
+def add_shape_args(p, batch_help=None, steps_help=None, heads_help="default n_embd / 128"):
+    """The wide GPT-2 the benches compare on: --n-embd, --n-layer, --n-head, --seq, --vocab,
+    --batch and --steps, with the same defaults in every bench."""
+    p.add_argument("--n-embd", type=int, default=1024)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, help=heads_help)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--batch", type=int, default=4, help=batch_help)
+    p.add_argument("--steps", type=int, default=3, help=steps_help)
+
+
+def add_model_args(p, **shape_help):
+    """--model, the Llama flags and the shape flags (add_shape_args, with its help)."""
+    add_shape_args(p, **shape_help)
     p.add_argument("--model", default="gpt2", choices=MODELS,
                    help="gpt2 (default): a GPT-2 of --n-embd, --n-layer, --n-head, untied; "
                         "llama: a Llama of --n-embd, --n-inner, --n-layer, --n-head, "
@@ -27,14 +44,16 @@ def add_model_args(p):
     p.add_argument("--tied", action="store_true", help="llama: the head tied to the embedding")
 
 
-def resolve_model(args):
+def resolve_model(args, heads=default_heads):
     """Fill a named Llama shape's fields into args (n_embd, n_inner, n_layer, n_head,
-    n_kv_head, vocab, tied), and the Llama defaults where a flag left them out."""
+    n_kv_head, vocab, tied), and the defaults where a flag left them out (n_head from
+    ``heads(n_embd)``)."""
     if args.model in LLAMA_SHAPES:
         (args.n_embd, args.n_inner, args.n_layer, args.n_head, args.n_kv_head, args.vocab,
          args.tied) = LLAMA_SHAPES[args.model]
-    elif args.model == "llama":
-        args.n_head = args.n_head or max(1, args.n_embd // 128)
+        return args
+    args.n_head = args.n_head or heads(args.n_embd)
+    if args.model == "llama":
         args.n_inner = args.n_inner or 4 * args.n_embd
         args.n_kv_head = args.n_kv_head or max(1, args.n_head // 4)
     return args
