@@ -182,7 +182,8 @@ def extensions():
     mpi = mpi_flags()
     c_sources = sorted(glob.glob("nntile/_core/kernels/*.c")) + ["nntile/_core/codelets.c",
                                                                   "nntile/_core/host_arena.c",
-                                                                  "nntile/_core/mpi_glue.c"]
+                                                                  "nntile/_core/mpi_glue.c",
+                                                                  "nntile/_core/collective.c"]
     include_dirs = ["nntile/_core", numpy.get_include(), *incdirs,
                     *[f[2:] for f in blas_cflags if f.startswith("-I")]]
     macros = [("NNTILE_HAVE_CUDA", "1" if cuda else "0"), ("NNTILE_HAVE_MPI", "1" if mpi else "0"),

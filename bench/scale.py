@@ -50,8 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--limit-cpu-mem", type=int, help="MiB of host memory (STARPU_LIMIT_CPU_MEM)")
     for key in ("batch", "seq", "embd", "head", "inner", "vocab"):
         p.add_argument(f"--tile-{key}", type=int)
-    p.add_argument("--distribution", default="data",
-                   help="under mpirun: data, tensor or mixed[:DxT] (see nntile.distributed)")
+    p.add_argument("--distribution", default="replicas",
+                   help="under mpirun: replicas, data, tensor or mixed[:DxT] (see "
+                   "nntile.distributed)")
     p.add_argument("--force", action="store_true",
                    help="run even when the estimate says it cannot fit")
     p.add_argument("--wont-use", action="store_true",

@@ -316,8 +316,9 @@ def save(path, model, optimizer=None, meta=None):
 
     ``meta`` holds the JSON-able attributes (config, tiling, dtype, step, schedule, optimizer,
     rng, data, train, tokenizer); the tensors come from ``model.named_parameters()`` and
-    ``optimizer.state_tensors()``, and must be finite. Under StarPU-MPI every rank calls this
-    and each writes the tiles it owns into the one file (see _save_collective).
+    ``optimizer.state_tensors()``, and must be finite. Under MPI every rank calls this: under
+    StarPU-MPI each writes the tiles it owns into the one file (see _save_collective); of
+    replicas, rank 0 writes it.
     """
     h5py = _h5py()
     meta = dict(meta or {})
@@ -328,19 +329,27 @@ def save(path, model, optimizer=None, meta=None):
     ctx = current_context()
     tensors = _tensors(model, optimizer)
     tmp = path + ".tmp"
-    if ctx is not None and ctx.world_size > 1:
+    if ctx is not None and ctx.owner_ranks > 1:
         error = _save_collective(h5py, ctx, tmp, path, tensors, meta)
+    elif ctx is not None and ctx.replicated:  # every rank holds it all: rank 0 writes
+        error = _save_alone(h5py, tmp, path, tensors, meta) if ctx.rank == 0 else None
+        error = ctx.comm.bcast(error, root=0)
     else:
-        try:
-            error = (_attempt(_create, h5py, tmp, meta, tensors)
-                     or _attempt(_write_part, h5py, tmp, tensors)
-                     or _attempt(_finish, h5py, tmp, path))
-        finally:
-            if os.path.exists(tmp):  # failed, or interrupted (Ctrl-C): no partial file left
-                _remove(tmp)
+        error = _save_alone(h5py, tmp, path, tensors, meta)
     if error is not None:
         raise CheckpointError(f"cannot save checkpoint {path}: {error}")
     return path
+
+
+def _save_alone(h5py, tmp, path, tensors, meta):
+    """One process writes every tile; the error, or None."""
+    try:
+        return (_attempt(_create, h5py, tmp, meta, tensors)
+                or _attempt(_write_part, h5py, tmp, tensors)
+                or _attempt(_finish, h5py, tmp, path))
+    finally:
+        if os.path.exists(tmp):  # failed, or interrupted (Ctrl-C): no partial file left
+            _remove(tmp)
 
 
 def _save_collective(h5py, ctx, tmp, path, tensors, meta):

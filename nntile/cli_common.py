@@ -156,11 +156,14 @@ def add_runtime_args(parser):
     group.add_argument("--ncuda", type=nonneg_int, default=None, help="CUDA workers")
     group.add_argument("--sched", default=None, type=scheduler_name,
                        help="StarPU scheduler (lws, dmdas, ...)")
-    group.add_argument("--distribution", default="data", metavar="data|tensor|mixed[:DxT]",
-                       help="under mpirun: which rank owns which tiles (data: batch tiles "
-                       "shared out; tensor: each activation's other tiles shared out; mixed: "
-                       "a D x T grid of both). Weights and optimizer states are spread over "
-                       "all ranks in every case (default: data)")
+    group.add_argument("--distribution", default="replicas",
+                       metavar="replicas|data|tensor|mixed[:DxT]",
+                       help="under mpirun: replicas: every rank holds the whole model and "
+                       "trains on its share of the batch, gradients all-reduced (as PyTorch's "
+                       "DDP; the fastest where the model fits each rank); otherwise which rank "
+                       "owns which tiles, weights and optimizer states spread over all ranks "
+                       "(data: batch tiles shared out; tensor: each activation's other tiles "
+                       "shared out; mixed: a D x T grid of both). Default: replicas")
 
 
 def scheduler_name(text):
@@ -178,15 +181,15 @@ def resolve_distribution(args, batch_size=None, tiles=None, config=None):
     """The Distribution for this run under mpirun (None for one process), checked on every
     rank alike before StarPU starts, so a bad one stops every rank with the same error."""
     _, size = launcher_rank()
-    text = getattr(args, "distribution", None) or "data"
+    text = getattr(args, "distribution", None) or "replicas"
     from nntile.distributed import Distribution
     try:
         dist = Distribution.parse(text, size)
         dist.check(size)
         if batch_size is not None and tiles is not None:
             batch_tile = tiles.get("batch") or batch_size
-            dist.check_batch_tiles(-(-batch_size // batch_tile))
-        if config is not None and tiles is not None and size > 1:
+            dist.check_batch(batch_size, -(-batch_size // batch_tile))
+        if config is not None and tiles is not None and size > 1 and not dist.replicas:
             weight_tiles = ((-(-config.hidden_size // tiles["embd"]))
                             * (-(-config.intermediate_size // tiles["inner"])))
             if weight_tiles < dist.tensor:

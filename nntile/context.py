@@ -33,6 +33,15 @@ def _on_off_or_none(name, value):
     return None if value is None else int(value)
 
 
+def _handle_of(comm):
+    """An mpi4py communicator's C handle, as a number (older mpi4py: MPI._handleof)."""
+    handle = getattr(comm, "handle", None)
+    if handle is None:
+        from mpi4py import MPI
+        handle = MPI._handleof(comm)
+    return handle
+
+
 def _check_mpi_env():
     """StarPU-MPI settings that cannot work, refused before MPI or StarPU starts."""
     frequency = os.environ.get("STARPU_MPI_DRIVER_CALL_FREQUENCY", "").strip()
@@ -199,9 +208,13 @@ class Context(Runtime):
         try:
             if self.mpi:
                 env.update(self._gpus_of_local_rank())
-                env.update(self._mpi_thread_on_one_core())
                 comm_handle = self._start_mpi()
                 self._check_distribution(self.comm.Get_size())
+                if self.replicated:  # each rank its own StarPU, without StarPU-MPI
+                    self._free_comm()
+                    comm_handle = None
+                else:
+                    env.update(self._mpi_thread_on_one_core())
             else:
                 self._check_distribution(1)
         except BaseException:
@@ -214,6 +227,13 @@ class Context(Runtime):
             self._env_from_defaults = set()
             self._free_comm()
             raise
+        if self.replicated:
+            self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
+            try:
+                self._start_collectives()
+            except BaseException:
+                self.shutdown()
+                raise
         # nntile.optim reads it: each update's tiles copied to host memory after it
         self.writes_behind = str(settings["write_behind"].value).strip() == "1"
         # nntile.optim updates this share of the parameters on the CPU workers, which are
@@ -269,8 +289,41 @@ class Context(Runtime):
                                "initialise it (mpi4py.rc.thread_level = 'multiple')")
         self.comm = MPI.COMM_WORLD
         self._starpu_comm = MPI.COMM_WORLD.Dup()
-        handle = getattr(self._starpu_comm, "handle", None)
-        return MPI._handleof(self._starpu_comm) if handle is None else handle
+        return _handle_of(self._starpu_comm)
+
+    @property
+    def replicated(self):
+        """Whether the ranks are replicas of the model (Distribution.replicated): each runs
+        its own StarPU, and gradients are summed by collectives (nntile.parallel)."""
+        return self.mpi and bool(getattr(self.distribution, "replicas", False))
+
+    @property
+    def owner_ranks(self):
+        """The ranks that share the tiles through StarPU-MPI: the world, or 1 where each
+        process holds all its tiles (one process, or replicas)."""
+        return 1 if self.replicated else self.world_size
+
+    def _start_collectives(self):
+        """The replicas' gradient all-reduce: NCCL on this rank's GPU where StarPU drives
+        one (NNTILE_COLLECTIVES=mpi: MPI even then), else MPI on the CPU workers. Every rank
+        learns rank 0's NCCL id or its error, so that all stop alike."""
+        from nntile._core.core import collective_start_mpi, nccl_open, nccl_start
+        choice = policy.collectives(self.ncuda_workers, self.ncpu_workers, os.environ)
+        if choice == "mpi":
+            collective_start_mpi(_handle_of(self.comm))
+        else:
+            from nntile.cuda.find_nccl import nccl_library
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast: never
+            unique, error = None, None
+            try:
+                unique = nccl_open(nccl_library(), self.rank == 0)
+            except (RuntimeError, FileNotFoundError) as exc:
+                error = str(exc)
+            unique, error = self.comm.bcast((unique, error), root=0)
+            if error is not None:
+                raise RuntimeError(error)
+            nccl_start(unique, self.world_size, self.rank)
+        self.collectives = choice
 
     def _free_comm(self):
         if self._starpu_comm is not None:
@@ -308,8 +361,8 @@ class Context(Runtime):
 
     def owners_for(self, grid, batched):
         """Rank of each tile (C order over ``grid``) under this Context's distribution, or
-        None when there is one process."""
-        if self.world_size == 1:
+        None where this process holds every tile."""
+        if self.owner_ranks == 1:
             return None
         if self.distribution is None:
             from nntile.distributed import Distribution

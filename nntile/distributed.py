@@ -1,6 +1,12 @@
-"""Which MPI rank owns each tile.
+"""How MPI ranks share a run: replicas of the model, or owners of tiles.
 
-Under StarPU-MPI every tile has one owner rank; a task runs on the rank that owns the tiles
+``replicas`` (the default under mpirun) is what PyTorch's DDP is: every rank holds the
+whole model and runs its own StarPU (no StarPU-MPI), computes on its share of the batch's
+rows, and the gradients are summed over the ranks by collectives (NCCL on GPUs, MPI on CPU
+workers) submitted as tasks, so they run beside the rest of backward (nntile.parallel). Its
+traffic is one all-reduce of the gradients per step.
+
+The other distributions place tiles. Under StarPU-MPI every tile has one owner rank; a task runs on the rank that owns the tiles
 it writes, and StarPU-MPI sends it the tiles it reads from other ranks. A distribution is
 therefore all the parallelism there is: layers, loss and optimizer contain no MPI code.
 
@@ -28,7 +34,7 @@ import numpy as np
 
 from nntile import policy
 
-CHOICES = ("data", "tensor", "mixed")
+CHOICES = ("replicas", "data", "tensor", "mixed")
 
 
 def local_rank():
@@ -258,13 +264,18 @@ def block_cyclic(grid, process_grid, axes=None):
 
 
 class Distribution:
-    """A data x tensor process grid; see the module's documentation."""
+    """A data x tensor process grid of tile owners, or (``replicas``) data ranks that each
+    hold the whole model; see the module's documentation."""
 
-    def __init__(self, data=1, tensor=1):
+    def __init__(self, data=1, tensor=1, replicas=False):
         for name, value in (("data", data), ("tensor", tensor)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"Distribution({name}={value!r}) must be a positive integer")
         self.data, self.tensor = int(data), int(tensor)
+        if replicas and self.tensor != 1:
+            raise ValueError("replicas hold whole models: Distribution(replicas=True) takes "
+                             "no tensor ranks")
+        self.replicas = bool(replicas)
 
     @property
     def nranks(self):
@@ -275,15 +286,21 @@ class Distribution:
         return cls(data=nranks)
 
     @classmethod
+    def replicated(cls, nranks):
+        return cls(data=nranks, replicas=True)
+
+    @classmethod
     def tensor_parallel(cls, nranks):
         return cls(tensor=nranks)
 
     @classmethod
     def parse(cls, text, nranks):
-        """From a --distribution value: data, tensor, or mixed[:DxT] (mixed alone picks
-        two data groups when the rank count is even)."""
+        """From a --distribution value: replicas, data, tensor, or mixed[:DxT] (mixed alone
+        picks two data groups when the rank count is even)."""
         text = str(text)
         kind, _, shape = text.partition(":")
+        if kind == "replicas" and not shape:
+            return cls.replicated(nranks)
         if kind == "data" and not shape:
             return cls.data_parallel(nranks)
         if kind == "tensor" and not shape:
@@ -300,7 +317,8 @@ class Distribution:
                 raise ValueError(f"--distribution {text!r}: write the grid as mixed:DxT, "
                                  "e.g. mixed:2x2") from None
             return cls(data=d, tensor=t)
-        raise ValueError(f"--distribution {text!r}: use one of data, tensor, mixed[:DxT]")
+        raise ValueError(f"--distribution {text!r}: use one of replicas, data, tensor, "
+                         "mixed[:DxT]")
 
     def check(self, world_size):
         """Raise (identically on every rank) unless the grid matches the ranks there are."""
@@ -309,8 +327,15 @@ class Distribution:
                              f"{self.tensor} tensor) but the run has {world_size}; a "
                              f"distribution cannot name a rank that does not exist")
 
-    def check_batch_tiles(self, nbatch_tiles):
-        """Data parallelism shares batch tiles: there must be one for each data group."""
+    def check_batch(self, batch_size, nbatch_tiles):
+        """Replicas take equal shares of the batch's rows; tile owners share batch tiles, one
+        at least for each data group."""
+        if self.replicas:
+            if batch_size % self.data:
+                raise ValueError(f"{self.data} replicas share the batch's rows equally, but "
+                                 f"the batch has {batch_size}: use a multiple of "
+                                 f"{self.data}")
+            return
         if nbatch_tiles < self.data:
             raise ValueError(f"{self.data} data-parallel groups but the batch has only "
                              f"{nbatch_tiles} tile(s) to share: use a batch of at least "
@@ -328,7 +353,11 @@ class Distribution:
         return (group * self.tensor + (linear % rest) % self.tensor).astype(np.int32).tolist()
 
     def describe(self):
+        if self.replicas:
+            return f"{self.data} replicas (gradients all-reduced)"
         return f"{self.data} data x {self.tensor} tensor"
 
     def __repr__(self):
+        if self.replicas:
+            return f"Distribution(data={self.data}, replicas=True)"
         return f"Distribution(data={self.data}, tensor={self.tensor})"

@@ -651,11 +651,14 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     at least ``quiet_below`` bytes, and raise a CLIError (one line, exit code 2) when the run
     cannot fit. NNTILE_MEMORY_CHECK=0 skips the refusal.
 
-    Under mpirun with a ``distribution``, each rank checks its own share (a RankEstimate)
+    Under mpirun with a ``distribution`` of replicas, each rank checks the whole model on its
+    share of the batch; with one of tile owners, each rank checks its own share (a RankEstimate)
     against its GPUs and its part of the node's host memory, and all ranks agree: one rank
     that cannot fit stops them all, each with the message."""
     import sys
     rank, _ = launcher_rank()
+    if distribution is not None and distribution.replicas:  # the whole model, its rows
+        batch, distribution = batch // distribution.data, None
     gpus = _gpus_of_this_process(ncuda)
     check = os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0"
     if check:

@@ -74,7 +74,7 @@ class Optimizer:
         self.max_grad_norm = max_grad_norm
         self.step_count = 0
         specs = self.tensor_specs(self.params, max_grad_norm is not None,
-                                  current_context().world_size)
+                                  current_context().owner_ranks)
         tensors = {spec.name: spec.create() for spec in specs}
         self.normsq = tensors.get("optimizer/normsq")
         self._normsq_parts = tensors.get("optimizer/normsq_parts")

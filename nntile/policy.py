@@ -98,6 +98,20 @@ def mpi_progress_thread_unbound(one_core, placement_chosen):
     return one_core and not placement_chosen
 
 
+def collectives(gpu_workers, cpu_workers, env):
+    """How replicas sum their gradients: "nccl" on the rank's GPU where it has one (the tiles
+    stay on the GPU, and NCCL takes NVLink or the network), else "mpi" on its CPU workers
+    (StarPU copies the tiles to host memory for them). NNTILE_COLLECTIVES=nccl|mpi chooses."""
+    value = env.get("NNTILE_COLLECTIVES") or ("nccl" if gpu_workers else "mpi")
+    if value not in ("nccl", "mpi"):
+        raise ValueError(f"NNTILE_COLLECTIVES={value!r}: use nccl or mpi")
+    if value == "nccl" and not gpu_workers:
+        raise ValueError("NCCL collectives run on a GPU, but this rank has no CUDA worker")
+    if value == "mpi" and not cpu_workers:
+        raise ValueError("MPI collectives run on CPU workers, but this rank has none (ncpu 0)")
+    return value
+
+
 # ---- workers and scheduler ------------------------------------------------------------------
 
 GPU_ONLY = "nntile default with GPUs: GPU workers only; give ncpu to add CPU workers"

@@ -678,9 +678,11 @@ def _run(s, args, ctx, stop, echo, tqdm):
     from nntile.distributed import Watchdog
     from nntile.nn.warm_up import before_first_step
     from nntile.optim import AdamW, LRSchedule
+    from nntile.parallel import DataParallel
 
     config = s.config
     model = family_model(config)(config, tiling=model_tiling(s.tiles), dtype=s.dtype)
+    replicas = DataParallel(model, ctx)  # the model itself with one process
     opt = AdamW(model.named_parameters(), lr=LRSchedule(s.lr, s.warmup, s.steps, s.min_lr),
                 betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay,
                 max_grad_norm=s.grad_clip or None)
@@ -752,7 +754,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
         return path
 
     def evaluate():
-        losses = [model.loss(x, y) for x, y in val_batches]
+        losses = [replicas.loss(x, y) for x, y in val_batches]
         if model.free_activations:  # no backward reads the last loss's activations
             model.free_buffers()
         return float(np.mean(losses))
@@ -782,14 +784,15 @@ def _run(s, args, ctx, stop, echo, tqdm):
                     abandoned = True
                     break
                 x, y = sampler.next()
-                loss_sum += model.loss(x, y)
-                model.backward(scale=1.0 / s.grad_accum)
+                loss_sum += replicas.loss(x, y)
+                replicas.backward(scale=1.0 / s.grad_accum, reduce=micro == s.grad_accum - 1)
             if abandoned or stop.abandon:
                 stop.tell(echo)
                 ctx.wait()
                 sampler.set_state(sampler_state)  # the abandoned step's batches come again
                 break
             lr = opt.step()
+            replicas.check()
             # the norm that clipping measured (read here, no second pass); None unclipped
             grad_norm = opt.grad_norm() if opt.max_grad_norm else None
             step += 1

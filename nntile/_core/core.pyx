@@ -5,6 +5,7 @@ from nntile._core.starpu cimport *
 include "runtime.pxi"
 include "traits.pxi"
 include "tensor.pxi"
+include "collective.pxi"
 _BEFORE_OPS = frozenset(globals())
 include "ops.pxi"
 include "nn_ops.pxi"

@@ -74,6 +74,17 @@ cdef extern from "mpi_glue.h" nogil:
     void nntile_mpi_stats_enable()
     int nntile_mpi_bytes_sent(size_t *per_rank)
 
+cdef extern from "collective.h" nogil:
+    int NNTILE_NCCL_ID_BYTES
+    int nntile_collective_start_mpi(intptr_t comm_handle)
+    int nntile_nccl_open(const char *library_path, int make_id, char *id, char *error,
+                         size_t error_size)
+    int nntile_nccl_start(const char *id, int nranks, int rank, char *error, size_t error_size)
+    void nntile_collective_stop()
+    int nntile_allreduce_submit(starpu_data_handle_t *handles, int n, int dtype, int priority)
+    unsigned long long nntile_collective_bytes()
+    const char *nntile_collective_error()
+
 cdef extern from "host_arena.h" nogil:
     struct nntile_host_arena_stats:
         size_t pinned, in_use, peak_in_use, served, outside, refused
@@ -133,6 +144,7 @@ class Runtime:
     workers = ()
     rank = 0
     world_size = 1
+    replicated = False  # ranks that each hold the whole model (nntile.Context)
     mpi = False
     mpi_stats = False
     writes_behind = False  # nntile.optim: copy each update's tiles to host memory after it
@@ -206,6 +218,11 @@ class Runtime:
             else:
                 os.environ[name] = value
         self._env_before = {}
+
+    @property
+    def owner_ranks(self):
+        """The ranks that share the tiles through StarPU-MPI (1: this process holds all)."""
+        return self.world_size
 
     def owners_for(self, tuple grid, bint batched):
         """Rank of each tile (C order over ``grid``), or None with one process (nntile.Context
@@ -444,6 +461,7 @@ class Runtime:
             _mpi_on = False
             with nogil:
                 nntile_cuda_stop()
+                nntile_collective_stop()  # its token tile before StarPU stops
                 if mpi:
                     stopped = nntile_mpi_stop()  # also stops StarPU, which StarPU-MPI started
                 else:

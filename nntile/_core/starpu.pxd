@@ -138,6 +138,7 @@ cdef extern from "starpu.h" nogil:
     void starpu_data_unregister(starpu_data_handle_t handle)
     void starpu_data_unregister_submit(starpu_data_handle_t handle)
     void starpu_data_invalidate_submit(starpu_data_handle_t handle)
+    size_t starpu_data_get_size(starpu_data_handle_t handle)
     void starpu_data_wont_use(starpu_data_handle_t handle)
     void starpu_data_query_status(starpu_data_handle_t handle, int memory_node,
                                   int *is_allocated, int *is_valid, int *is_requested)

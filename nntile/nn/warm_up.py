@@ -39,7 +39,7 @@ def run_attention_tiles(shapes):
     on tensors it owns), waited for."""
     ctx = current_context()
     created = []
-    for rank in range(ctx.world_size):
+    for rank in range(ctx.owner_ranks):
         for bt, tt, ht, hkv, d, dtype, causal, scale, nseq in shapes:
             q_shape, kv_shape = (bt, nseq * tt, ht, d), (bt, nseq * tt, hkv, d)
             q_tile, kv_tile = (bt, tt, ht, d), (bt, tt, hkv, d)
@@ -73,7 +73,7 @@ def warm_up_attention(model, batch, seq):
     says why); nothing where no rank has one. Returns the number of shapes run."""
     ctx = current_context()
     gpus = ctx.ncuda_workers
-    if ctx.world_size > 1:  # every rank registers the same tensors
+    if ctx.owner_ranks > 1:  # every rank registers the same tensors
         from mpi4py import MPI
         gpus = ctx.comm.allreduce(gpus, op=MPI.MAX)
     if not gpus:

@@ -1,0 +1,308 @@
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "collective.h"
+#include "codelets.h"
+#if NNTILE_HAVE_MPI
+#include <mpi.h>
+#endif
+#if NNTILE_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#define TILE_PTR(buffer) ((void *)STARPU_VECTOR_GET_PTR(buffer))
+#define TILE_COUNT(buffer) ((size_t)STARPU_VECTOR_GET_NX(buffer))
+
+static starpu_data_handle_t order_token;  /* every collective writes it: one order per rank */
+static int started;
+static unsigned long long bytes_reduced;
+static char first_error[256];  /* a collective that failed inside a task, for Python to raise */
+
+static void record_error(const char *what, const char *detail)
+{
+    if (!first_error[0])
+        snprintf(first_error, sizeof first_error, "%s: %s", what, detail);
+}
+
+const char *nntile_collective_error(void)
+{
+    return first_error[0] ? first_error : NULL;
+}
+
+static void start_token(void)
+{
+    if (!started)
+        starpu_void_data_register(&order_token);
+    started = 1;
+}
+
+/* ---- MPI, on CPU workers ------------------------------------------------------------------ */
+
+#if NNTILE_HAVE_MPI
+static MPI_Comm comm = MPI_COMM_NULL;
+static MPI_Op bf16_sum = MPI_OP_NULL;
+
+static float bf16_to_float(uint16_t bits)
+{
+    uint32_t word = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &word, sizeof value);
+    return value;
+}
+
+static uint16_t float_to_bf16(float value)  /* round to nearest even, as the kernels do */
+{
+    uint32_t word;
+    memcpy(&word, &value, sizeof word);
+    return (uint16_t)((word + 0x7fff + ((word >> 16) & 1)) >> 16);
+}
+
+/* MPI has no bfloat16: bf16 tiles travel as 16-bit words and are added through fp32. */
+static void add_bf16(void *in, void *inout, int *count, MPI_Datatype *type)
+{
+    (void)type;
+    uint16_t *a = in, *b = inout;
+    for (int i = 0; i < *count; ++i)
+        b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+static void cpu_allreduce(void *buffers[], void *cl_arg)
+{
+    int dtype = *(int *)cl_arg;
+    int n = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 1;  /* the last: the token */
+    MPI_Datatype type = dtype == NNTILE_FP64 ? MPI_DOUBLE
+                        : dtype == NNTILE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+    MPI_Op op = dtype == NNTILE_BF16 ? bf16_sum : MPI_SUM;
+    MPI_Request *requests = malloc(sizeof(MPI_Request) * (size_t)n);
+    if (requests == NULL) {
+        record_error("MPI all-reduce", "out of memory");
+        return;
+    }
+    /* MPI counts are int: a tile past 2^31 elements is refused when submitted */
+    for (int i = 0; i < n; ++i)
+        MPI_Iallreduce(MPI_IN_PLACE, TILE_PTR(buffers[i]), (int)TILE_COUNT(buffers[i]), type,
+                       op, comm, &requests[i]);
+    int ret = MPI_Waitall(n, requests, MPI_STATUSES_IGNORE);
+    free(requests);
+    if (ret != MPI_SUCCESS)
+        record_error("MPI all-reduce", "MPI_Waitall failed");
+}
+
+static struct starpu_codelet cl_mpi = {
+    .cpu_funcs = {cpu_allreduce},
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+    .name = "allreduce",
+};
+
+int nntile_collective_start_mpi(intptr_t comm_handle)
+{
+    if (MPI_Comm_dup((MPI_Comm)comm_handle, &comm) != MPI_SUCCESS)
+        return -EINVAL;
+    if (bf16_sum == MPI_OP_NULL && MPI_Op_create(add_bf16, 1, &bf16_sum) != MPI_SUCCESS)
+        return -EINVAL;
+    start_token();
+    return 0;
+}
+
+static void stop_mpi(void)
+{
+    if (comm != MPI_COMM_NULL)
+        MPI_Comm_free(&comm);
+}
+#else
+static struct starpu_codelet cl_mpi = {.nbuffers = STARPU_VARIABLE_NBUFFERS, .name = "allreduce"};
+
+int nntile_collective_start_mpi(intptr_t comm_handle)
+{
+    (void)comm_handle;
+    return -ENOSYS;
+}
+
+static void stop_mpi(void) {}
+#endif
+
+/* ---- NCCL, on a CUDA worker --------------------------------------------------------------- */
+
+/* NCCL's C API, as far as nntile calls it (nccl.h: ncclResult_t is an int-sized enum). */
+typedef struct nccl_comm *nccl_comm_t;
+typedef struct { char internal[NNTILE_NCCL_ID_BYTES]; } nccl_id_t;
+enum { NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8, NCCL_BFLOAT16 = 9, NCCL_SUM = 0 };
+static struct {
+    void *library;
+    int (*get_unique_id)(nccl_id_t *);
+    int (*comm_init_rank)(nccl_comm_t *, int, nccl_id_t, int);
+    int (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    int (*group_start)(void);
+    int (*group_end)(void);
+    int (*comm_destroy)(nccl_comm_t);
+    const char *(*error_string)(int);
+} nccl;
+static nccl_comm_t nccl_comm;
+static int nccl_worker = -1;
+
+static void say(char *error, size_t size, const char *what, const char *detail)
+{
+    snprintf(error, size, "%s: %s", what, detail ? detail : "unknown error");
+}
+
+int nntile_nccl_open(const char *library_path, int make_id, char *id, char *error,
+                     size_t error_size)
+{
+    if (nccl.library == NULL) {
+        void *lib = dlopen(library_path, RTLD_NOW | RTLD_LOCAL);
+        if (lib == NULL) {
+            say(error, error_size, library_path, dlerror());
+            return -ENOENT;
+        }
+#define NCCL_SYMBOL(field, name)                                                               \
+        if ((*(void **)&nccl.field = dlsym(lib, name)) == NULL) {                               \
+            say(error, error_size, name, "not in the NCCL library");                           \
+            dlclose(lib);                                                                       \
+            return -ENOENT;                                                                     \
+        }
+        NCCL_SYMBOL(get_unique_id, "ncclGetUniqueId")
+        NCCL_SYMBOL(comm_init_rank, "ncclCommInitRank")
+        NCCL_SYMBOL(all_reduce, "ncclAllReduce")
+        NCCL_SYMBOL(group_start, "ncclGroupStart")
+        NCCL_SYMBOL(group_end, "ncclGroupEnd")
+        NCCL_SYMBOL(comm_destroy, "ncclCommDestroy")
+        NCCL_SYMBOL(error_string, "ncclGetErrorString")
+#undef NCCL_SYMBOL
+        nccl.library = lib;
+    }
+    if (make_id) {
+        nccl_id_t unique;
+        int ret = nccl.get_unique_id(&unique);
+        if (ret != 0) {
+            say(error, error_size, "ncclGetUniqueId", nccl.error_string(ret));
+            return -EIO;
+        }
+        memcpy(id, unique.internal, sizeof unique.internal);
+    }
+    return 0;
+}
+
+#if NNTILE_HAVE_CUDA
+static void cuda_allreduce(void *buffers[], void *cl_arg)
+{
+    int dtype = *(int *)cl_arg;
+    int n = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 1;
+    int type = dtype == NNTILE_FP64 ? NCCL_FLOAT64
+               : dtype == NNTILE_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32;
+    void *stream = starpu_cuda_get_local_stream();
+    int ret = nccl.group_start();  /* one launch for the whole bucket */
+    for (int i = 0; i < n && ret == 0; ++i)
+        ret = nccl.all_reduce(TILE_PTR(buffers[i]), TILE_PTR(buffers[i]),
+                              TILE_COUNT(buffers[i]), type, NCCL_SUM, nccl_comm, stream);
+    int end = nccl.group_end();
+    if (ret != 0 || end != 0)
+        record_error("ncclAllReduce", nccl.error_string(ret ? ret : end));
+}
+
+static struct starpu_codelet cl_nccl = {
+    .cuda_funcs = {cuda_allreduce},
+    .cuda_flags = {STARPU_CUDA_ASYNC},
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+    .name = "allreduce",
+};
+
+int nntile_nccl_start(const char *id, int nranks, int rank, char *error, size_t error_size)
+{
+    int workers[1];
+    if (nccl.library == NULL) {
+        say(error, error_size, "NCCL", "not opened");
+        return -EINVAL;
+    }
+    if (starpu_worker_get_ids_by_type(STARPU_CUDA_WORKER, workers, 1) < 1) {
+        say(error, error_size, "NCCL", "this process has no CUDA worker");
+        return -ENODEV;
+    }
+    cudaError_t cuda = cudaSetDevice(starpu_worker_get_devid(workers[0]));
+    if (cuda != cudaSuccess) {
+        say(error, error_size, "cudaSetDevice", cudaGetErrorString(cuda));
+        return -EIO;
+    }
+    nccl_id_t unique;
+    memcpy(unique.internal, id, sizeof unique.internal);
+    int ret = nccl.comm_init_rank(&nccl_comm, nranks, unique, rank);
+    if (ret != 0) {
+        say(error, error_size, "ncclCommInitRank", nccl.error_string(ret));
+        nccl_comm = NULL;
+        return -EIO;
+    }
+    nccl_worker = workers[0];
+    start_token();
+    return 0;
+}
+#else
+int nntile_nccl_start(const char *id, int nranks, int rank, char *error, size_t error_size)
+{
+    (void)id, (void)nranks, (void)rank;
+    say(error, error_size, "NCCL", "this nntile was built without CUDA");
+    return -ENOSYS;
+}
+#endif
+
+static void stop_nccl(void)
+{
+    if (nccl_comm != NULL)
+        nccl.comm_destroy(nccl_comm);
+    nccl_comm = NULL;
+    nccl_worker = -1;
+}
+
+void nntile_collective_stop(void)
+{
+    stop_nccl();
+    stop_mpi();
+    if (started)
+        starpu_data_unregister(order_token);
+    started = 0;
+    bytes_reduced = 0;
+    first_error[0] = 0;
+}
+
+/* ---- submission --------------------------------------------------------------------------- */
+
+int nntile_allreduce_submit(starpu_data_handle_t *handles, int n, int dtype, int priority)
+{
+    if (!started || n < 1)
+        return -EINVAL;
+    struct starpu_data_descr *descrs = malloc(sizeof *descrs * (size_t)(n + 1));
+    if (descrs == NULL)
+        return -ENOMEM;
+    for (int i = 0; i < n; ++i) {
+        descrs[i].handle = handles[i];
+        descrs[i].mode = STARPU_RW;
+        bytes_reduced += starpu_data_get_size(handles[i]);
+    }
+    descrs[n].handle = order_token;
+    descrs[n].mode = STARPU_RW;
+    struct starpu_codelet *cl = &cl_mpi;
+    int on_worker = 0;
+#if NNTILE_HAVE_CUDA
+    if (nccl_worker >= 0)
+        cl = &cl_nccl, on_worker = 1;
+#endif
+    int *arg = malloc(sizeof *arg);  /* the task frees it */
+    if (arg == NULL) {
+        free(descrs);
+        return -ENOMEM;
+    }
+    *arg = dtype;
+    int ret = on_worker
+        ? starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, descrs, n + 1, STARPU_CL_ARGS, arg,
+                             sizeof *arg, STARPU_PRIORITY, priority, STARPU_EXECUTE_ON_WORKER,
+                             nccl_worker, 0)
+        : starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, descrs, n + 1, STARPU_CL_ARGS, arg,
+                             sizeof *arg, STARPU_PRIORITY, priority, 0);
+    free(descrs);
+    return ret;
+}
+
+unsigned long long nntile_collective_bytes(void)
+{
+    return bytes_reduced;
+}

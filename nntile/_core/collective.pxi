@@ -1,0 +1,97 @@
+# Sums of tiles across data-parallel ranks, each running its own StarPU (collective.h): the
+# gradient all-reduce, submitted as tasks that run once the tiles are final, on NCCL (CUDA
+# workers) or MPI (CPU workers). Declared in runtime.pxi, which stops them at shutdown.
+
+# MPI counts are C ints
+_MPI_COUNT_MAX = 2 ** 31 - 1
+
+
+def collective_start_mpi(intptr_t comm_handle):
+    """Collectives through MPI on a duplicate of the communicator (an mpi4py handle value)."""
+    CHKERR(nntile_collective_start_mpi(comm_handle), "MPI collectives (this nntile has no MPI?)")
+
+
+def nccl_open(str library_path, bint make_id):
+    """Open NCCL; on the rank that makes it, return a new unique id (bytes), else None."""
+    cdef char error[256]
+    cdef char unique[128]
+    error[0] = 0
+    if nntile_nccl_open(library_path.encode(), make_id, unique, error, sizeof(error)) != 0:
+        raise RuntimeError(f"NCCL: {error.decode(errors='replace')}")
+    return unique[:NNTILE_NCCL_ID_BYTES] if make_id else None
+
+
+def nccl_start(bytes unique_id, int nranks, int rank):
+    """Join the NCCL communicator of unique_id on this process's first CUDA worker's GPU
+    (StarPU running): the collectives then run there."""
+    cdef char error[256]
+    cdef int ret
+    cdef const char *unique = unique_id
+    if len(unique_id) != NNTILE_NCCL_ID_BYTES:
+        raise ValueError(f"an NCCL unique id has {NNTILE_NCCL_ID_BYTES} bytes")
+    error[0] = 0
+    with nogil:
+        ret = nntile_nccl_start(unique, nranks, rank, error, sizeof(error))
+    if ret != 0:
+        raise RuntimeError(f"NCCL: {error.decode(errors='replace')}")
+
+
+def collective_stop():
+    """Leave the communicators (every rank, with no collective in flight)."""
+    nntile_collective_stop()
+
+
+def collective_bytes():
+    """Bytes of tiles all-reduced since the collectives started."""
+    return nntile_collective_bytes()
+
+
+def collective_check():
+    """Raise if a collective failed inside a task since the collectives started."""
+    cdef const char *error = nntile_collective_error()
+    if error != NULL:
+        raise RuntimeError(f"collective failed: {error.decode(errors='replace')}")
+
+
+cdef int _submit_bucket(list handles, int dtype, int priority) except -1:
+    cdef Py_ssize_t n = len(handles), i
+    cdef starpu_data_handle_t *array = <starpu_data_handle_t *> malloc(
+        n * sizeof(starpu_data_handle_t))
+    if array == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            array[i] = <starpu_data_handle_t> <intptr_t> handles[i]
+        CHKERR(nntile_allreduce_submit(array, n, dtype, priority), "all-reduce submission")
+    finally:
+        free(array)
+    return 0
+
+
+def allreduce_sum(tensors, Py_ssize_t bucket_bytes, int priority=0):
+    """Replace every tile of ``tensors`` by its sum over the data-parallel ranks, in
+    buckets of tiles of one dtype up to ``bucket_bytes`` (a tile larger goes alone), taken
+    in the order given: every rank must pass the same tensors in the same order. Each
+    bucket is one task, which runs once its tiles are final (data dependencies), so buckets
+    of the last layers reduce while earlier layers still run backward."""
+    cdef Tensor t
+    cdef Py_ssize_t i, size, filled = 0
+    cdef int dtype = -1
+    cdef list bucket = []
+    for t in tensors:
+        t.check_usable("all-reduce operand")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"all-reduce sums float tensors, not {t.dtype}")
+        for i in range(t.traits.ntiles):
+            size = starpu_data_get_size(t.handle(i))
+            if size // t.itemsize > _MPI_COUNT_MAX:
+                raise ValueError(f"a tile of {size // t.itemsize} elements is past MPI's "
+                                 f"count limit; use smaller tiles")
+            kind = NNTILE_FP32 if t.dtype_id == NNTILE_TF32 else t.dtype_id
+            if bucket and (kind != dtype or filled + size > bucket_bytes):
+                _submit_bucket(bucket, dtype, priority)
+                bucket, filled = [], 0
+            bucket.append(<intptr_t> t.handle(i))
+            dtype, filled = kind, filled + size
+    if bucket:
+        _submit_bucket(bucket, dtype, priority)
