@@ -1,17 +1,21 @@
-"""PyTorch FSDP (full shard, one rank per GPU) on the wide GPT-2 of bench/scale.py.
+"""PyTorch FSDP2 (full shard, one rank per GPU), or DDP, on the models of bench/scale.py.
 
     python3 -m torch.distributed.run --standalone --nproc-per-node N bench/fsdp_ref.py \
-        --n-embd 8192 --n-layer 4 --batch 4 --steps 3 [--dtype tf32|bf16]
+        --n-embd 8192 --n-layer 4 --batch 4 --steps 3 [--dtype tf32|bf16|bf16-mixed] \
+        [--model llama-3.2-1b ...] [--ddp]
 
-The model is built on the meta device, sharded block by block (FSDP2 ``fully_shard``), then
+FSDP2: the model is built on the meta device, sharded block by block (``fully_shard``), then
 materialised on each rank's GPU and initialised there, so no rank ever holds the whole model.
-Fused AdamW; ``--batch`` is the global batch, split over the ranks. Prints one RESULT line
-(status ok or oom) on rank 0, with the best step after the first, like bench/scale.py.
+DDP (``--ddp``): every rank holds the whole model, gradients all-reduced in buckets during
+backward; bf16-mixed is then autocast to bf16 over fp32 weights. Fused AdamW; ``--batch`` is
+the global batch, split over the ranks. Prints one RESULT line (status ok or oom) on rank 0,
+with the best step after the first, like bench/scale.py.
 """
 import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
 import numpy as np  # noqa: E402
@@ -21,37 +25,60 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E4
 
 import torch_reference  # noqa: E402
 from harness import model_flops_per_step, print_result  # noqa: E402
-from shapes import add_shape_args, default_heads  # noqa: E402
+from shapes import add_model_args, resolve_model  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_shape_args(p, batch_help="global batch, split over ranks")
+    add_model_args(p, batch_help="global batch, split over ranks")
     p.add_argument("--dtype", default="tf32", choices=["tf32", "fp32", "bf16", "bf16-mixed"],
                    help="bf16-mixed: MixedPrecisionPolicy(param_dtype=bf16, "
                    "reduce_dtype=fp32), fp32 shards and Adam states")
-    args = p.parse_args(argv)
-    args.n_head = args.n_head or default_heads(args.n_embd)
-    return args
+    p.add_argument("--ddp", action="store_true",
+                   help="DistributedDataParallel (replicated model) instead of FSDP2")
+    return resolve_model(p.parse_args(argv))
+
+
+def reference_model(args):
+    if args.model == "gpt2":
+        return torch_reference.gpt2(args.vocab, max(1024, args.seq), args.n_embd,
+                                    args.n_layer, args.n_head)
+    return torch_reference.llama(args.vocab, args.n_embd, args.n_inner, args.n_layer,
+                                 args.n_head, args.n_kv_head, args.seq, args.tied)
+
+
+def blocks(model):
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+def build_ddp(args, device):
+    torch.manual_seed(0)
+    model = reference_model(args).to(device)
+    if args.dtype == "bf16":
+        model.to(torch.bfloat16)
+    nparams = sum(p.numel() for p in model.parameters())
+    ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids), nparams
 
 
 def build(args, device):
+    if args.ddp:
+        return build_ddp(args, device)
     with torch.device("meta"):
-        model = torch_reference.gpt2(args.vocab, max(1024, args.seq), args.n_embd,
-                                     args.n_layer, args.n_head)
+        model = reference_model(args)
     nparams = sum(p.numel() for p in model.parameters())
     # bf16-mixed: fp32 shards, gathered and computed in bf16, gradients reduced in fp32
     mp = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                              reduce_dtype=torch.float32)) \
         if args.dtype == "bf16-mixed" else {}
-    for block in model.transformer.h:
+    for block in blocks(model):
         fully_shard(block, **mp)
     fully_shard(model, **mp)
     model.to_empty(device=device)
     torch.manual_seed(0)
     with torch.no_grad():  # GPT-2's initialisation, on each rank's shards
         for name, p in model.named_parameters():
-            if "ln" in name and name.endswith("weight"):
+            if ("ln" in name or "norm" in name) and name.endswith("weight"):
                 p.fill_(1.0)
             elif name.endswith("bias"):
                 p.zero_()
@@ -69,13 +96,17 @@ def main(argv=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch % world:
         sys.exit(f"fsdp_ref.py: error: batch {args.batch} does not split over {world} ranks")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else "cpu"
+    device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu
+              else torch.device("cpu"))
     if gpu:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
     tokens = args.batch * args.seq
-    result = dict(status="ok", n_embd=args.n_embd, n_layer=args.n_layer, batch=args.batch,
-                  seq=args.seq, ranks=world, dtype=args.dtype)
+    result = dict(status="ok", model=args.model, n_embd=args.n_embd, n_layer=args.n_layer,
+                  batch=args.batch, seq=args.seq, ranks=world, dtype=args.dtype,
+                  scheme="ddp" if args.ddp else "fsdp2")
+    autocast = (torch.autocast(device.type if gpu else "cpu", dtype=torch.bfloat16)
+                if args.ddp and args.dtype == "bf16-mixed" else nullcontext())
     times, losses = [], []
     try:
         model, nparams = build(args, device)
@@ -89,7 +120,8 @@ def main(argv=None):
             dist.barrier()
             start = time.perf_counter()
             opt.zero_grad()
-            logits = model(ids).logits
+            with autocast:
+                logits = model(ids).logits
             loss = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
             loss.backward()

@@ -229,6 +229,7 @@ def main(argv=None):
     from nntile.models import model_class
     from nntile.nn.warm_up import before_first_step
     from nntile.optim import AdamW
+    from nntile.parallel import DataParallel
     rng = np.random.default_rng(0)
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
@@ -246,6 +247,8 @@ def main(argv=None):
                 param.value.write_tiles(pool.reader(index))
             elif name.endswith("weight"):
                 param.value.fill(1.0)
+        model.refresh_copies()  # the bf16 copies that bf16-mixed GEMMs read
+        replicas = DataParallel(model, ctx)  # the model itself unless ranks are replicas
         opt = AdamW(model.named_parameters(), lr=1e-4, max_grad_norm=1.0)
         ctx.wait()
         init_s = time.perf_counter() - t0
@@ -265,11 +268,11 @@ def main(argv=None):
         ctx.profiling(True)  # worker busy shares and bus bytes per step
         ids = rng.integers(0, args.vocab, (args.batch, args.seq))
         targets = rng.integers(0, args.vocab, (args.batch, args.seq))
-        times, losses, sent, moved, busy, host_used = [], [], [], [], [], []
+        times, losses, sent, reduced, moved, busy, host_used = [], [], [], [], [], [], []
         measured = None
         whole = est.whole.total  # all ranks together
         for step in range(args.steps):
-            before = sum(ctx.bytes_sent()) if ctx.world_size > 1 else 0
+            before = sum(ctx.bytes_sent()) if ctx.owner_ranks > 1 else 0
             ctx.bus_stats(), ctx.worker_stats()  # both count from here
             traced = args.timeline and step == args.steps - 1
             # CUPTI's set-up and export would fall inside the timeline's window: it takes the
@@ -278,7 +281,8 @@ def main(argv=None):
             if traced:
                 ctx.record_timeline()
                 t0 = ctx.clock_us()
-            step_fn = lambda: train_step(ctx, model, opt, ids, targets, idle, args.optimizer_on)
+            step_fn = lambda: train_step(ctx, replicas, opt, ids, targets, idle,
+                                         args.optimizer_on)
             if under_cupti:
                 cupti = gpu_time(step_fn, 1, args.cupti)
                 times.append(cupti["wall"])
@@ -295,8 +299,10 @@ def main(argv=None):
             gpus = [w for w in ctx.worker_stats() if w["worker"].startswith("CUDA")]
             busy.append(sum(w["executing_s"] for w in gpus) / max(1e-9, sum(w["total_s"] for w in gpus)))
             losses.append(float(model.loss_value.to_array()[0]))
-            if ctx.world_size > 1:  # bytes all ranks sent through StarPU-MPI in this step
+            if ctx.owner_ranks > 1:  # bytes all ranks sent through StarPU-MPI in this step
                 sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - before))
+            if ctx.replicated:  # the gradients each rank handed to the all-reduce
+                reduced.append(replicas.bytes_reduced())
             if measured is None:  # every tensor exists after the first step
                 measured = memory.live_tensor_bytes()[1]
                 say(f"registered tensors: {memory.fmt_bytes(measured)} "
@@ -306,6 +312,10 @@ def main(argv=None):
             # allocate; docs/performance.md, "Step 1 past GPU memory")
             grew = host_used[-1] - (host_used[-2] if len(host_used) > 1 else host_at_start)
             mpi = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
+            if reduced:  # a ring all-reduce sends 2 (N-1)/N of them from each rank
+                ring = 2 * (ctx.world_size - 1) / ctx.world_size * reduced[-1]
+                mpi = (f", all-reduced {reduced[-1] / 2**30:.2f} GiB of gradients a rank "
+                       f"(ring: {ring / 2**30:.2f} GiB sent a rank)")
             arena = ctx.host_arena_stats()  # host memory pinned ahead (nntile.policy)
             pinned = (f"; pinned ahead {arena['pinned'] / 2**30:.1f} GiB, waited for "
                       f"{arena['wait_s']:.2f} s in all" if arena else "")
@@ -336,6 +346,7 @@ def main(argv=None):
                       workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
                       distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,
                       mpi_bytes_per_step=sent[1:] or sent, steps_s=times,
+                      allreduce_bytes_per_step=reduced[1:] or reduced,
                       gpu_busy=busy[ibest], moved_gib={k: v / 2**30 for k, v in moved[ibest].items()},
                       host_gpu_gbps={k: v / 1e9 for k, v in bandwidth.items()},
                       gpu_gib=gpu_total / 2**30, pcie_cross_gib=cross / 2**30,

@@ -396,8 +396,10 @@ class Context(Runtime):
         from nntile.distributed import core_list, rank_cores, thread_cores
         if self.mpi:
             allowed = rank_cores()
-            lines.append(f"  StarPU-MPI rank {self.rank} of {self.world_size}, on "
-                         f"{len(allowed)} core{'s' if len(allowed) > 1 else ''} "
+            kind = (f"MPI rank {self.rank} of {self.world_size} (a replica; all-reduce "
+                    f"through {self.collectives})" if self.replicated else
+                    f"StarPU-MPI rank {self.rank} of {self.world_size}")
+            lines.append(f"  {kind}, on {len(allowed)} core{'s' if len(allowed) > 1 else ''} "
                          f"({core_list(allowed)})")
         threads = thread_cores() if self.running else {}
         if threads:

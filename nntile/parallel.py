@@ -50,6 +50,11 @@ class DataParallel:
                              "rows unequally: use a multiple of the replica count")
         return array[self.rank * rows:(self.rank + 1) * rows]
 
+    def submit_loss(self, input_ids, targets):
+        """Submit forward and loss on this rank's rows (the model's ``loss_value``: their
+        mean), without waiting."""
+        self.model.submit_loss(self.shard(input_ids), self.shard(targets))
+
     def loss(self, input_ids, targets):
         """The mean cross-entropy over the global batch (every rank gets the same float)."""
         local = self.model.loss(self.shard(input_ids), self.shard(targets))
