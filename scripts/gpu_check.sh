@@ -42,6 +42,9 @@
 #              memory (scale.py); each run limited to $NNTILE_LLAMA_LIMIT s (default 570)
 #   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
 #              configurations EMBDxBATCH in $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
+#   replicas   data parallelism: for each "SHAPE:PRECISION" of $NNTILE_REPLICA_RUNS (';'-separated),
+#              ours in one process on every GPU, ours with one rank per GPU (--distribution
+#              replicas, NCCL), PyTorch DDP and FSDP2; tokens/s side by side in replicas.txt
 #   mixed      bf16-mixed at scale: the wide model on one GPU against PyTorch autocast
 #              (compare_torch.py), on every GPU, ours and FSDP MixedPrecision (fsdp_ref.py),
 #              and out of core on one GPU ($NNTILE_OOC_ARGS, default --batch 8: 1.23x an H100),
@@ -126,7 +129,7 @@ fi
 # prints when no task ends for 10 s: a stall shows in the log, not as silence.
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x PYTHONUNBUFFERED -x PATH
      -x STARPU_WATCHDOG_TIMEOUT=10000000)
-if (want mpi-small || want mpi) && [ "$ngpu" -gt 1 ]; then
+if (want mpi-small || want mpi || want replicas) && [ "$ngpu" -gt 1 ]; then
     # StarPU measures the bus on its first start on a machine and stores it under ~/.starpu;
     # one process does it here, so that ranks starting together do not race on those files
     step bus-calibration python3 -c "import nntile; nntile.Context(ncpu=0).shutdown()"
@@ -254,6 +257,42 @@ if want llama; then
     done
     step llama-8b timeout "$llama_limit" python3 bench/scale.py --model llama-3.1-8b \
         --seq 2048 --batch 2 --precision bf16-mixed --steps 3 --ncuda 1
+fi
+if want replicas && [ "$ngpu" -gt 1 ]; then
+    # each run: ours in one process on every GPU, ours with one rank per GPU (replicas, NCCL),
+    # then PyTorch DDP and FSDP2 under torchrun; same global batch, same call
+    IFS=";" read -ra runs <<< "${NNTILE_REPLICA_RUNS:---n-embd 8192 --batch 16:bf16-mixed;--model llama-3.2-1b --seq 2048 --batch 16:bf16-mixed;--n-embd 8192 --batch 16:tf32}"
+    for i in "${!runs[@]}"; do
+        shape="${runs[$i]%:*}" precision="${runs[$i]##*:}"
+        echo "replicas-$i: $shape, $precision" | tee -a "$logs/replicas.txt"
+        step "replicas-$i-one" timeout "$run_limit" python3 bench/scale.py --ncuda "$ngpu" \
+            --steps 4 --precision "$precision" $shape
+        step "replicas-$i-ranks" timeout "$run_limit" "${mpi[@]}" -x NCCL_NVLS_ENABLE=0 \
+            -np "$ngpu" python3 bench/scale.py --ncuda 1 --steps 4 --precision "$precision" $shape
+        for scheme in ddp fsdp2; do
+            step "replicas-$i-$scheme" timeout "$run_limit" python3 -m torch.distributed.run \
+                --standalone --nproc-per-node "$ngpu" bench/fsdp_ref.py --steps 4 \
+                --dtype "$precision" $shape $([ "$scheme" = ddp ] && echo --ddp)
+        done
+    done
+    for i in "${!runs[@]}"; do
+        for side in one ranks ddp fsdp2; do
+            grep -h "^RESULT" "$logs/replicas-$i-$side.log" 2>/dev/null | sed "s/^RESULT/$i $side/"
+        done
+    done | python3 -c '
+import json, sys
+rows = {}
+for line in sys.stdin:
+    i, side, text = line.split(" ", 2)
+    r = json.loads(text)
+    rows.setdefault(i, {})[side] = r.get("tokens_per_s") if r.get("status", "ok") == "ok" else None
+for i, r in sorted(rows.items()):
+    best = max((r.get(s) or 0) for s in ("ddp", "fsdp2")) or None
+    ranks = r.get("ranks")
+    print("replicas-%s tokens/s: one process %s, ranks %s, DDP %s, FSDP2 %s; ranks/one %s, ranks/best peer %s"
+          % (i, r.get("one"), ranks, r.get("ddp"), r.get("fsdp2"),
+             "%.3f" % (ranks / r["one"]) if ranks and r.get("one") else "-",
+             "%.3f" % (ranks / best) if ranks and best else "-"))' | tee -a "$logs/replicas.txt"
 fi
 if want node-table; then
     step node-table python3 bench/node_table.py --configs "${NNTILE_NODE_CONFIGS:-8192x4,8192x16,16384x4}" \
