@@ -618,7 +618,9 @@ def _train_with_disk_swap(tmp_path, host_mib, disk_mib, steps=2):
 SWAP_RUN = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--seq-len", "32",
             "--batch-size", "4", "--tile-batch", "4", "--tile-embd", "64", "--tile-inner", "256",
             "--ncpu", "2",
-            "--eval-every", "0", "--save-every", "0", "--no-progress"]
+            "--eval-every", "0", "--save-every", "0", "--no-progress",
+            # at the edge recomputation would make the run fit, and the policy take it
+            "--no-recompute"]
 
 
 def test_training_through_disk_swap_and_the_refusal_at_its_edge(tmp_path):
