@@ -34,6 +34,7 @@ from harness import (gpu_time, gpu_time_table, model_flops_per_step, print_resul
 from shapes import add_model_args, llama_config, resolve_model
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
 from nntile import memory
+from nntile.cli_common import add_recompute_arg
 
 
 def parse_args(argv=None):
@@ -63,6 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--keep-activations", dest="free_activations", action="store_false",
                    help="keep activations valid after backward (default: dropped once read, "
                         "CausalLM.free_activations)")
+    add_recompute_arg(p)
     p.add_argument("--optimizer-on", choices=("cpu", "cuda"),
                    help="run the AdamW tasks only on this kind of worker (cpu needs --ncpu)")
     p.add_argument("--timeline", metavar="PATH", help="record the last step task by task: "
@@ -220,7 +222,7 @@ def main(argv=None):
     try:  # under mpirun: this rank's share, and all ranks agree
         est = memory.preflight(config, args.batch, args.seq, tiling, args.dtype,
                                ncuda=args.ncuda, init=init, prog="scale.py", quiet_below=0,
-                               distribution=distribution)
+                               distribution=distribution, recompute=args.recompute)
     except CLIError as exc:
         print(f"scale.py: error: {exc} (--force runs it anyway)", file=sys.stderr, flush=True)
         return 2
@@ -237,7 +239,8 @@ def main(argv=None):
                         mpi_stats=nranks > 1, run_bytes=est.total, training=args.dtype) as ctx:
         pool = RandomPool(rng)
         t0 = time.perf_counter()
-        model = model_class(config.model_type)(config, tiling, args.dtype)
+        model = model_class(config.model_type)(config, tiling, args.dtype,
+                                               recompute=est.recompute.value)
         model.layer_priorities = args.layer_priorities
         model.free_activations = args.free_activations
         for index, (name, param) in enumerate(model.named_parameters()):
@@ -265,6 +268,7 @@ def main(argv=None):
         idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
                 if args.wont_use else [])
         gpu_total = sum(n["total"] for n in ctx.memory_nodes() if n["node"].startswith("CUDA"))
+        say(f"recompute: {est.recompute.value} ({est.recompute.reason})", flush=True)
         ctx.profiling(True)  # worker busy shares and bus bytes per step
         ids = rng.integers(0, args.vocab, (args.batch, args.seq))
         targets = rng.integers(0, args.vocab, (args.batch, args.seq))
@@ -341,7 +345,7 @@ def main(argv=None):
                       estimate_gib=whole / 2**30,
                       rank_need_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
                       wont_use=args.wont_use, layer_priorities=args.layer_priorities,
-                      free_activations=args.free_activations,
+                      free_activations=args.free_activations, recompute=est.recompute.value,
                       optimizer_on=args.optimizer_on, disk_swap=args.disk_swap, disk_backend=backend,
                       workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
                       distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,

@@ -140,6 +140,14 @@ def add_verbose_arg(parser):
                         "workers, the cores of its threads and every runtime setting")
 
 
+def add_recompute_arg(parser):
+    parser.add_argument("--recompute", action=argparse.BooleanOptionalAction,
+                        help="activation recomputation: keep only the residual stream between "
+                        "blocks and run each block's forward again in backward, for about a "
+                        "third more arithmetic (default: on where the run then fits better, "
+                        "in GPU memory or at all; nntile.policy.recompute)")
+
+
 def add_tiling_args(parser):
     group = parser.add_argument_group(
         "tiling (tile sizes; default: chosen for the machine and the run, nntile.policy.tiles: "

@@ -79,8 +79,9 @@ class Context(Runtime):
     without progress before the programs' watchdog ends the run. A scheduler StarPU does not
     have, and a STARPU_ variable StarPU would abort on, are refused before it starts.
     ``describe()`` says which defaults were taken and why, the tiles of a model built with
-    no tiling (``tiles``), and which cores StarPU's threads use. Only one Context runs at a
-    time.
+    no tiling (``tiles``), whether the programs' model recomputes activations
+    (``recompute``, a Choice of nntile.memory.preflight), and which cores StarPU's threads
+    use. Only one Context runs at a time.
     """
 
     cpu_update_share = 0.0  # nntile.optim: the share of the update on CPU workers
@@ -121,6 +122,7 @@ class Context(Runtime):
         self.sched = sched
         self.verbose = verbose
         self.tiles = None  # {key: Choice} of a model's tiles chosen here (describe)
+        self.recompute = None  # Choice: whether the program's model recomputes (describe)
         if mpi not in (None, True, False):
             raise TypeError(f"Context(mpi={mpi!r}) must be True, False or None (automatic)")
         # StarPU-MPI is used when asked, or by default when an MPI launcher started us.
@@ -390,6 +392,8 @@ class Context(Runtime):
             if self.running and self.host_arena_stats() is not None:
                 line += (f", host memory pinned ahead (up to "
                          f"{int(settings['pinned_host_mem'].value) / 1024:.1f} GiB)")
+            if self.recompute is not None and self.recompute.value:
+                line += ", activations recomputed in backward"
             return line + (f", MPI rank {self.rank} of {self.world_size}" if self.mpi else "")
         lines = [f"nntile: StarPU {STARPU_VERSION}, {len(self.workers)} workers: "
                  + ", ".join(self.workers)]
@@ -409,4 +413,6 @@ class Context(Runtime):
             lines.append(f"  {name} = {value} ({origin})")
         if self.tiles:
             lines.append(f"  tiles: {policy.describe_tiles(self.tiles)}")
+        if self.recompute is not None:
+            lines.append(f"  recompute = {self.recompute.value} ({self.recompute.reason})")
         return "\n".join(lines)

@@ -41,7 +41,8 @@ import numpy as np
 # the declarations are nntile.declare's; DTYPE_BYTES and TensorSpec stay importable from here
 from nntile.declare import CATEGORIES, DTYPE_BYTES, TensorSpec
 from nntile.errors import CLIError
-from nntile.policy import STARPU_MARGIN, launcher_rank
+from nntile.policy import STARPU_MARGIN, Choice, launcher_rank
+from nntile.policy import recompute as recompute_rule
 # the rule lives in nntile.policy; the name stays importable from here
 from nntile.policy import cuda_limit_mib as default_cuda_limit_mib
 
@@ -108,7 +109,7 @@ def unaligned_tiles(spec):
 
 
 def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw",
-                 grad_clip=True, training=True, nranks=1, model=None):
+                 grad_clip=True, training=True, nranks=1, model=None, recompute=False):
     """Every tensor a run of ``model`` (the config's family's model class, or a subclass)
     registers, as the model and the optimizer declare them: the model's, the optimizer's,
     then the first step's.
@@ -118,14 +119,16 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     (one buffer per parameter) or None; ``grad_clip``: the optimizer's one-element norm tensor
     (and under StarPU-MPI, with ``nranks`` > 1, one partial norm per rank). ``dtype`` is a
     precision: under bf16-mixed, tensors are fp32 or bf16 as the layers make them, and every
-    GEMM weight has a bf16 copy ("compute_copies").
+    GEMM weight has a bf16 copy ("compute_copies"). ``recompute``: the model recomputes
+    activations (CausalLM), its blocks then sharing one set of inner buffers.
     """
     from nntile.models import model_class
     from nntile.optim import BY_NAME
     if optimizer is not None and optimizer not in BY_NAME:
         raise ValueError(f"optimizer {optimizer!r}: use 'adamw', 'sgd' or None")
     declared = (model or model_class(config.model_type))(
-        config, {k: v for k, v in (tiling or {}).items() if v is not None}, dtype, create=False)
+        config, {k: v for k, v in (tiling or {}).items() if v is not None}, dtype, create=False,
+        recompute=recompute)
     specs = declared.tensor_specs()
     if optimizer is not None:
         specs += BY_NAME[optimizer].tensor_specs(declared.named_parameters(), grad_clip, nranks)
@@ -140,6 +143,7 @@ class Estimate:
         self.args = args
         self.init = init
         self.breakdown = {c: sum(s.nbytes for s in specs if s.category == c) for c in CATEGORIES}
+        self.recompute = None  # preflight's Choice of activation recomputation
 
     def __getitem__(self, category):
         return self.breakdown[category]
@@ -276,20 +280,23 @@ class RankEstimate(Estimate):
 
 
 def estimate(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw", grad_clip=True,
-             training=True, init="full", distribution=None, rank=None, model=None):
+             training=True, init="full", distribution=None, rank=None, model=None,
+             recompute=False):
     """Bytes a run of ``config``'s model registers for a [batch, seq] input: parameters,
     gradients, optimizer states, activations kept for backward, workspaces (inputs, backward
     buffers, gradient ping-pong) and logits. ``init``: how weights are written from numpy
     ("full" arrays, per "tiles", or None when they come from GPU tasks).
 
     With a ``distribution`` of several ranks (nntile.distributed), what ``rank`` holds: a
-    RankEstimate. ``model``: a subclass of the family's model class to estimate instead."""
+    RankEstimate. ``model``: a subclass of the family's model class to estimate instead.
+    ``recompute``: with activation recomputation, whose activations are every block's input
+    and output and one block's inner activations (CausalLM)."""
     if init not in ("full", "tiles", None):
         raise ValueError(f"init {init!r}: use 'full', 'tiles' or None")
     nranks = distribution.nranks if distribution is not None else 1
     args = dict(config=config, batch=batch, seq=seq, tiling=dict(tiling or {}), dtype=dtype,
                 optimizer=optimizer, grad_clip=grad_clip, training=training, nranks=nranks,
-                model=model)
+                model=model, recompute=recompute)
     whole = Estimate(tensor_specs(**args), args, init)
     if nranks == 1:
         return whole
@@ -483,6 +490,14 @@ def _fits(est, b):
     return None
 
 
+def fits_where(est, b):
+    """Where the run fits the budget, as nntile.policy.FITS names it: "gpu" where the GPUs
+    alone hold it, "host" where the check accepts it otherwise, None where it refuses it."""
+    if _fits(est, b) is not None:
+        return None
+    return "gpu" if b["gpu"] and _needs(est, b) <= b["gpu"] else "host"
+
+
 def _largest(fits, below):
     """The largest n in [1, below) with fits(n), for fits true up to some n (None if none)."""
     lo, hi = 0, below  # fits(lo) holds (or lo == 0), fits(hi) does not
@@ -509,6 +524,8 @@ def _suggestions(est, b):
 
     config = args["config"]
     out = []
+    if not args["recompute"] and fits(recompute=True):
+        out.append("activation recomputation (--recompute)")
     layers = _largest(lambda n: fits(config=config.replace(num_hidden_layers=n)),
                       config.num_hidden_layers)
     if layers:
@@ -645,7 +662,7 @@ def refuse_absurd_depth(config, gpus):
 
 def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimizer="adamw",
               grad_clip=True, init="full", prog="nntile", quiet_below=GiB,
-              distribution=None, training=True):
+              distribution=None, training=True, recompute=False):
     """The check a program runs before StarPU starts: estimate, read the machine (and the
     STARPU_LIMIT_*_MEM / STARPU_DISK_SWAP* variables), print the estimate on stderr when it is
     at least ``quiet_below`` bytes, and raise a CLIError (one line, exit code 2) when the run
@@ -654,7 +671,10 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     Under mpirun with a ``distribution`` of replicas, each rank checks the whole model on its
     share of the batch; with one of tile owners, each rank checks its own share (a RankEstimate)
     against its GPUs and its part of the node's host memory, and all ranks agree: one rank
-    that cannot fit stops them all, each with the message."""
+    that cannot fit stops them all, each with the message.
+
+    ``recompute``: activation recomputation, on or off; None: as nntile.policy.recompute
+    picks it for this machine. The estimate returned holds the Choice (``est.recompute``)."""
     import sys
     rank, _ = launcher_rank()
     if distribution is not None and distribution.replicas:  # the whole model, its rows
@@ -663,17 +683,21 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     check = os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0"
     if check:
         refuse_absurd_depth(config, gpus)
-    est = estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training, init,
-                   distribution=distribution, rank=rank)
     try:
         check_disk_swap_env()
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    machine = (sum(gpus), _host_memory_of_this_process(), env_int("STARPU_LIMIT_CUDA_MEM"),
+               env_int("STARPU_LIMIT_CPU_MEM"), disk_swap_bytes(), len(gpus))
+
+    def estimate_with(flag):
+        return estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training,
+                        init, distribution=distribution, rank=rank, recompute=flag)
+
+    est = _with_recompute(estimate_with, recompute, budget(*machine))
     refusal, b = None, None
     try:
-        b = check_fits(est, sum(gpus), _host_memory_of_this_process(),
-                       env_int("STARPU_LIMIT_CUDA_MEM"), env_int("STARPU_LIMIT_CPU_MEM"),
-                       disk_swap_bytes(), len(gpus))
+        b = check_fits(est, *machine)
     except MemoryBudgetError as exc:
         refusal = str(exc)
     refusal = _agree(refusal)
@@ -692,6 +716,33 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
               "(measured at 6.07B on one H100: 4.3-8.7 s, then 2.8-4.5 s; docs/performance.md, "
               "\"The first step on a new machine\")", file=sys.stderr, flush=True)
     return est
+
+
+def _with_recompute(estimate_with, given, b):
+    """The estimate of the run with activation recomputation or without, as given or as
+    nntile.policy.recompute picks it from where each fits the budget ``b``; its
+    ``recompute`` holds the Choice. Under mpirun every rank must build the same model: on
+    for all where one rank's share needs it."""
+    est = estimate_with(bool(given))
+    if given is not None:
+        est.recompute = recompute_rule(given, None, None)
+        return est
+    with_recompute = estimate_with(True)
+    choice = recompute_rule(None, fits_where(est, b), fits_where(with_recompute, b))
+    if _any_rank(choice.value) and not choice.value:
+        choice = Choice(True, "nntile default: another MPI rank fits better with "
+                              "recomputation, and every rank builds the same model")
+    est = with_recompute if choice.value else est
+    est.recompute = choice
+    return est
+
+
+def _any_rank(flag):
+    """Under mpirun, whether ``flag`` holds on any rank (every rank calls it); else ``flag``."""
+    if launcher_rank()[1] < 2:
+        return flag
+    from nntile.distributed import mpi
+    return any(mpi().COMM_WORLD.allgather(bool(flag)))
 
 
 # ---- what a process holds ---------------------------------------------------------------

@@ -215,6 +215,36 @@ def calibrate_minimum():
     return Choice(1, CALIBRATE_FAST)
 
 
+RECOMPUTE_TO_FIT = ("nntile default: with activation recomputation the run fits {better}; "
+                    "without, {worse}")
+NO_RECOMPUTE = "nntile default: recomputation would not make the run fit better"
+# where a run fits, from worst to best: nowhere (the memory pre-check refuses it), only with
+# host memory (or a disk swap) beside or instead of the GPUs (nntile.memory.check_fits), in
+# the GPUs alone
+FITS = (None, "host", "gpu")
+FITS_WORDS = {None: "nowhere (the memory pre-check refuses it)",
+              "host": "only with host memory", "gpu": "in GPU memory"}
+
+
+def recompute(given, without, with_recompute):
+    """Whether backward recomputes each block's forward (CausalLM's ``recompute``): ``given``
+    (--recompute or --no-recompute) where there is one, else on exactly where it makes the
+    run fit better. ``without`` and ``with_recompute``: where the run fits each way, one of
+    ``FITS`` (nntile.memory.fits_where; without GPUs, "host" is host memory alone).
+
+    Recomputation runs the blocks' forward twice: about a third more arithmetic. Past GPU
+    memory the same GPU ran at 34-40% of its in-memory rate (n_embd 8192 on one H100: 72-85
+    against 215 TFLOP/s; docs/performance.md, "Past GPU memory on one GPU"), so a run that
+    recomputation brings into GPU memory should gain (not measured with recomputation); a
+    run the pre-check would refuse can run at all."""
+    if given is not None:
+        return Choice(bool(given), "argument")
+    if FITS.index(with_recompute) > FITS.index(without):
+        return Choice(True, RECOMPUTE_TO_FIT.format(better=FITS_WORDS[with_recompute],
+                                                    worse=FITS_WORDS[without]))
+    return Choice(False, NO_RECOMPUTE)
+
+
 PIN_AHEAD = ("nntile default on GPUs that cannot hold the run: StarPU's host copies of tiles "
              "come from host memory pinned ahead of need on a thread of its own")
 PIN_AS_NEEDED = ("nntile default where the GPUs hold the run, or there are none: StarPU pins "

@@ -21,11 +21,12 @@ import time
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               add_verbose_arg, check_dtype, check_seq_len, default_tiles,
-                               family_model, launcher_rank, model_tiling, nonneg_float,
-                               nonneg_int, positive_float, positive_int, resolve_distribution,
-                               resolve_tiling, run_cli, start_context, tiling_from_args)
+from nntile.cli_common import (ArgumentParser, CLIError, add_recompute_arg, add_runtime_args,
+                               add_tiling_args, add_verbose_arg, check_dtype, check_seq_len,
+                               default_tiles, family_model, launcher_rank, model_tiling,
+                               nonneg_float, nonneg_int, positive_float, positive_int,
+                               resolve_distribution, resolve_tiling, run_cli, start_context,
+                               tiling_from_args)
 from nntile.data import EVAL_BATCHES
 from nntile.events import EventWriter, event_files
 from nntile.models import FAMILIES
@@ -77,6 +78,7 @@ def build_parser():
     g.add_argument("--beta2", type=nonneg_float, help="Adam beta2 (0.95)")
     g.add_argument("--grad-clip", type=nonneg_float, help="global gradient-norm clip, 0: off (1)")
     g.add_argument("--seed", type=nonneg_int, help="seed of the weights and batches (1337)")
+    add_recompute_arg(g)
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-every", type=nonneg_int, help="validation every N steps, 0: only "
                    "at the end (250)")
@@ -648,7 +650,9 @@ def train_main(argv=None):
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
     est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
-                    grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution)
+                    grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution,
+                    recompute=args.recompute)
+    s.recompute = est.recompute
     prepare_out(s, args)
     from tqdm import tqdm
     lead, _ = launcher_rank()  # under mpirun only rank 0 talks and writes metrics
@@ -664,6 +668,7 @@ def train_main(argv=None):
     # described once the state is loaded
     ctx = start_context(args, verbose=False, distribution=distribution, run_bytes=est.total,
                         tiles=s.tile_choices, training=s.dtype)
+    ctx.recompute = s.recompute
     stop.install()  # after StarPU started: its handlers must not replace ours
     stop.can_abandon = ctx.world_size == 1
     try:
@@ -681,7 +686,8 @@ def _run(s, args, ctx, stop, echo, tqdm):
     from nntile.parallel import DataParallel
 
     config = s.config
-    model = family_model(config)(config, tiling=model_tiling(s.tiles), dtype=s.dtype)
+    model = family_model(config)(config, tiling=model_tiling(s.tiles), dtype=s.dtype,
+                                 recompute=s.recompute.value)
     replicas = DataParallel(model, ctx)  # the model itself with one process
     opt = AdamW(model.named_parameters(), lr=LRSchedule(s.lr, s.warmup, s.steps, s.min_lr),
                 betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay,

@@ -176,6 +176,52 @@ def test_backward_drops_what_forward_kept_and_changes_no_number(ctx):
         np.testing.assert_array_equal(runs[True][1][name], weights, err_msg=name)
 
 
+def same_with_recompute(ctx, make, batches):
+    """``make(recompute)`` builds a model; two AdamW steps on ``batches`` ((ids, targets),
+    of several shapes) give the same losses and gradients, bit for bit, with recomputation
+    as without, and with it each block keeps only its output between forward and backward."""
+    runs = {}
+    for recompute in (False, True):
+        model = make(recompute)
+        opt = AdamW(model.named_parameters(), lr=1e-3, weight_decay=0.1)
+        losses, grads = [], []
+        for ids, targets in batches:
+            model.zero_grad()
+            losses.append(model.loss(ids, targets))
+            if recompute:
+                ctx.wait()
+                assert {name for block in model.blocks for name, t in block.kept_buffers()
+                        if t.valid_tiles()} == {"out"}
+            model.backward()
+            grads.append(model.gradients())
+            opt.step()
+        runs[recompute] = losses, grads
+        model.unregister()
+    assert runs[True][0] == runs[False][0]
+    for with_it, without in zip(runs[True][1], runs[False][1]):
+        assert not [name for name in without if not np.array_equal(with_it[name], without[name])]
+
+
+def batches_of_two_shapes(sample):
+    """A full batch from ``sample(seed)`` and a shorter one of one sequence."""
+    ids, targets = sample(300)
+    short, short_targets = sample(301)
+    half = ids.shape[1] // 2
+    return [(ids, targets), (short[:1, :half], short_targets[:1, :half])]
+
+
+@pytest.mark.parametrize("tiling, attention, tied", [("partial everywhere", "fused", False),
+                                                     ("regular", "unfused", True)])
+def test_recompute_gives_the_same_gradients(ctx, tiling, attention, tied):
+    config = GPT2Config(**CONFIG, attention=attention, tie_word_embeddings=tied)
+
+    def make(recompute):
+        model = GPT2LMHead(config, TILINGS[tiling], "fp32", recompute=recompute)
+        model.init_weights(5)
+        return model
+    same_with_recompute(ctx, make, batches_of_two_shapes(tokens))
+
+
 def test_free_buffers_after_an_evaluation_loss(ctx):
     """GPT2LMHead.free_buffers drops what a loss kept (the positions stay): backward then asks
     for a new loss, and the next training step matches transformers."""

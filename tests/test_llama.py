@@ -21,7 +21,8 @@ transformers.logging.set_verbosity_error()
 from nntile.models import LlamaConfig, LlamaLM
 from nntile.nn.rope import rope_inv_freq
 from nntile.optim import AdamW
-from tests.test_gpt2 import adamw_like_torch, check_against
+from tests.test_gpt2 import (adamw_like_torch, batches_of_two_shapes, check_against,
+                             same_with_recompute)
 
 B, T, V = 2, 19, 97
 BASE = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=32, rms_norm_eps=1e-5)
@@ -281,6 +282,18 @@ def test_backward_drops_what_forward_kept_and_changes_no_number(ctx):
         assert other_losses == losses
         for name, weights in state.items():
             np.testing.assert_array_equal(other_state[name], weights, err_msg=name)
+
+
+@pytest.mark.parametrize("case, attention", [("gqa 4:1, tied, partial", "fused"),
+                                             ("linear, biases, partial", "unfused")])
+def test_recompute_gives_the_same_gradients(ctx, case, attention):
+    config = LlamaConfig.from_transformers(hf_config(case)).replace(attention=attention)
+
+    def make(recompute):
+        model = LlamaLM(config, CASES[case][1], "fp32", recompute=recompute)
+        model.init_weights(5)
+        return model
+    same_with_recompute(ctx, make, batches_of_two_shapes(tokens))
 
 
 def test_a_block_built_alone_has_its_own_rotary_frequencies(ctx):

@@ -192,6 +192,68 @@ def test_a_tensor_added_to_a_layer_is_registered_and_estimated(ctx, dtype):
         _same_tensors(tensors, probed)
 
 
+RECOMPUTE_CASES = ["partial", "llama-partial", "llama-mixed-unfused"]
+
+
+@pytest.mark.parametrize("case", RECOMPUTE_CASES)
+def test_recompute_keeps_every_blocks_stream_and_one_blocks_inner_activations(case):
+    """With recomputation the activations are the stream out of every block (and into the
+    first), one block's inner activations and the rest as before, summed here from the
+    declarations of a run without it: smaller by the inner activations of all blocks but
+    one. Nothing else changes."""
+    fields, B, T, tiling, dtype, optimizer = CASES[case]
+    config = config_from_dict(fields)
+    est = {rc: memory.estimate(config, B, T, tiling, dtype, optimizer=optimizer, recompute=rc)
+           for rc in (False, True)}
+    blocks = model_class(config.model_type).block_prefix + "."
+    L = config.num_hidden_layers
+    acts = {s.name: s.nbytes for s in est[False].specs if s.category == "activations"}
+    streams = sum(acts[f"{blocks}{i}.out"] for i in range(L))
+    inner = sum(n for name, n in acts.items()
+                if name.startswith(f"{blocks}0.") and name != f"{blocks}0.out")
+    rest = sum(n for name, n in acts.items() if not name.startswith(blocks))
+    assert inner > 0 and rest > 0  # the first block's input, x0, is the model's
+    assert est[True]["activations"] == streams + inner + rest
+    assert est[False]["activations"] - est[True]["activations"] == (L - 1) * inner
+    assert {c: est[True][c] for c in memory.CATEGORIES if c != "activations"} == \
+        {c: est[False][c] for c in memory.CATEGORIES if c != "activations"}
+
+
+@pytest.mark.parametrize("case", RECOMPUTE_CASES[:2])
+def test_recompute_registers_what_its_estimate_lists(ctx, case):
+    fields, B, T, tiling, dtype, optimizer = CASES[case]
+    config = config_from_dict(fields)
+    family = model_class(config.model_type)
+    with _one_training_step(config, B, T, tiling, dtype, optimizer,
+                            lambda *a: family(*a, recompute=True)) as (model, _, tensors):
+        assert model.recompute
+        _same_tensors(tensors, memory.estimate(config, B, T, tiling, dtype,
+                                               optimizer=optimizer, recompute=True))
+
+
+def test_preflight_recomputes_where_only_that_fits(monkeypatch, capsys):
+    """The policy's rule: on where the run fits with recomputation and not without; the
+    flag's value wins, and a refusal without it names it."""
+    config = GPT2Config(vocab_size=1000, n_positions=256, n_embd=256, n_layer=6, n_head=4)
+    est = {rc: memory.estimate(config, 4, 256, dict(batch=2), "fp32", recompute=rc)
+           for rc in (False, True)}
+    host = (est[False].total + est[True].total) // 2 / memory.STARPU_MARGIN
+    monkeypatch.setattr(memory, "_host_memory_of_this_process", lambda: int(host))
+    monkeypatch.delenv("NNTILE_MEMORY_CHECK", raising=False)
+    monkeypatch.delenv("STARPU_DISK_SWAP", raising=False)
+    monkeypatch.delenv("STARPU_LIMIT_CPU_MEM", raising=False)
+    chosen = memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, recompute=None)
+    assert chosen.recompute.value and "nowhere" in chosen.recompute.reason
+    assert chosen.total == est[True].total
+    assert memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0,
+                            recompute=True).recompute == (True, "argument")
+    with pytest.raises(CLIError, match=r"activation recomputation \(--recompute\)"):
+        memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, recompute=False)
+    monkeypatch.setattr(memory, "_host_memory_of_this_process", lambda: 10 * int(host))
+    assert not memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0,
+                                recompute=None).recompute.value
+
+
 def test_forward_only_estimate(ctx):
     config = GPT2Config(vocab_size=40, n_positions=8, n_embd=12, n_layer=2, n_head=2)
     before = {id(t) for t in memory.live_tensors()}
@@ -556,7 +618,9 @@ def _train_with_disk_swap(tmp_path, host_mib, disk_mib, steps=2):
 SWAP_RUN = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--seq-len", "32",
             "--batch-size", "4", "--tile-batch", "4", "--tile-embd", "64", "--tile-inner", "256",
             "--ncpu", "2",
-            "--eval-every", "0", "--save-every", "0", "--no-progress"]
+            "--eval-every", "0", "--save-every", "0", "--no-progress",
+            # at the edge recomputation would make the run fit, and the policy take it
+            "--no-recompute"]
 
 
 def test_training_through_disk_swap_and_the_refusal_at_its_edge(tmp_path):

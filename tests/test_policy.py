@@ -91,6 +91,24 @@ def test_host_memory_is_pinned_ahead_only_past_gpu_memory():
     assert policy.pinned_host_mib(1, 175 * GiB, 76 * GiB, {"STARPU_DISABLE_PINNING": "0"})[0]
 
 
+def test_recompute_only_where_it_makes_the_run_fit_better():
+    """Recomputation is on where the run fits better with it (the GPUs alone rather than GPU
+    and host memory together, or at all rather than refused), off otherwise; a given value
+    wins either way."""
+    better = [("host", "gpu"), (None, "host"), (None, "gpu")]
+    for without, with_recompute in better:
+        choice = policy.recompute(None, without, with_recompute)
+        assert choice.value is True
+        assert policy.FITS_WORDS[with_recompute] in choice.reason
+        assert policy.recompute(False, without, with_recompute) == (False, "argument")
+    for without in policy.FITS:
+        for with_recompute in policy.FITS:
+            if (without, with_recompute) not in better:
+                assert policy.recompute(None, without, with_recompute) == \
+                    (False, policy.NO_RECOMPUTE)
+                assert policy.recompute(True, without, with_recompute) == (True, "argument")
+
+
 def test_runtime_settings_argument_then_variable_then_rule():
     cpu = policy.runtime_settings(CPU2, {}, {})
     assert cpu["ncpu"] == (None, "StarPU default") and cpu["sched"][0] == "lws"

@@ -304,6 +304,20 @@ def test_attention_flag_and_checkpoints(tmp_path, data_dir):
         assert s.config.attention == want
 
 
+def test_recompute_flag_trains_to_the_same_losses_and_says_so(tmp_path, data_dir):
+    """--recompute: the same losses, bit for bit, as --no-recompute; the start-up line says
+    so (on this machine the policy leaves it off: the run fits either way)."""
+    steps = ["--steps", "2", "--eval-every", "0"]
+    runs = {flag: train(tmp_path / flag, data_dir, *steps, flag)
+            for flag in ("--recompute", "--no-recompute")}
+    assert all(r.returncode == 0 for r in runs.values()), runs
+    losses = {flag: [r["loss"] for r in read_metrics(tmp_path / flag / "metrics.jsonl")]
+              for flag in runs}
+    assert losses["--recompute"] == losses["--no-recompute"]
+    assert "activations recomputed in backward" in runs["--recompute"].stderr
+    assert "recomputed" not in runs["--no-recompute"].stderr
+
+
 def test_second_signal_abandons_the_step_and_resume_stays_exact(tmp_path, data_dir):
     steps = ["--steps", "5", "--grad-accum", "12", "--eval-every", "0", "--save-every", "0"]
     reference = train(tmp_path / "ref", data_dir, *steps)

@@ -18,6 +18,8 @@ cdef class CausalLM(Module):
     cdef bint _ready_for_backward
     cdef public bint layer_priorities
     cdef public bint free_activations
+    cdef readonly bint recompute
+    cdef list _inputs  # the residual stream into each block in the last forward
     cdef readonly int batch_count  # batch tiles where no batch tile size was given
     # the family's embeddings: built, run forward into the residual stream, run backward
     cdef Embedding _build_embeddings(self)
@@ -28,4 +30,4 @@ cdef class CausalLM(Module):
     cdef dict _workspace(self, int B, int T)
     cdef _prioritize(self, int distance)
     cdef Tensor _forward(self, input_ids)
-    cdef _drop(self, list modules, tuple names, bint scratch=*)
+    cdef _drop(self, list modules, tuple names, bint scratch=*, Tensor keep=*)

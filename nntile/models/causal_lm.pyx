@@ -11,7 +11,9 @@ embeddings:
   the name ``f"{block_prefix}.{i}"`` (``_build_block``, which a family overrides to hand its
   blocks a module of the model they share); ``forward(x, positions) -> out`` and
   ``backward(dy, dx)`` on the residual stream (master dtype, [batch, seq, hidden]);
-  ``positions`` is the int64 [batch, seq] tensor of token positions;
+  ``positions`` is the int64 [batch, seq] tensor of token positions; with ``recompute``,
+  ``share_buffers(pool_as)`` puts all its buffers but the output in the model's pool
+  (PreNormBlock's);
 * ``norm_type``: its final norm, built as ``norm_type(hidden, hidden_tile, norm_eps, dtype)``
   under ``norm_name``; ``forward(x) -> y`` (compute dtype) and ``backward(dy, dx, beta)``;
 * ``_build_embeddings``, ``_embed``, ``_embed_backward``: its embeddings, which write the
@@ -52,6 +54,16 @@ cdef class CausalLM(Module):
 
     ``create=False`` builds the layers and their declarations only, and no tensor: what
     ``tensor_specs`` (and nntile.memory) read before StarPU starts.
+
+    ``recompute``: activation recomputation. Forward keeps only the residual stream between
+    blocks (each block's input and output) and drops the rest of what a block keeps as soon
+    as the block's forward is submitted; backward runs each block's forward again on its
+    kept input just before its backward. The blocks' other buffers are then one set that
+    every block overwrites in turn (Module.share_buffers): activations take the stream of
+    every block and the inner activations of one, at the cost of a second forward of the
+    blocks. StarPU orders a block's rewrite after the reads of the block before
+    (data dependencies), so backward sees the same values, and gradients are the same bit
+    for bit where the kernels are deterministic.
     """
     config_type = None
     block_type = None
@@ -59,7 +71,8 @@ cdef class CausalLM(Module):
     block_prefix = None
     norm_name = None
 
-    def __init__(self, config, tiling=None, str dtype="fp32", bint create=True):
+    def __init__(self, config, tiling=None, str dtype="fp32", bint create=True,
+                 bint recompute=False):
         name = type(self).__name__
         if dtype not in PRECISIONS:
             raise ValueError(f"{name}: dtype {dtype!r}; use {', '.join(PRECISIONS)}")
@@ -77,6 +90,10 @@ cdef class CausalLM(Module):
         self.embedding = self._build_embeddings()
         self.blocks = [self.add_child(f"{self.block_prefix}.{i}", self._build_block())
                        for i in range(config.num_hidden_layers)]
+        self.recompute = recompute
+        if recompute:  # one set of inner buffers, named for every block
+            for block in self.blocks:
+                block.share_buffers(f"{self.block_prefix}.*.")
         self.norm = self.add_child(self.norm_name, self.norm_type(E, t["embd"], config.norm_eps,
                                                                   dtype))
         if config.tie_word_embeddings:
@@ -332,9 +349,13 @@ cdef class CausalLM(Module):
         cdef int L = len(self.blocks), i
         self._prioritize(2 * L + 3)
         cdef Tensor x = self._embed(ws), positions = ws["positions"]
+        self._inputs = []
         for i in range(L):
             self._prioritize(2 * L + 2 - i)
+            self._inputs.append(x)
             x = self.blocks[i].forward(x, positions)
+            if self.recompute:  # backward runs the block again from its input
+                self._drop([self.blocks[i]], (), False, x)
         self._prioritize(L + 2)
         self._h = self.norm.forward(x)
         ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws["logits"])
@@ -388,6 +409,8 @@ cdef class CausalLM(Module):
             self._drop([self.norm], _HEAD_BUFFERS)
         for i in reversed(range(len(self.blocks))):
             self._prioritize(i + 1)
+            if self.recompute:  # its buffers again, once block i+1's backward has read them
+                self.blocks[i].forward(self._inputs[i], ws["positions"])
             self.blocks[i].backward(dx, other)
             if self.free_activations:  # block i's output was read by block i+1's backward
                 self._drop([self.blocks[i]], ())
@@ -406,11 +429,11 @@ cdef class CausalLM(Module):
         if self._ws is not None:
             self._drop(self.blocks + [self.norm], _HEAD_BUFFERS + _STREAM_BUFFERS, scratch=True)
 
-    cdef _drop(self, list modules, tuple names, bint scratch=False):
-        """Invalidate the buffers of ``modules``, the model's buffers ``names`` of the last
-        forward and, with ``scratch``, backward's scratch (Tensor.invalidate)."""
+    cdef _drop(self, list modules, tuple names, bint scratch=False, Tensor keep=None):
+        """Invalidate the buffers of ``modules`` but ``keep``, the model's buffers ``names``
+        of the last forward and, with ``scratch``, backward's scratch (Tensor.invalidate)."""
         for module in modules:
-            (<Module> module).free_buffers()
+            (<Module> module).free_buffers(keep)
         for name in names:
             (<Tensor> self._ws[name]).invalidate()
         if scratch:

@@ -18,6 +18,8 @@ cdef class Module:
     cdef dict _declared
     cdef dict _buffers
     cdef tuple _lead
+    cdef str _pool_as
+    cdef tuple _own
     cdef readonly str dtype
     cdef readonly str master
     cdef readonly str compute
@@ -27,6 +29,8 @@ cdef class Module:
     cpdef dict scratch(self)
     cdef dict _buffers_for(self, tuple lead)
     cdef list _declared_for(self, tuple lead)
+    cdef object _pooled(self, spec)
+    cdef Tensor _from_pool(self, spec)
     cdef _use_scratch(self, dict pool)
 
 

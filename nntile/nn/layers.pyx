@@ -81,6 +81,8 @@ cdef class Module:
         self._scratch = {}    # shared_key -> tensor, one pool for the whole model
         self._constants = {}  # name -> [TensorSpec, values, tensor once created]
         self._lead = None     # the input [batch, seq] and tiles of the last forward
+        self._pool_as = None  # share_buffers: the name of this module's buffers in the pool
+        self._own = ()        # share_buffers: the buffers this module keeps its own
 
     cpdef Parameter add_param(self, str name, tuple shape, tuple basetile, bint gemm=False):
         """Declare a parameter (``create`` makes its tensors); ``gemm``: GEMMs read it (it
@@ -108,7 +110,8 @@ cdef class Module:
         return module
 
     cdef _use_scratch(self, dict pool):
-        """Share one pool of backward temporaries across the whole model."""
+        """Share one pool of backward temporaries (and of shared buffers, share_buffers)
+        across the whole model."""
         pool.update(self._scratch)
         self._scratch = pool
         for child in self._children.values():
@@ -170,12 +173,40 @@ cdef class Module:
         return TensorSpec(name, shape, tiles, dtype or self.compute, "workspaces",
                           owners="batch", shared=True)
 
+    def share_buffers(self, str pool_as, tuple own=()):
+        """Take the buffers of this module and its children, but this module's ``own``,
+        from the model's pool, named ``pool_as`` + their place in this module: modules given
+        the same ``pool_as`` (the blocks of a model that recomputes them) then hold one set
+        between them, which each forward overwrites. StarPU orders each write after the reads
+        of the module that wrote before (data dependencies), so one module's buffers are
+        rewritten only once every task that reads them is done. Call it before the first
+        forward."""
+        for path, module in self.named_modules():
+            (<Module> module)._pool_as = pool_as + path
+        self._own = own
+
+    cdef object _pooled(self, spec):
+        """The pool's spec of one of this module's buffers (shared by the modules of the
+        same ``share_buffers`` name), or None for a buffer of its own."""
+        if self._pool_as is None or spec.shared or spec.name in self._own:
+            return None
+        return TensorSpec(self._pool_as + spec.name, spec.shape, spec.basetile, spec.dtype,
+                          spec.category, spec.owners, shared=True)
+
+    cdef Tensor _from_pool(self, spec):
+        """The pool's tensor of a shared spec, created on first use."""
+        tensor = self._scratch.get(spec.shared_key)
+        if tensor is None:
+            tensor = self._scratch[spec.shared_key] = spec.create()
+        return tensor
+
     def declaration(self, lead=None, tiles=None, bint training=True):
         """The TensorSpecs of this module and its children, named by their place in it.
         Without ``lead``: what ``create`` makes (parameters, gradients, compute copies,
         constants). With
-        it: what running on such an input adds, every module's buffers and, when
-        ``training``, backward's scratch, once per shared key."""
+        it: what running on such an input adds, every module's buffers (those shared by
+        ``share_buffers`` once, under their name in the pool) and, when ``training``,
+        backward's scratch, once per shared key."""
         cdef list specs = [], scratch = []
         cdef set seen = set()
         for prefix, module in self.named_modules():
@@ -186,7 +217,12 @@ cdef class Module:
                           for entry in (<Module> module)._constants.values()]
                 continue
             for s in module.declare(lead, tiles):
-                if not s.shared:
+                pooled = (<Module> module)._pooled(s)
+                if pooled is not None:
+                    if pooled.shared_key not in seen:
+                        seen.add(pooled.shared_key)
+                        scratch.append(pooled)
+                elif not s.shared:
                     specs.append(s.renamed(prefix + s.name))
                 elif training and s.shared_key not in seen:
                     seen.add(s.shared_key)
@@ -209,21 +245,20 @@ cdef class Module:
         self._lead = lead
         cdef dict tensors = self._buffers.get(lead)
         if tensors is None:
-            tensors = {s.name: s.create() for s in self._declared_for(lead) if not s.shared}
+            tensors = {}
+            for s in self._declared_for(lead):
+                pooled = self._pooled(s)
+                if pooled is not None:
+                    tensors[s.name] = self._from_pool(pooled)
+                elif not s.shared:
+                    tensors[s.name] = s.create()
             self._buffers[lead] = tensors
         return tensors
 
     cpdef dict scratch(self):
         """Backward's scratch (name -> tensor) for the input of the last forward, taken from
         the model's pool (created there on first use)."""
-        cdef dict tensors = {}
-        for s in self._declared_for(self._lead):
-            if s.shared:
-                tensor = self._scratch.get(s.shared_key)
-                if tensor is None:
-                    tensor = self._scratch[s.shared_key] = s.create()
-                tensors[s.name] = tensor
-        return tensors
+        return {s.name: self._from_pool(s) for s in self._declared_for(self._lead) if s.shared}
 
     def kept_buffers(self):
         """What the last forward kept, in this module and its children: (name, tensor)."""
@@ -233,13 +268,15 @@ cdef class Module:
                 for name, tensor in (<Module> module)._buffers[lead].items():
                     yield prefix + name, tensor
 
-    def free_buffers(self):
+    def free_buffers(self, Tensor keep=None):
         """Drop what the last forward kept, in this module and its children, once the backward
         that reads it has been submitted (``Tensor.invalidate``): past GPU memory StarPU then
         frees those tiles instead of writing them back to host memory, where they would crowd
-        out the weights. The next forward writes them again; a second backward cannot run."""
+        out the weights. The next forward writes them again; a second backward cannot run.
+        ``keep``: one buffer left as it is (a block's output, which the next block reads)."""
         for _, tensor in self.kept_buffers():
-            (<Tensor> tensor).invalidate()
+            if tensor is not keep:
+                (<Tensor> tensor).invalidate()
 
     def unregister(self):
         for tensors in self._buffers.values():
@@ -551,6 +588,11 @@ cdef class PreNormBlock(Module):
                 self.buffer_spec("out", x, x_tiles, self.master),
                 self.scratch_spec("dx1", x, x_tiles, self.master),
                 self.scratch_spec("dh", x, x_tiles, self.master)]
+
+    def share_buffers(self, str pool_as, tuple own=("out",)):
+        """Module.share_buffers, the block keeping its output ``out``: the next block's
+        input, and its backward's."""
+        Module.share_buffers(self, pool_as, own)
 
     cpdef Tensor forward(self, Tensor x, Tensor positions=None):
         """The block's output; ``positions`` (int64 [batch, seq]) go to the attention."""
