@@ -101,7 +101,7 @@ def import_main(args):
 
 def export_main(args):
     from nntile.checkpoint import Checkpoint
-    from nntile.transformers_io import WEIGHT_FILES, write_dir, write_tokenizer
+    from nntile.transformers_io import WEIGHT_FILES, write_dir
     ckpt = Checkpoint(args.checkpoint)
     config = ckpt.config
     family_model(config)
@@ -119,11 +119,7 @@ def export_main(args):
     finally:
         ctx.shutdown()
     weights = "fp64" if args.dtype == "fp32" and ckpt.dtype == "fp64" else args.dtype
-    write_dir(args.hf_dir, config, state, weights)
-    for stale in present:  # --overwrite: weights in other files would shadow ours
-        if stale in WEIGHT_FILES and stale != "model.safetensors":
-            os.unlink(os.path.join(args.hf_dir, stale))
-    note = write_tokenizer(ckpt.get("tokenizer"), args.hf_dir)
+    note = write_dir(args.hf_dir, config, state, weights, ckpt.get("tokenizer"))
     print(f"nntile-convert: {args.checkpoint} -> {args.hf_dir} (config.json, "
           f"model.safetensors{note})")
     return 0

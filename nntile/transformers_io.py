@@ -12,10 +12,13 @@ tensors do), since numpy has no bfloat16.
 as transformers writes it. The state dicts are keyed by transformers' names; the family's name
 map (nntile.models.name_map) turns them into parameters.
 """
+import ctypes
+import errno
 import json
 import math
 import os
 import shutil
+import tempfile
 
 import numpy as np
 
@@ -37,6 +40,7 @@ SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
                       "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 WRITE_DTYPES = {"fp32": ("F32", "float32"), "fp64": ("F64", "float64"),
                 "bf16": ("BF16", "bfloat16")}
+AT_FDCWD, RENAME_EXCHANGE = -100, 2  # Linux's <fcntl.h> and <linux/fs.h>
 
 
 class TransformersDirError(CLIError):
@@ -232,17 +236,84 @@ def tokenizer_info(hf_dir):
 
 # ---- a directory out -------------------------------------------------------------------------
 
-def write_dir(hf_dir, config, state, weights="fp32"):
-    """Write config.json and model.safetensors (``weights``: fp32, fp64 or bf16) of a model's
-    transformers state dict into ``hf_dir`` (created if needed), each file atomically."""
+def write_dir(hf_dir, config, state, weights="fp32", tokenizer=None):
+    """Write config.json, model.safetensors (``weights``: fp32, fp64 or bf16) of a model's
+    transformers state dict, and the tokenizer a checkpoint records (write_tokenizer), as the
+    directory ``hf_dir``; a note on the tokenizer for the program's summary.
+    The directory is built beside ``hf_dir`` and swapped in whole, so that ``hf_dir`` holds
+    the old model or the new one at every instant, even if the process is killed; what else
+    the old directory held (a README, its tokenizer where none is written) is carried over,
+    its weights are not (they would shadow the new ones)."""
     _, torch_dtype = WRITE_DTYPES[weights]
+    target = os.path.realpath(hf_dir)  # a link to a directory: the directory
+    parent = os.path.dirname(target)
+    tmp = remove = None
     try:
-        os.makedirs(hf_dir, exist_ok=True)
-        write_safetensors(os.path.join(hf_dir, SAFETENSORS), state, weights)
-        _atomic_write(os.path.join(hf_dir, CONFIG_FILE), lambda f: json.dump(
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.nntile-", dir=parent)
+        write_safetensors(os.path.join(tmp, SAFETENSORS), state, weights)
+        _atomic_write(os.path.join(tmp, CONFIG_FILE), lambda f: json.dump(
             config.to_transformers_dict(torch_dtype), f, indent=2))
+        note = write_tokenizer(tokenizer, tmp)
+        _carry_over(target, tmp)
+        remove = _swap_in(tmp, target)
     except OSError as exc:
         raise TransformersDirError(f"cannot write {hf_dir}: {exc.strerror or exc}") from None
+    finally:
+        for path in (tmp, remove):  # after the swap, the old directory
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+    return note
+
+
+def _carry_over(old, new):
+    """Into ``new``: what the directory ``old`` (if any) holds and ``new`` does not, but weight
+    files; hard links where the file system has them, so nothing large is copied. ``new``
+    takes ``old``'s permissions, else the umask's."""
+    if not os.path.isdir(old):
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(new, 0o777 & ~mask)
+        return
+    skip = set(os.listdir(new)) | set(WEIGHT_FILES)
+    shutil.copytree(old, new, symlinks=True, dirs_exist_ok=True, copy_function=_link_or_copy,
+                    ignore=lambda directory, names: skip if directory == old else ())
+
+
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _swap_in(new, path):
+    """Put the directory ``new`` at ``path``; the path returned holds what ``path`` held (to
+    delete). One step on Linux (renameat2's RENAME_EXCHANGE), so that ``path`` is never
+    missing; elsewhere the old directory moves aside first."""
+    if not os.path.lexists(path):
+        os.rename(new, path)
+        return None
+    if _exchange(new, path):
+        return new
+    aside = new + ".old"
+    os.rename(path, aside)
+    os.rename(new, path)
+    return aside
+
+
+def _exchange(a, b):
+    """Swap the names of two paths in one step; False where the system cannot (no renameat2
+    in the C library, or a kernel or file system without RENAME_EXCHANGE)."""
+    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if rename is None:
+        return False
+    if rename(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def write_tokenizer(info, hf_dir):
@@ -253,12 +324,8 @@ def write_tokenizer(info, hf_dir):
         files = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(source, f))]
         if "tokenizer.json" not in files:
             return f" (tokenizer {source}/tokenizer.json not found: not written)"
-        try:
-            for name in files:
-                shutil.copyfile(os.path.join(source, name), os.path.join(hf_dir, name))
-        except OSError as exc:
-            raise TransformersDirError(f"cannot write {hf_dir}: {exc.strerror or exc}") \
-                from None
+        for name in files:
+            shutil.copyfile(os.path.join(source, name), os.path.join(hf_dir, name))
         return " and the tokenizer"
     if info.get("name") == "gpt2":
         from nntile.data import get_tokenizer

@@ -132,6 +132,24 @@ def test_convert_sharded_bf16_weights(tmp_path, hf_dir):
         assert torch.equal(back.state_dict()[name], tensor.to(torch.bfloat16).float()), name
 
 
+def test_export_back_into_the_directory_it_was_imported_from(tmp_path, hf_dir):
+    """The checkpoint records the directory's own tokenizer: it is carried over, unchanged."""
+    model_dir, _, _, hf = hf_dir
+    shutil.copytree(model_dir, tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert cli("convert", "import", tmp_path / "hf", tmp_path / "m.h5").returncode == 0
+    result = cli("convert", "export", tmp_path / "m.h5", tmp_path / "hf", "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert "and the tokenizer" in result.stdout
+    after = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert sorted(after) == sorted(before)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert after[name] == before[name], name
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
 def test_refusals_of_the_family_flags(tmp_path, data_dir):  # noqa: F811
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=256, hidden_size=16, intermediate_size=24, num_hidden_layers=1,

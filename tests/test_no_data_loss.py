@@ -183,6 +183,60 @@ def test_convert_refuses_to_replace_a_checkpoint_or_a_model_directory(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+# run as `python -c KILLED_AT N ARGS...`: nntile-convert ARGS, killed (SIGKILL) at its N-th
+# rename, file replacement or directory removal, where an export changes what is on disk
+KILLED_AT = """
+import os, shutil, signal, sys
+calls = [0]
+def killed_at(n, real):
+    def call(*args, **kwargs):
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        calls[0] += 1
+        return real(*args, **kwargs)
+    return call
+n = int(sys.argv[1])
+os.replace, os.rename, shutil.rmtree = (killed_at(n, f) for f in (os.replace, os.rename,
+                                                                   shutil.rmtree))
+from nntile.convert import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _files(directory):
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+def test_an_export_killed_at_any_point_leaves_the_old_model_or_the_new(tmp_path):
+    """A Llama checkpoint exported over a GPT-2 directory: killed at each step, the directory
+    holds the GPT-2 model or the Llama one, never Llama weights under GPT-2's config.json."""
+    from tests.test_train_cli import cli_env
+    _save_tiny_gpt2(tmp_path / "hf")
+    (tmp_path / "hf" / "README.md").write_text("my notes\n")  # not the model's: kept
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2)).save_pretrained(tmp_path / "llama")
+    ckpt = tmp_path / "llama.h5"
+    assert cli("convert", "import", tmp_path / "llama", ckpt).returncode == 0
+    assert cli("convert", "export", ckpt, tmp_path / "fresh").returncode == 0
+    old = _files(tmp_path / "hf")
+    new = dict(old, **_files(tmp_path / "fresh"))
+    for n in range(20):
+        result = subprocess.run([sys.executable, "-c", KILLED_AT, str(n), "export", str(ckpt),
+                                 str(tmp_path / "hf"), "--overwrite"], capture_output=True,
+                                text=True, timeout=180, env=cli_env())
+        if result.returncode == 0:
+            break
+        assert result.returncode == -9, result.stderr
+        assert _files(tmp_path / "hf") in (old, new), (n, sorted(_files(tmp_path / "hf")))
+    assert n >= 2 and _files(tmp_path / "hf") == new
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert type(model) is transformers.LlamaForCausalLM
+    # what a killed export left is a hidden directory beside, never in, the model's
+    assert all(p.name.startswith(".") for p in tmp_path.iterdir()
+               if p.name not in ("hf", "llama", "fresh", "llama.h5"))
+
+
 def test_make_train_keeps_earlier_runs(tmp_path, data_dir):  # noqa: F811
     """`make train` twice: two run directories, `latest` naming the second."""
     from tests.test_train_cli import TINY
