@@ -7,6 +7,7 @@ the vocabulary size and the ids' dtype (none: uint16).
 Training batches are windows at random offsets drawn from a seeded numpy Generator, whose state
 is saved in checkpoints; evaluation batches are fixed windows spread evenly over a split.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from nntile.cli_common import CLIError, ArgumentParser, run_cli
+from nntile.cli_common import CLIError, ArgumentParser, OutLock, run_cli
 
 SPLITS = ("train", "val")
 TOKEN_DTYPE = np.dtype(np.uint16)  # nanoGPT's, and the default of files with no meta.json
@@ -254,12 +255,37 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction=DEFAULT_VAL_FRACTION
         raise CLIError(f"--val-fraction {val_fraction} must be between 0 and 1")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise CLIError(f"--out {out_dir} exists and is not a directory")
-    existing = [n for n in OUTPUTS if os.path.exists(os.path.join(out_dir, n))]
-    if existing and not overwrite:
-        raise CLIError(f"--out {out_dir} already holds a data set ({', '.join(existing)}): "
-                       "replace it with --overwrite, or choose another --out")
     tok = get_tokenizer(tokenizer)
     files = _input_files(inputs, out_dir)
+    with _locked_out(out_dir):  # from the check that it holds no data set to the write
+        existing = [n for n in OUTPUTS if os.path.exists(os.path.join(out_dir, n))]
+        if existing and not overwrite:
+            raise CLIError(f"--out {out_dir} already holds a data set ({', '.join(existing)}): "
+                           "replace it with --overwrite, or choose another --out")
+        return _tokenize(files, tok, out_dir, val_fraction)
+
+
+@contextlib.contextmanager
+def _locked_out(out_dir):
+    """``out_dir``, created if needed, with this process alone writing into it (OutLock, as
+    nntile-train's --out); removed again if the block fails having written nothing."""
+    created = not os.path.exists(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise CLIError(f"cannot write data to {out_dir}: {exc.strerror or exc}") from None
+    with OutLock(out_dir):
+        try:
+            yield
+        except BaseException:
+            if created:
+                with contextlib.suppress(OSError):  # not empty: something was written
+                    os.rmdir(out_dir)
+            raise
+
+
+def _tokenize(files, tok, out_dir, val_fraction):
+    """Tokenize ``files`` with ``tok`` into a data set in ``out_dir``; what prepare() says."""
     pieces = []
     for path in files:
         ids = tok.encode(_read_file(path))

@@ -21,11 +21,12 @@ import time
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
-                               add_verbose_arg, check_dtype, check_seq_len, default_tiles,
-                               family_model, launcher_rank, model_tiling, nonneg_float,
-                               nonneg_int, positive_float, positive_int, resolve_distribution,
-                               resolve_tiling, run_cli, start_context, tiling_from_args)
+from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_runtime_args,
+                               add_tiling_args, add_verbose_arg, check_dtype, check_seq_len,
+                               default_tiles, family_model, launcher_rank, model_tiling,
+                               nonneg_float, nonneg_int, positive_float, positive_int,
+                               resolve_distribution, resolve_tiling, run_cli, start_context,
+                               tiling_from_args)
 from nntile.data import EVAL_BATCHES
 from nntile.events import EventWriter, event_files
 from nntile.models import FAMILIES
@@ -362,38 +363,6 @@ def prepare_out(s, args):
             raise CLIError(f"--out {out} holds checkpoints of another run (newest {newest}) "
                            f"than {s.ckpt.path}: resume into that checkpoint's own directory, "
                            "another --out, or delete them with --overwrite")
-
-
-class OutLock:
-    """One run at a time in an --out directory: an flock on the directory itself (nothing is
-    written; the kernel releases it when the process ends, however it ends). A second run
-    is refused, naming the holder's process (Linux's /proc/locks)."""
-
-    def __init__(self, out):
-        import fcntl
-        self.fd = os.open(out, os.O_RDONLY)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise CLIError(f"--out {out} is in use by {self.holder(out)}: wait for it to end, "
-                           "or use another --out") from None
-        except OSError:  # a file system without flock on directories: no lock to take
-            pass
-
-    @staticmethod
-    def holder(out):
-        st = os.stat(out)
-        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-        try:
-            with open("/proc/locks") as f:
-                pids = [line.split()[4] for line in f
-                        if " FLOCK " in line and line.split()[5] == inode]
-            with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            return f"process {pids[0]} ({command[:80]})"
-        except (OSError, IndexError):
-            return "another process"
 
 
 @contextlib.contextmanager

@@ -112,6 +112,48 @@ def test_prepare_refuses_to_replace_a_data_set(tmp_path):
     assert (out / "train.bin").read_bytes() != before["train.bin"]
 
 
+# run as `python -c PAUSED_BEFORE_WRITING READY GO ARGS...`: nntile-prepare ARGS, which
+# creates the file READY once it has checked --out and tokenized, and waits for GO to write
+PAUSED_BEFORE_WRITING = """
+import os, sys, time
+import nntile.data as data
+write_dataset = data.write_dataset
+def paused(*args, **kwargs):
+    open(sys.argv[1], "w").close()
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.02)
+    return write_dataset(*args, **kwargs)
+data.write_dataset = paused
+sys.exit(data.main(sys.argv[3:]))
+"""
+
+
+def test_a_second_prepare_into_the_same_out_is_refused(tmp_path):
+    """Two nntile-prepare started together: the second, which checks --out while the first
+    tokenizes, is refused instead of replacing the first's data set (or being replaced)."""
+    from tests.test_train_cli import cli_env
+    files = stdlib_files()[1]
+    out, ready, go = tmp_path / "data", tmp_path / "ready", tmp_path / "go"
+    first = subprocess.Popen([sys.executable, "-c", PAUSED_BEFORE_WRITING, str(ready), str(go),
+                              files[0], "--out", str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        deadline = time.time() + 120
+        while not ready.exists():
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.02)
+        second = cli("data", files[1], "--out", out)
+    finally:
+        go.touch()
+        stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    assert_clean_error(second, str(out), "in use", str(first.pid))
+    data = TokenData(str(out))
+    tokens = np.concatenate([data.splits["train"], data.splits["val"]])
+    assert tokens.tobytes() == np.frombuffer(open(files[0], "rb").read(), np.uint8).astype(
+        np.uint16).tobytes()
+
+
 def test_prepare_never_reads_its_own_outputs(tmp_path):
     src = tmp_path / "corpus"
     src.mkdir()
