@@ -3,7 +3,8 @@
 A data directory holds ``train.bin`` and ``val.bin``: flat arrays of token ids, read through
 ``np.memmap``: uint16 as nanoGPT writes them, or uint32 for a vocabulary past 65,536 tokens
 (Llama 3's 128,256), as ``meta.json`` says. An optional ``meta.json`` names the tokenizer,
-the vocabulary size and the ids' dtype (none: uint16).
+the vocabulary size, the ids' dtype (none: uint16) and each file's count of tokens (a file cut
+short, even at a token's boundary, is refused).
 Training batches are windows at random offsets drawn from a seeded numpy Generator, whose state
 is saved in checkpoints; evaluation batches are fixed windows spread evenly over a split.
 """
@@ -367,7 +368,7 @@ def default_data_dir(fallback_parent=None, quiet=False):
 
 class TokenData:
     """The splits of a data directory, checked: readable, whole tokens of meta.json's dtype,
-    long enough, every id inside the vocabulary."""
+    as many as it records, long enough, every id inside the vocabulary."""
 
     def __init__(self, path):
         self.path = path
@@ -396,6 +397,10 @@ class TokenData:
             vocab = meta.get("vocab_size", 1)
             if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
                 raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
+            for split in SPLITS:
+                count = meta.get(f"{split}_tokens", 0)
+                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                    raise ValueError(f"{split}_tokens {count!r} is not a token count")
             if "incomplete" in meta:
                 raise ValueError(f"{meta['incomplete']}: run it again")
             if meta.get("dtype", TOKEN_DTYPE.name) not in TOKEN_DTYPES:
@@ -422,6 +427,11 @@ class TokenData:
         if size % self.dtype.itemsize:
             raise CLIError(f"data file {file} has {size} bytes: not a whole number of "
                            f"{self.dtype.name} tokens (truncated, or not nanoGPT format?)")
+        recorded = self.meta.get(f"{split}_tokens")
+        if recorded is not None and size // self.dtype.itemsize != recorded:
+            raise CLIError(f"data file {file} holds {size // self.dtype.itemsize:,} tokens, "
+                           f"meta.json records {recorded:,} (cut short, or replaced?): "
+                           "prepare the data again")
         return np.memmap(file, dtype=self.dtype, mode="r")
 
     @property

@@ -154,6 +154,31 @@ def test_a_second_prepare_into_the_same_out_is_refused(tmp_path):
         np.uint16).tobytes()
 
 
+def test_a_data_file_cut_at_a_token_boundary_is_refused(tmp_path):
+    """uint32 tokens, train.bin cut to 20,250 of the 27,000 that meta.json records: whole
+    tokens, so only the count tells."""
+    from nntile.cli_common import CLIError
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 27_000), ("val", 3_000)):
+        rng.integers(0, 70_000, count, dtype=np.uint32).tofile(data / f"{split}.bin")
+    (data / "meta.json").write_text(json.dumps(dict(
+        tokenizer="byte", vocab_size=70_000, dtype="uint32", train_tokens=27_000,
+        val_tokens=3_000)))
+    assert len(TokenData(str(data))) == 27_000
+    with open(data / "train.bin", "r+b") as f:
+        f.truncate(20_250 * 4)
+    with pytest.raises(CLIError, match="train.bin holds 20,250 tokens, meta.json records "
+                       "27,000"):
+        TokenData(str(data))
+    result = train(tmp_path / "run", data, "--steps", "1")
+    assert_clean_error(result, str(data / "train.bin"), "20,250", "27,000")
+    (data / "meta.json").write_text(json.dumps(dict(vocab_size=70_000, train_tokens="all")))
+    with pytest.raises(CLIError, match="train_tokens 'all' is not a token count"):
+        TokenData(str(data))
+
+
 def test_prepare_never_reads_its_own_outputs(tmp_path):
     src = tmp_path / "corpus"
     src.mkdir()
