@@ -345,12 +345,13 @@ def prepare_out(s, args):
         os.unlink(probe)
     except OSError as exc:
         raise CLIError(f"--out {out} is not writable: {exc.strerror or exc}") from None
-    for name in (METRICS, "loss.png"):
-        if os.path.isdir(os.path.join(out, name)):
-            raise CLIError(f"--out {out} holds a directory {name}, where the run writes its "
-                           f"file {name}: move that directory away, or use another --out")
     if launcher_rank()[0] == 0:  # under MPI, rank 0 writes what --out holds
         s.lock = OutLock(out)  # before anything in --out is read or changed
+    blocking = _directory_where_a_file_goes(out)
+    if blocking:
+        raise CLIError(f"--out {out} holds a directory {blocking}, where the run writes or "
+                       f"deletes its file {blocking}: move that directory away, or use "
+                       "another --out")
     from nntile.checkpoint import list_checkpoints
     existing = list_checkpoints(out)
     if existing and not args.overwrite:
@@ -363,6 +364,19 @@ def prepare_out(s, args):
             raise CLIError(f"--out {out} holds checkpoints of another run (newest {newest}) "
                            f"than {s.ckpt.path}: resume into that checkpoint's own directory, "
                            "another --out, or delete them with --overwrite")
+
+
+def _directory_where_a_file_goes(out):
+    """The name of an entry of --out that is a directory where the run writes or deletes a
+    file (a checkpoint, a partial save, the metrics, the plot), else None. Found before
+    anything is deleted: the run would stop at it part-way, its checkpoints gone."""
+    from nntile.checkpoint import NAME_RE, PARTIAL_RE
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if ((name in (METRICS, "loss.png") or NAME_RE.match(name) or PARTIAL_RE.match(name))
+                and os.path.isdir(path) and not os.path.islink(path)):
+            return name
+    return None
 
 
 @contextlib.contextmanager

@@ -84,6 +84,18 @@ def test_a_second_run_into_a_busy_out_is_refused_at_once(tmp_path, data_dir):  #
     assert ckpts(out)  # it saved on SIGTERM, untouched by the second
 
 
+def test_overwrite_finds_what_blocks_the_run_before_deleting_anything(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    assert train(out, data_dir, "--steps", "2").returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for name in ("ckpt-99.h5", "ckpt-7.h5.tmp"):  # a checkpoint, a partial save: files
+        (out / name).mkdir()
+        result = train(out, data_dir, "--steps", "2", "--overwrite")
+        assert_clean_error(result, f"holds a directory {name}", "move that directory away")
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+        (out / name).rmdir()
+
+
 def test_resuming_on_other_data_warns_with_both_sizes(tmp_path, data_dir):  # noqa: F811
     out = tmp_path / "run"
     assert train(out, data_dir, "--steps", "3").returncode == 0
