@@ -134,8 +134,9 @@ def test_convert_sharded_bf16_weights(tmp_path, hf_dir):
 
 def test_export_back_into_the_directory_it_was_imported_from(tmp_path, hf_dir):
     """The checkpoint records the directory's own tokenizer: it is carried over, unchanged."""
-    model_dir, _, _, hf = hf_dir
+    model_dir = hf_dir[0]
     shutil.copytree(model_dir, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
     before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
     assert cli("convert", "import", tmp_path / "hf", tmp_path / "m.h5").returncode == 0
     result = cli("convert", "export", tmp_path / "m.h5", tmp_path / "hf", "--overwrite")
