@@ -67,7 +67,7 @@ def _tokenizer(args, config):
 
 def import_main(args):
     from nntile.checkpoint import save
-    from nntile.transformers_io import read_config, read_state
+    from nntile.transformers_io import read_config, read_model_state
     dtype = check_dtype(args.dtype)
     if os.path.exists(args.out) and not args.overwrite:
         raise CLIError(f"{args.out} already exists: replace it with --overwrite, or choose "
@@ -78,11 +78,7 @@ def import_main(args):
     tiles = resolve_tiling(given, config, None, None, default_tiles(
         config, None, None, given, args, dtype, training=False))
     tokenizer = _tokenizer(args, config)
-    state = read_state(args.hf_dir, np.float64 if dtype == "fp64" else np.float32)
-    try:  # every name and shape, before StarPU starts
-        config.name_map().check(state)
-    except (KeyError, ValueError) as exc:
-        raise CLIError(f"{args.hf_dir}: {str(exc).strip(chr(34) + chr(39))}") from None
+    state = read_model_state(args.hf_dir, config, np.float64 if dtype == "fp64" else np.float32)
     for note in notes:
         print(f"nntile-convert: note: {note}", file=sys.stderr)
     ctx = start_context(args, verbose=args.verbose)

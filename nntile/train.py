@@ -301,6 +301,10 @@ def resolve(args):
     if args.attention is not None:  # argparse checked it
         config = config.replace(attention=args.attention)
     s.config = config
+    if s.init_from:  # every weight, before StarPU starts
+        from nntile.transformers_io import read_model_state
+        s.init_state = read_model_state(s.init_from, config, np.float64 if s.dtype == "fp64"
+                                        else np.float32)
     # the model's own tokenizer, where it comes with one: the data must be made with it
     model_tokenizer = None
     if s.init_from:
@@ -686,9 +690,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     elif s.init is not None:
         s.init.load_params(model)
     elif s.init_from is not None:
-        from nntile.transformers_io import read_state
-        model.load_state_dict(read_state(s.init_from, np.float64 if s.dtype == "fp64"
-                                         else np.float32))
+        model.load_state_dict(s.init_state)
     else:
         model.init_weights(s.seed)
     if ctx.rank == 0:

@@ -161,7 +161,7 @@ def read_config(hf_dir):
     except (OSError, ValueError, RecursionError) as exc:
         raise TransformersDirError(f"{path} cannot be read: {_first_line(exc)}") from None
     model_type = data.get("model_type") or "gpt2"
-    if model_type not in FAMILIES:
+    if isinstance(model_type, str) and model_type not in FAMILIES:  # else config_from_dict's
         raise TransformersDirError(f"{hf_dir} holds a {model_type!r} model; nntile has "
                                    f"{', '.join(FAMILIES)}")
     try:
@@ -221,6 +221,17 @@ def read_state(hf_dir, dtype=np.float32):
     for path in files:
         state.update(read(path, dtype))
     return state
+
+
+def read_model_state(hf_dir, config, dtype=np.float32):
+    """read_state, checked against the model of ``config`` before StarPU starts: every tensor
+    of its family's name map, in its shape, and nothing else; a one-line error naming the
+    first that is not (missing, of another size than config.json says, transposed)."""
+    state = read_state(hf_dir, dtype)
+    try:
+        return config.name_map().check(state)
+    except (KeyError, ValueError) as exc:
+        raise TransformersDirError(f"{hf_dir}: {exc.args[0] if exc.args else exc}") from None
 
 
 def tokenizer_info(hf_dir):
