@@ -40,6 +40,11 @@ STDLIB_CORPUS_VERSION = 1
 EVAL_BATCHES = 8
 
 
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 # ---- tokenizers --------------------------------------------------------------------------
 
 class ByteTokenizer:
@@ -76,8 +81,7 @@ class HFTokenizer:
             transformers.logging.set_verbosity_error()
             self.tok = GPT2TokenizerFast.from_pretrained(name_or_path, local_files_only=True)
         except Exception as exc:  # ImportError, OSError, ValueError...: all mean "not here"
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CLIError(self._missing(reason)) from None
+            raise CLIError(self._missing(_first_line(exc))) from None
         probe = "def hello(): return 'world'\n"
         if len(self.tok) < 2 or self.tok.decode(self.tok.encode(probe)) != probe:
             # transformers builds an empty tokenizer when it finds no files
@@ -120,8 +124,8 @@ class TokenizerFile:
             from tokenizers import Tokenizer
             self.tok = Tokenizer.from_file(file)
         except Exception as exc:  # ImportError, or the library's own for a bad file
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CLIError(f"the tokenizer {file} cannot be loaded ({reason})") from None
+            raise CLIError(f"the tokenizer {file} cannot be loaded ({_first_line(exc)})") \
+                from None
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self.dtype = token_dtype(self.vocab_size)
         self.eot = self._end_of_text()
@@ -139,7 +143,14 @@ class TokenizerFile:
     def encode(self, data):
         if isinstance(data, bytes):
             data = data.decode("utf-8", errors="replace")
-        return np.asarray(self.tok.encode(data).ids, dtype=self.dtype)
+        # the library raises its own exception where it cannot (a WordLevel vocabulary that
+        # lacks its unknown token, for a word outside it)
+        try:
+            ids = self.tok.encode(data).ids
+        except Exception as exc:
+            raise CLIError(f"the tokenizer {self.path}/tokenizer.json cannot encode the text "
+                           f"({_first_line(exc)})") from None
+        return np.asarray(ids, dtype=self.dtype)
 
     def decode(self, ids):
         return self.tok.decode([int(i) for i in ids])

@@ -55,6 +55,21 @@ def test_config_json_of_wrong_types_is_one_line(tmp_path, text, words):
     assert_clean_error(cli("convert", "import", hf, tmp_path / "m.h5"), "config.json", words[0])
 
 
+def test_a_tokenizer_that_cannot_encode_is_one_line(tmp_path):
+    """A WordLevel tokenizer.json of an empty vocabulary: the tokenizers library loads it and
+    raises its own exception on the first word."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab={}, unk_token="[UNK]")).save(
+        str(tok / "tokenizer.json"))
+    (tmp_path / "a.txt").write_text("hello world\n")
+    result = cli("data", tmp_path / "a.txt", "--out", tmp_path / "out", "--tokenizer", tok)
+    assert_clean_error(result, f"the tokenizer {tok}/tokenizer.json cannot encode the text",
+                       "[UNK]")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_tiny_temperature_samples_the_likeliest_token(tmp_path, tiny_run):
     ckpt = tiny_run[0] / "ckpt-6.h5"
     args = ("generate", "--checkpoint", ckpt, "--prompt", "def ", "--max-new-tokens", "12")
