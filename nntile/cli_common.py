@@ -9,6 +9,7 @@ import time
 from nntile.errors import CLIError
 from nntile.models.config import DEFAULT_VOCAB_TILE, INT_MAX
 from nntile.policy import WIDE_TILE, launcher_rank  # noqa: F401 (programs import it here)
+from nntile.startup import INTERRUPTED, end_quiet_interrupt
 
 TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
 
@@ -41,6 +42,7 @@ def run_cli(func, argv=None, prog="nntile"):
     if size > 1 and rank != 0:
         sys.stdout = open(os.devnull, "w")
     try:
+        end_quiet_interrupt()  # a KeyboardInterrupt from here on: see below
         return func(argv) or 0
     except CLIError as exc:
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
@@ -53,7 +55,7 @@ def run_cli(func, argv=None, prog="nntile"):
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         return 1
 

@@ -7,7 +7,8 @@
 
 Flags left out fall back, in order, to the checkpoint being resumed and then to the defaults.
 Ctrl-C or SIGTERM ends the current step, saves a checkpoint and exits with 130 or 143; a second
-signal abandons the step (the checkpoint then holds the step before).
+signal abandons the step (the checkpoint then holds the step before). Before the first step,
+either ends the program quietly (nntile.startup).
 """
 import contextlib
 import json
