@@ -328,7 +328,8 @@ def _exchange(a, b):
 
 
 def write_tokenizer(info, hf_dir):
-    """Copy a recorded tokenizer into ``hf_dir``; a note for the program's summary."""
+    """Copy a recorded tokenizer into ``hf_dir`` (OSError where it cannot); a note for the
+    program's summary."""
     info = info or {}
     if info.get("name") == "tokenizer.json":
         source = info.get("path") or ""

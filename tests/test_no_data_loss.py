@@ -84,7 +84,7 @@ def test_a_second_run_into_a_busy_out_is_refused_at_once(tmp_path, data_dir):  #
     assert ckpts(out)  # it saved on SIGTERM, untouched by the second
 
 
-def test_overwrite_finds_what_blocks_the_run_before_deleting_anything(tmp_path, data_dir):  # noqa: F811
+def test_overwrite_finds_what_blocks_the_run_before_deleting(tmp_path, data_dir):  # noqa: F811
     out = tmp_path / "run"
     assert train(out, data_dir, "--steps", "2").returncode == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
