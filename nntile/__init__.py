@@ -1,4 +1,6 @@
 """nntile: GPT training on tiled tensors scheduled by the StarPU runtime."""
+from nntile.startup import quiet_interrupt_while_starting
+quiet_interrupt_while_starting()  # first: Ctrl-C during the imports below ends a program quietly
 from nntile._core.core import (StarpuError, Tensor, TensorTraits, current_context, HAVE_CUDA,
                                HAVE_MPI, DTYPES)
 from nntile.context import Context

@@ -9,6 +9,7 @@ import time
 from nntile.errors import CLIError
 from nntile.models.config import DEFAULT_VOCAB_TILE, INT_MAX
 from nntile.policy import WIDE_TILE, launcher_rank  # noqa: F401 (programs import it here)
+from nntile.startup import INTERRUPTED, end_quiet_interrupt
 
 TILE_FLAGS = ("batch", "seq", "embd", "head", "inner", "vocab")
 
@@ -41,6 +42,7 @@ def run_cli(func, argv=None, prog="nntile"):
     if size > 1 and rank != 0:
         sys.stdout = open(os.devnull, "w")
     try:
+        end_quiet_interrupt()  # a KeyboardInterrupt from here on: see below
         return func(argv) or 0
     except CLIError as exc:
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
@@ -53,7 +55,7 @@ def run_cli(func, argv=None, prog="nntile"):
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         return 1
 
@@ -133,6 +135,51 @@ def output_file(example="out.h5"):
             raise argparse.ArgumentTypeError(f"directory {parent} of {text} does not exist")
         return text
     return parse
+
+
+class OutLock:
+    """One program at a time writes into an --out directory: an flock on the directory itself
+    (nothing is written; the kernel releases it when the process ends, however it ends, or
+    at release()). A second program is refused, naming the holder's process (Linux's
+    /proc/locks)."""
+
+    def __init__(self, out):
+        import fcntl
+        try:
+            self.fd = os.open(out, os.O_RDONLY)
+        except OSError as exc:
+            raise CLIError(f"--out {out}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise CLIError(f"--out {out} is in use by {self.holder(out)}: wait for it to end, "
+                           "or use another --out") from None
+        except OSError:  # a file system without flock on directories: no lock to take
+            pass
+
+    def release(self):
+        os.close(self.fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    @staticmethod
+    def holder(out):
+        st = os.stat(out)
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        try:
+            with open("/proc/locks") as f:
+                pids = [line.split()[4] for line in f
+                        if " FLOCK " in line and line.split()[5] == inode]
+            with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            return f"process {pids[0]} ({command[:80]})"
+        except (OSError, IndexError):
+            return "another process"
 
 
 def add_verbose_arg(parser):

@@ -67,7 +67,7 @@ def _tokenizer(args, config):
 
 def import_main(args):
     from nntile.checkpoint import save
-    from nntile.transformers_io import read_config, read_state
+    from nntile.transformers_io import read_config, read_model_state
     dtype = check_dtype(args.dtype)
     if os.path.exists(args.out) and not args.overwrite:
         raise CLIError(f"{args.out} already exists: replace it with --overwrite, or choose "
@@ -78,11 +78,7 @@ def import_main(args):
     tiles = resolve_tiling(given, config, None, None, default_tiles(
         config, None, None, given, args, dtype, training=False))
     tokenizer = _tokenizer(args, config)
-    state = read_state(args.hf_dir, np.float64 if dtype == "fp64" else np.float32)
-    try:  # every name and shape, before StarPU starts
-        config.name_map().check(state)
-    except (KeyError, ValueError) as exc:
-        raise CLIError(f"{args.hf_dir}: {str(exc).strip(chr(34) + chr(39))}") from None
+    state = read_model_state(args.hf_dir, config, np.float64 if dtype == "fp64" else np.float32)
     for note in notes:
         print(f"nntile-convert: note: {note}", file=sys.stderr)
     ctx = start_context(args, verbose=args.verbose)
@@ -101,7 +97,7 @@ def import_main(args):
 
 def export_main(args):
     from nntile.checkpoint import Checkpoint
-    from nntile.transformers_io import WEIGHT_FILES, write_dir, write_tokenizer
+    from nntile.transformers_io import WEIGHT_FILES, write_dir
     ckpt = Checkpoint(args.checkpoint)
     config = ckpt.config
     family_model(config)
@@ -119,11 +115,7 @@ def export_main(args):
     finally:
         ctx.shutdown()
     weights = "fp64" if args.dtype == "fp32" and ckpt.dtype == "fp64" else args.dtype
-    write_dir(args.hf_dir, config, state, weights)
-    for stale in present:  # --overwrite: weights in other files would shadow ours
-        if stale in WEIGHT_FILES and stale != "model.safetensors":
-            os.unlink(os.path.join(args.hf_dir, stale))
-    note = write_tokenizer(ckpt.get("tokenizer"), args.hf_dir)
+    note = write_dir(args.hf_dir, config, state, weights, ckpt.get("tokenizer"))
     print(f"nntile-convert: {args.checkpoint} -> {args.hf_dir} (config.json, "
           f"model.safetensors{note})")
     return 0

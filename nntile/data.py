@@ -3,10 +3,12 @@
 A data directory holds ``train.bin`` and ``val.bin``: flat arrays of token ids, read through
 ``np.memmap``: uint16 as nanoGPT writes them, or uint32 for a vocabulary past 65,536 tokens
 (Llama 3's 128,256), as ``meta.json`` says. An optional ``meta.json`` names the tokenizer,
-the vocabulary size and the ids' dtype (none: uint16).
+the vocabulary size, the ids' dtype (none: uint16) and each file's count of tokens (a file cut
+short, even at a token's boundary, is refused).
 Training batches are windows at random offsets drawn from a seeded numpy Generator, whose state
 is saved in checkpoints; evaluation batches are fixed windows spread evenly over a split.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -17,7 +19,7 @@ import tempfile
 
 import numpy as np
 
-from nntile.cli_common import CLIError, ArgumentParser, run_cli
+from nntile.cli_common import CLIError, ArgumentParser, OutLock, run_cli
 
 SPLITS = ("train", "val")
 TOKEN_DTYPE = np.dtype(np.uint16)  # nanoGPT's, and the default of files with no meta.json
@@ -36,6 +38,11 @@ DEFAULT_VAL_FRACTION = 0.1
 STDLIB_CORPUS_VERSION = 1
 # validation batches: nntile-train's --eval-batches and nntile-eval's --batches
 EVAL_BATCHES = 8
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # ---- tokenizers --------------------------------------------------------------------------
@@ -74,8 +81,7 @@ class HFTokenizer:
             transformers.logging.set_verbosity_error()
             self.tok = GPT2TokenizerFast.from_pretrained(name_or_path, local_files_only=True)
         except Exception as exc:  # ImportError, OSError, ValueError...: all mean "not here"
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CLIError(self._missing(reason)) from None
+            raise CLIError(self._missing(_first_line(exc))) from None
         probe = "def hello(): return 'world'\n"
         if len(self.tok) < 2 or self.tok.decode(self.tok.encode(probe)) != probe:
             # transformers builds an empty tokenizer when it finds no files
@@ -118,8 +124,8 @@ class TokenizerFile:
             from tokenizers import Tokenizer
             self.tok = Tokenizer.from_file(file)
         except Exception as exc:  # ImportError, or the library's own for a bad file
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CLIError(f"the tokenizer {file} cannot be loaded ({reason})") from None
+            raise CLIError(f"the tokenizer {file} cannot be loaded ({_first_line(exc)})") \
+                from None
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self.dtype = token_dtype(self.vocab_size)
         self.eot = self._end_of_text()
@@ -137,7 +143,14 @@ class TokenizerFile:
     def encode(self, data):
         if isinstance(data, bytes):
             data = data.decode("utf-8", errors="replace")
-        return np.asarray(self.tok.encode(data).ids, dtype=self.dtype)
+        # the library raises its own exception where it cannot (a WordLevel vocabulary that
+        # lacks its unknown token, for a word outside it)
+        try:
+            ids = self.tok.encode(data).ids
+        except Exception as exc:
+            raise CLIError(f"the tokenizer {self.path}/tokenizer.json cannot encode the text "
+                           f"({_first_line(exc)})") from None
+        return np.asarray(ids, dtype=self.dtype)
 
     def decode(self, ids):
         return self.tok.decode([int(i) for i in ids])
@@ -254,12 +267,37 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction=DEFAULT_VAL_FRACTION
         raise CLIError(f"--val-fraction {val_fraction} must be between 0 and 1")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise CLIError(f"--out {out_dir} exists and is not a directory")
-    existing = [n for n in OUTPUTS if os.path.exists(os.path.join(out_dir, n))]
-    if existing and not overwrite:
-        raise CLIError(f"--out {out_dir} already holds a data set ({', '.join(existing)}): "
-                       "replace it with --overwrite, or choose another --out")
     tok = get_tokenizer(tokenizer)
     files = _input_files(inputs, out_dir)
+    with _locked_out(out_dir):  # from the check that it holds no data set to the write
+        existing = [n for n in OUTPUTS if os.path.exists(os.path.join(out_dir, n))]
+        if existing and not overwrite:
+            raise CLIError(f"--out {out_dir} already holds a data set ({', '.join(existing)}): "
+                           "replace it with --overwrite, or choose another --out")
+        return _tokenize(files, tok, out_dir, val_fraction)
+
+
+@contextlib.contextmanager
+def _locked_out(out_dir):
+    """``out_dir``, created if needed, with this process alone writing into it (OutLock, as
+    nntile-train's --out); removed again if the block fails having written nothing."""
+    created = not os.path.exists(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise CLIError(f"cannot write data to {out_dir}: {exc.strerror or exc}") from None
+    with OutLock(out_dir):
+        try:
+            yield
+        except BaseException:
+            if created:
+                with contextlib.suppress(OSError):  # not empty: something was written
+                    os.rmdir(out_dir)
+            raise
+
+
+def _tokenize(files, tok, out_dir, val_fraction):
+    """Tokenize ``files`` with ``tok`` into a data set in ``out_dir``; what prepare() says."""
     pieces = []
     for path in files:
         ids = tok.encode(_read_file(path))
@@ -341,7 +379,7 @@ def default_data_dir(fallback_parent=None, quiet=False):
 
 class TokenData:
     """The splits of a data directory, checked: readable, whole tokens of meta.json's dtype,
-    long enough, every id inside the vocabulary."""
+    as many as it records, long enough, every id inside the vocabulary."""
 
     def __init__(self, path):
         self.path = path
@@ -370,6 +408,10 @@ class TokenData:
             vocab = meta.get("vocab_size", 1)
             if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
                 raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
+            for split in SPLITS:
+                count = meta.get(f"{split}_tokens", 0)
+                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                    raise ValueError(f"{split}_tokens {count!r} is not a token count")
             if "incomplete" in meta:
                 raise ValueError(f"{meta['incomplete']}: run it again")
             if meta.get("dtype", TOKEN_DTYPE.name) not in TOKEN_DTYPES:
@@ -396,6 +438,11 @@ class TokenData:
         if size % self.dtype.itemsize:
             raise CLIError(f"data file {file} has {size} bytes: not a whole number of "
                            f"{self.dtype.name} tokens (truncated, or not nanoGPT format?)")
+        recorded = self.meta.get(f"{split}_tokens")
+        if recorded is not None and size // self.dtype.itemsize != recorded:
+            raise CLIError(f"data file {file} holds {size // self.dtype.itemsize:,} tokens, "
+                           f"meta.json records {recorded:,} (cut short, or replaced?): "
+                           "prepare the data again")
         return np.memmap(file, dtype=self.dtype, mode="r")
 
     @property

@@ -7,7 +7,8 @@
 
 Flags left out fall back, in order, to the checkpoint being resumed and then to the defaults.
 Ctrl-C or SIGTERM ends the current step, saves a checkpoint and exits with 130 or 143; a second
-signal abandons the step (the checkpoint then holds the step before).
+signal abandons the step (the checkpoint then holds the step before). Before the first step,
+either ends the program quietly (nntile.startup).
 """
 import contextlib
 import json
@@ -21,7 +22,8 @@ import time
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, add_recompute_arg, add_runtime_args,
+from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_recompute_arg,
+                               add_runtime_args,
                                add_tiling_args, add_verbose_arg, check_dtype, check_seq_len,
                                default_tiles, family_model, launcher_rank, model_tiling,
                                nonneg_float, nonneg_int, positive_float, positive_int,
@@ -302,6 +304,10 @@ def resolve(args):
     if args.attention is not None:  # argparse checked it
         config = config.replace(attention=args.attention)
     s.config = config
+    if s.init_from:  # every weight, before StarPU starts
+        from nntile.transformers_io import read_model_state
+        s.init_state = read_model_state(s.init_from, config, np.float64 if s.dtype == "fp64"
+                                        else np.float32)
     # the model's own tokenizer, where it comes with one: the data must be made with it
     model_tokenizer = None
     if s.init_from:
@@ -346,12 +352,13 @@ def prepare_out(s, args):
         os.unlink(probe)
     except OSError as exc:
         raise CLIError(f"--out {out} is not writable: {exc.strerror or exc}") from None
-    for name in (METRICS, "loss.png"):
-        if os.path.isdir(os.path.join(out, name)):
-            raise CLIError(f"--out {out} holds a directory {name}, where the run writes its "
-                           f"file {name}: move that directory away, or use another --out")
     if launcher_rank()[0] == 0:  # under MPI, rank 0 writes what --out holds
         s.lock = OutLock(out)  # before anything in --out is read or changed
+    blocking = _directory_where_a_file_goes(out)
+    if blocking:
+        raise CLIError(f"--out {out} holds a directory {blocking}, where the run writes or "
+                       f"deletes its file {blocking}: move that directory away, or use "
+                       "another --out")
     from nntile.checkpoint import list_checkpoints
     existing = list_checkpoints(out)
     if existing and not args.overwrite:
@@ -366,36 +373,17 @@ def prepare_out(s, args):
                            "another --out, or delete them with --overwrite")
 
 
-class OutLock:
-    """One run at a time in an --out directory: an flock on the directory itself (nothing is
-    written; the kernel releases it when the process ends, however it ends). A second run
-    is refused, naming the holder's process (Linux's /proc/locks)."""
-
-    def __init__(self, out):
-        import fcntl
-        self.fd = os.open(out, os.O_RDONLY)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise CLIError(f"--out {out} is in use by {self.holder(out)}: wait for it to end, "
-                           "or use another --out") from None
-        except OSError:  # a file system without flock on directories: no lock to take
-            pass
-
-    @staticmethod
-    def holder(out):
-        st = os.stat(out)
-        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-        try:
-            with open("/proc/locks") as f:
-                pids = [line.split()[4] for line in f
-                        if " FLOCK " in line and line.split()[5] == inode]
-            with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            return f"process {pids[0]} ({command[:80]})"
-        except (OSError, IndexError):
-            return "another process"
+def _directory_where_a_file_goes(out):
+    """The name of an entry of --out that is a directory where the run writes or deletes a
+    file (a checkpoint, a partial save, the metrics, the plot), else None. Found before
+    anything is deleted: the run would stop at it part-way, its checkpoints gone."""
+    from nntile.checkpoint import NAME_RE, PARTIAL_RE
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if ((name in (METRICS, "loss.png") or NAME_RE.match(name) or PARTIAL_RE.match(name))
+                and os.path.isdir(path) and not os.path.islink(path)):
+            return name
+    return None
 
 
 @contextlib.contextmanager
@@ -711,9 +699,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     elif s.init is not None:
         s.init.load_params(model)
     elif s.init_from is not None:
-        from nntile.transformers_io import read_state
-        model.load_state_dict(read_state(s.init_from, np.float64 if s.dtype == "fp64"
-                                         else np.float32))
+        model.load_state_dict(s.init_state)
     else:
         model.init_weights(s.seed)
     if ctx.rank == 0:

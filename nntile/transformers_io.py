@@ -12,10 +12,13 @@ tensors do), since numpy has no bfloat16.
 as transformers writes it. The state dicts are keyed by transformers' names; the family's name
 map (nntile.models.name_map) turns them into parameters.
 """
+import ctypes
+import errno
 import json
 import math
 import os
 import shutil
+import tempfile
 
 import numpy as np
 
@@ -37,6 +40,7 @@ SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
                       "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 WRITE_DTYPES = {"fp32": ("F32", "float32"), "fp64": ("F64", "float64"),
                 "bf16": ("BF16", "bfloat16")}
+AT_FDCWD, RENAME_EXCHANGE = -100, 2  # Linux's <fcntl.h> and <linux/fs.h>
 
 
 class TransformersDirError(CLIError):
@@ -157,7 +161,7 @@ def read_config(hf_dir):
     except (OSError, ValueError, RecursionError) as exc:
         raise TransformersDirError(f"{path} cannot be read: {_first_line(exc)}") from None
     model_type = data.get("model_type") or "gpt2"
-    if model_type not in FAMILIES:
+    if isinstance(model_type, str) and model_type not in FAMILIES:  # else config_from_dict's
         raise TransformersDirError(f"{hf_dir} holds a {model_type!r} model; nntile has "
                                    f"{', '.join(FAMILIES)}")
     try:
@@ -219,6 +223,17 @@ def read_state(hf_dir, dtype=np.float32):
     return state
 
 
+def read_model_state(hf_dir, config, dtype=np.float32):
+    """read_state, checked against the model of ``config`` before StarPU starts: every tensor
+    of its family's name map, in its shape, and nothing else; a one-line error naming the
+    first that is not (missing, of another size than config.json says, transposed)."""
+    state = read_state(hf_dir, dtype)
+    try:
+        return config.name_map().check(state)
+    except (KeyError, ValueError) as exc:
+        raise TransformersDirError(f"{hf_dir}: {exc.args[0] if exc.args else exc}") from None
+
+
 def tokenizer_info(hf_dir):
     """How a checkpoint records the tokenizer of a transformers directory: its tokenizer.json
     (the tokenizers library reads it), a GPT-2 tokenizer's vocab.json and merges.txt
@@ -232,33 +247,97 @@ def tokenizer_info(hf_dir):
 
 # ---- a directory out -------------------------------------------------------------------------
 
-def write_dir(hf_dir, config, state, weights="fp32"):
-    """Write config.json and model.safetensors (``weights``: fp32, fp64 or bf16) of a model's
-    transformers state dict into ``hf_dir`` (created if needed), each file atomically."""
+def write_dir(hf_dir, config, state, weights="fp32", tokenizer=None):
+    """Write config.json, model.safetensors (``weights``: fp32, fp64 or bf16) of a model's
+    transformers state dict, and the tokenizer a checkpoint records (write_tokenizer), as the
+    directory ``hf_dir``; a note on the tokenizer for the program's summary.
+    The directory is built beside ``hf_dir`` and swapped in whole, so that ``hf_dir`` holds
+    the old model or the new one at every instant, even if the process is killed; what else
+    the old directory held (a README, its tokenizer where none is written) is carried over,
+    its weights are not (they would shadow the new ones)."""
     _, torch_dtype = WRITE_DTYPES[weights]
+    target = os.path.realpath(hf_dir)  # a link to a directory: the directory
+    parent = os.path.dirname(target)
+    tmp = remove = None
     try:
-        os.makedirs(hf_dir, exist_ok=True)
-        write_safetensors(os.path.join(hf_dir, SAFETENSORS), state, weights)
-        _atomic_write(os.path.join(hf_dir, CONFIG_FILE), lambda f: json.dump(
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.nntile-", dir=parent)
+        write_safetensors(os.path.join(tmp, SAFETENSORS), state, weights)
+        _atomic_write(os.path.join(tmp, CONFIG_FILE), lambda f: json.dump(
             config.to_transformers_dict(torch_dtype), f, indent=2))
+        note = write_tokenizer(tokenizer, tmp)
+        _carry_over(target, tmp)
+        remove = _swap_in(tmp, target)
     except OSError as exc:
         raise TransformersDirError(f"cannot write {hf_dir}: {exc.strerror or exc}") from None
+    finally:
+        for path in (tmp, remove):  # after the swap, the old directory
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+    return note
+
+
+def _carry_over(old, new):
+    """Into ``new``: what the directory ``old`` (if any) holds and ``new`` does not, but weight
+    files; hard links where the file system has them, so nothing large is copied. ``new``
+    takes ``old``'s permissions, else the umask's."""
+    if not os.path.isdir(old):
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(new, 0o777 & ~mask)
+        return
+    skip = set(os.listdir(new)) | set(WEIGHT_FILES)
+    shutil.copytree(old, new, symlinks=True, dirs_exist_ok=True, copy_function=_link_or_copy,
+                    ignore=lambda directory, names: skip if directory == old else ())
+
+
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _swap_in(new, path):
+    """Put the directory ``new`` at ``path``; the path returned holds what ``path`` held (to
+    delete). One step on Linux (renameat2's RENAME_EXCHANGE), so that ``path`` is never
+    missing; elsewhere the old directory moves aside first."""
+    if not os.path.lexists(path):
+        os.rename(new, path)
+        return None
+    if _exchange(new, path):
+        return new
+    aside = new + ".old"
+    os.rename(path, aside)
+    os.rename(new, path)
+    return aside
+
+
+def _exchange(a, b):
+    """Swap the names of two paths in one step; False where the system cannot (no renameat2
+    in the C library, or a kernel or file system without RENAME_EXCHANGE)."""
+    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if rename is None:
+        return False
+    if rename(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def write_tokenizer(info, hf_dir):
-    """Copy a recorded tokenizer into ``hf_dir``; a note for the program's summary."""
+    """Copy a recorded tokenizer into ``hf_dir`` (OSError where it cannot); a note for the
+    program's summary."""
     info = info or {}
     if info.get("name") == "tokenizer.json":
         source = info.get("path") or ""
         files = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(source, f))]
         if "tokenizer.json" not in files:
             return f" (tokenizer {source}/tokenizer.json not found: not written)"
-        try:
-            for name in files:
-                shutil.copyfile(os.path.join(source, name), os.path.join(hf_dir, name))
-        except OSError as exc:
-            raise TransformersDirError(f"cannot write {hf_dir}: {exc.strerror or exc}") \
-                from None
+        for name in files:
+            shutil.copyfile(os.path.join(source, name), os.path.join(hf_dir, name))
         return " and the tokenizer"
     if info.get("name") == "gpt2":
         from nntile.data import get_tokenizer

@@ -11,6 +11,7 @@ section holds what a new user tried beyond the issue's list.
 import collections
 import concurrent.futures
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -397,8 +398,10 @@ def _bad_data(tmp_path, data_dir, kind):  # noqa: F811
         val.write_bytes(b"")
     elif kind == "odd val.bin":
         val.write_bytes(val.read_bytes()[:-1])
-    elif kind == "val.bin shorter than a sequence":
+    elif kind == "val.bin shorter than a sequence":  # as meta.json records it
         val.write_bytes(val.read_bytes()[:40])
+        meta = json.loads((bad / "meta.json").read_text())
+        (bad / "meta.json").write_text(json.dumps(dict(meta, val_tokens=20)))
     elif kind == "token id past the vocabulary":
         ids = np.fromfile(val, np.uint16)
         ids[7] = 4000

@@ -132,6 +132,67 @@ def test_convert_sharded_bf16_weights(tmp_path, hf_dir):
         assert torch.equal(back.state_dict()[name], tensor.to(torch.bfloat16).float()), name
 
 
+def test_export_back_into_the_directory_it_was_imported_from(tmp_path, hf_dir):
+    """The checkpoint records the directory's own tokenizer: it is carried over, unchanged."""
+    model_dir = hf_dir[0]
+    shutil.copytree(model_dir, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert cli("convert", "import", tmp_path / "hf", tmp_path / "m.h5").returncode == 0
+    result = cli("convert", "export", tmp_path / "m.h5", tmp_path / "hf", "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert "and the tokenizer" in result.stdout
+    after = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert sorted(after) == sorted(before)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert after[name] == before[name], name
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
+def _damage(hf, damage):
+    """A tiny Llama directory, damaged: a weight missing or transposed, config.json's
+    hidden_size not the weights', or its model_type not a string."""
+    from safetensors.torch import load_file, save_file
+    config = json.loads((hf / "config.json").read_text())
+    state = load_file(hf / "model.safetensors")
+    up = "model.layers.0.mlp.up_proj.weight"
+    if damage == "missing":
+        del state[up]
+    elif damage == "transposed":
+        state[up] = state[up].T.contiguous()
+    elif damage == "hidden_size":
+        config["hidden_size"] = 32
+    else:
+        config["model_type"] = ["llama"]
+    save_file(state, hf / "model.safetensors", metadata={"format": "pt"})
+    (hf / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("missing", ["has no 'model.layers.0.mlp.up_proj.weight'"]),
+    ("transposed", ["model.layers.0.mlp.up_proj.weight: shape (16, 24), the model expects "
+                    "(24, 16)"]),
+    ("hidden_size", ["model.embed_tokens.weight: shape (256, 16), the model expects "
+                     "(256, 32)"]),
+    ("model_type", ["config.json: model_type ['llama'] is not a family nntile has"]),
+])
+def test_init_from_checks_the_weights_as_import_does(tmp_path, data_dir, damage,  # noqa: F811
+                                                     words):
+    hf = tmp_path / "hf"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2)).save_pretrained(hf)
+    _damage(hf, damage)
+    line = assert_clean_error(cli("train", "--init-from", hf, "--data", data_dir, "--out",
+                                  tmp_path / "run", "--steps", "1", "--seq-len", "16",
+                                  "--no-progress"), str(hf), *words)
+    assert not (tmp_path / "run").exists()
+    same = assert_clean_error(cli("convert", "import", hf, tmp_path / "m.h5"), *words)
+    assert line.split(": error: ")[1] == same.split(": error: ")[1]
+
+
 def test_refusals_of_the_family_flags(tmp_path, data_dir):  # noqa: F811
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=256, hidden_size=16, intermediate_size=24, num_hidden_layers=1,

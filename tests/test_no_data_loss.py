@@ -84,6 +84,18 @@ def test_a_second_run_into_a_busy_out_is_refused_at_once(tmp_path, data_dir):  #
     assert ckpts(out)  # it saved on SIGTERM, untouched by the second
 
 
+def test_overwrite_finds_what_blocks_the_run_before_deleting(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    assert train(out, data_dir, "--steps", "2").returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for name in ("ckpt-99.h5", "ckpt-7.h5.tmp"):  # a checkpoint, a partial save: files
+        (out / name).mkdir()
+        result = train(out, data_dir, "--steps", "2", "--overwrite")
+        assert_clean_error(result, f"holds a directory {name}", "move that directory away")
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+        (out / name).rmdir()
+
+
 def test_resuming_on_other_data_warns_with_both_sizes(tmp_path, data_dir):  # noqa: F811
     out = tmp_path / "run"
     assert train(out, data_dir, "--steps", "3").returncode == 0
@@ -110,6 +122,73 @@ def test_prepare_refuses_to_replace_a_data_set(tmp_path):
     result = cli("data", files[2], "--out", out, "--overwrite")
     assert result.returncode == 0, result.stderr
     assert (out / "train.bin").read_bytes() != before["train.bin"]
+
+
+# run as `python -c PAUSED_BEFORE_WRITING READY GO ARGS...`: nntile-prepare ARGS, which
+# creates the file READY once it has checked --out and tokenized, and waits for GO to write
+PAUSED_BEFORE_WRITING = """
+import os, sys, time
+import nntile.data as data
+write_dataset = data.write_dataset
+def paused(*args, **kwargs):
+    open(sys.argv[1], "w").close()
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.02)
+    return write_dataset(*args, **kwargs)
+data.write_dataset = paused
+sys.exit(data.main(sys.argv[3:]))
+"""
+
+
+def test_a_second_prepare_into_the_same_out_is_refused(tmp_path):
+    """Two nntile-prepare started together: the second, which checks --out while the first
+    tokenizes, is refused instead of replacing the first's data set (or being replaced)."""
+    from tests.test_train_cli import cli_env
+    files = stdlib_files()[1]
+    out, ready, go = tmp_path / "data", tmp_path / "ready", tmp_path / "go"
+    first = subprocess.Popen([sys.executable, "-c", PAUSED_BEFORE_WRITING, str(ready), str(go),
+                              files[0], "--out", str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        deadline = time.time() + 120
+        while not ready.exists():
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.02)
+        second = cli("data", files[1], "--out", out)
+    finally:
+        go.touch()
+        stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    assert_clean_error(second, str(out), "in use", str(first.pid))
+    data = TokenData(str(out))
+    tokens = np.concatenate([data.splits["train"], data.splits["val"]])
+    assert tokens.tobytes() == np.frombuffer(open(files[0], "rb").read(), np.uint8).astype(
+        np.uint16).tobytes()
+
+
+def test_a_data_file_cut_at_a_token_boundary_is_refused(tmp_path):
+    """uint32 tokens, train.bin cut to 20,250 of the 27,000 that meta.json records: whole
+    tokens, so only the count tells."""
+    from nntile.cli_common import CLIError
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 27_000), ("val", 3_000)):
+        rng.integers(0, 70_000, count, dtype=np.uint32).tofile(data / f"{split}.bin")
+    (data / "meta.json").write_text(json.dumps(dict(
+        tokenizer="byte", vocab_size=70_000, dtype="uint32", train_tokens=27_000,
+        val_tokens=3_000)))
+    assert len(TokenData(str(data))) == 27_000
+    with open(data / "train.bin", "r+b") as f:
+        f.truncate(20_250 * 4)
+    with pytest.raises(CLIError, match="train.bin holds 20,250 tokens, meta.json records "
+                       "27,000"):
+        TokenData(str(data))
+    result = train(tmp_path / "run", data, "--steps", "1")
+    assert_clean_error(result, str(data / "train.bin"), "20,250", "27,000")
+    (data / "meta.json").write_text(json.dumps(dict(vocab_size=70_000, train_tokens="all")))
+    with pytest.raises(CLIError, match="train_tokens 'all' is not a token count"):
+        TokenData(str(data))
 
 
 def test_prepare_never_reads_its_own_outputs(tmp_path):
@@ -181,6 +260,60 @@ def test_convert_refuses_to_replace_a_checkpoint_or_a_model_directory(tmp_path):
     assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
     result = cli("convert", "export", ckpt, tmp_path / "hf", "--overwrite")
     assert result.returncode == 0, result.stderr
+
+
+# run as `python -c KILLED_AT N ARGS...`: nntile-convert ARGS, killed (SIGKILL) at its N-th
+# rename, file replacement or directory removal, where an export changes what is on disk
+KILLED_AT = """
+import os, shutil, signal, sys
+calls = [0]
+def killed_at(n, real):
+    def call(*args, **kwargs):
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        calls[0] += 1
+        return real(*args, **kwargs)
+    return call
+n = int(sys.argv[1])
+os.replace, os.rename, shutil.rmtree = (killed_at(n, f) for f in (os.replace, os.rename,
+                                                                   shutil.rmtree))
+from nntile.convert import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _files(directory):
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+def test_an_export_killed_at_any_point_leaves_the_old_model_or_the_new(tmp_path):
+    """A Llama checkpoint exported over a GPT-2 directory: killed at each step, the directory
+    holds the GPT-2 model or the Llama one, never Llama weights under GPT-2's config.json."""
+    from tests.test_train_cli import cli_env
+    _save_tiny_gpt2(tmp_path / "hf")
+    (tmp_path / "hf" / "README.md").write_text("my notes\n")  # not the model's: kept
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2)).save_pretrained(tmp_path / "llama")
+    ckpt = tmp_path / "llama.h5"
+    assert cli("convert", "import", tmp_path / "llama", ckpt).returncode == 0
+    assert cli("convert", "export", ckpt, tmp_path / "fresh").returncode == 0
+    old = _files(tmp_path / "hf")
+    new = dict(old, **_files(tmp_path / "fresh"))
+    for n in range(20):
+        result = subprocess.run([sys.executable, "-c", KILLED_AT, str(n), "export", str(ckpt),
+                                 str(tmp_path / "hf"), "--overwrite"], capture_output=True,
+                                text=True, timeout=180, env=cli_env())
+        if result.returncode == 0:
+            break
+        assert result.returncode == -9, result.stderr
+        assert _files(tmp_path / "hf") in (old, new), (n, sorted(_files(tmp_path / "hf")))
+    assert n >= 2 and _files(tmp_path / "hf") == new
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert type(model) is transformers.LlamaForCausalLM
+    # what a killed export left is a hidden directory beside, never in, the model's
+    assert all(p.name.startswith(".") for p in tmp_path.iterdir()
+               if p.name not in ("hf", "llama", "fresh", "llama.h5"))
 
 
 def test_make_train_keeps_earlier_runs(tmp_path, data_dir):  # noqa: F811

@@ -1,4 +1,5 @@
-"""Issue 26, "Rough edges": a clear line instead of a traceback, and the new user's path.
+"""Issues 26 and 41, "Rough edges": a clear line instead of a traceback, and the new user's
+path.
 One test (or two) per item of the issue; the README's code blocks are tests/test_readme.py,
 and hostile input of every kind is tests/test_hostile.py."""
 import fcntl
@@ -6,10 +7,12 @@ import json
 import os
 import pty
 import re
+import signal
 import struct
 import subprocess
 import sys
 import termios
+import time
 
 import numpy as np
 import pytest
@@ -53,6 +56,49 @@ def test_config_json_of_wrong_types_is_one_line(tmp_path, text, words):
     (hf / "config.json").write_text(text)
     (hf / "model.safetensors").write_bytes(b"")
     assert_clean_error(cli("convert", "import", hf, tmp_path / "m.h5"), "config.json", words[0])
+
+
+def test_a_tokenizer_that_cannot_encode_is_one_line(tmp_path):
+    """A WordLevel tokenizer.json of an empty vocabulary: the tokenizers library loads it and
+    raises its own exception on the first word."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab={}, unk_token="[UNK]")).save(
+        str(tok / "tokenizer.json"))
+    (tmp_path / "a.txt").write_text("hello world\n")
+    result = cli("data", tmp_path / "a.txt", "--out", tmp_path / "out", "--tokenizer", tok)
+    assert_clean_error(result, f"the tokenizer {tok}/tokenizer.json cannot encode the text",
+                       "[UNK]")
+    assert not (tmp_path / "out").exists()
+
+
+def _importing_numpy(pid):
+    """Whether a process has loaded numpy's C extension: nntile's imports are under way
+    (numpy is the first thing nntile imports; Python's own start-up before it is not
+    nntile's)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return "_multiarray_umath" in f.read()
+
+
+def test_ctrl_c_at_any_point_of_start_up_is_quiet(tmp_path, data_dir):  # noqa: F811
+    """SIGINT from nntile's first import to the first steps: exit code 130, no traceback,
+    and before the steps begin, at most one line."""
+    for delay in (0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.8):
+        proc = subprocess.Popen([sys.executable, "-m", "nntile.train", *TINY, "--data",
+                                 str(data_dir), "--out", str(tmp_path / f"run-{delay}"),
+                                 "--steps", "100000"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=cli_env())
+        while not _importing_numpy(proc.pid):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.001)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, (delay, err)
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, (delay, err)
+        if "finishing this step" not in err:  # still starting
+            assert len(err.strip().splitlines()) <= 1, (delay, err)
 
 
 def test_a_tiny_temperature_samples_the_likeliest_token(tmp_path, tiny_run):

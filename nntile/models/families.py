@@ -11,7 +11,7 @@ DEFAULT_MODEL_TYPE = "gpt2"
 
 
 def _family(model_type):
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ValueError(f"model_type {model_type!r} is not a family nntile has "
                          f"({', '.join(FAMILIES)})")
     return FAMILIES[model_type]
