@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include "codelets.h"
 #include "kernels/kernels.h"
+#include "kernels/blas.h"
 #if NNTILE_HAVE_CUDA
 #include <starpu_cublas_v2.h>
 #include "../cuda/cuda_kernels.h"
@@ -281,11 +282,24 @@ void nntile_cuda_stop(void)
 #endif
 }
 
-extern void openblas_set_num_threads(int);
-
 void nntile_blas_single_thread(void)
 {
-    openblas_set_num_threads(1);
+    NNTILE_BLAS(openblas_set_num_threads)(1);
+}
+
+const char *nntile_blas_config(void)
+{
+    return NNTILE_BLAS(openblas_get_config)();
+}
+
+const char *nntile_blas_core(void)
+{
+    return NNTILE_BLAS(openblas_get_corename)();
+}
+
+int nntile_blas_threads(void)
+{
+    return NNTILE_BLAS(openblas_get_num_threads)();
 }
 
 /* The release half of nntile_write_back: StarPU calls it once the host copy is valid. */

@@ -77,6 +77,12 @@ unsigned long long nntile_op_timeline_count(void);
 /* Set OpenBLAS to one thread: each StarPU CPU worker is already one thread. */
 void nntile_blas_single_thread(void);
 
+/* What the CPU kernels' OpenBLAS says of itself: its build (version and options), the CPU
+ * core whose kernels it picked for this machine, and its threads per call. */
+const char *nntile_blas_config(void);
+const char *nntile_blas_core(void);
+int nntile_blas_threads(void);
+
 /* cuBLAS handles of the CUDA workers: after starpu_init, before starpu_shutdown. */
 void nntile_cuda_start(void);
 void nntile_cuda_stop(void);

@@ -41,6 +41,9 @@ cdef inline int CHKERR(int ret, const char *call) except -1 nogil:
 cdef extern from "codelets.h" nogil:
     void nntile_codelets_init()
     void nntile_blas_single_thread()
+    const char *nntile_blas_config()
+    const char *nntile_blas_core()
+    int nntile_blas_threads()
     void nntile_cuda_start()
     void nntile_cuda_stop()
     void nntile_task_discard(starpu_task *task)
@@ -115,6 +118,14 @@ def schedulers():
         result[policy[0].policy_name.decode()] = policy[0].policy_description.decode()
         policy += 1
     return result
+
+
+def blas():
+    """The CPU kernels' BLAS: {"config": its build (OpenBLAS's version and options), "core":
+    the CPU whose kernels it runs here, "threads": its threads per call (1 once a Context has
+    started: each CPU worker is one thread)}."""
+    return {"config": nntile_blas_config().decode(), "core": nntile_blas_core().decode(),
+            "threads": nntile_blas_threads()}
 
 
 # One task of Runtime.timeline(), as codelets.h's struct nntile_task_record lays it out.
