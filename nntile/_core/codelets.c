@@ -263,6 +263,16 @@ unsigned long long nntile_op_time(int op, int dtype, double *seconds)
     return __atomic_exchange_n(&op_tasks[op][dtype], 0ULL, __ATOMIC_RELAXED);
 }
 
+int nntile_models_calibrating(void)
+{
+    int count = 0;
+    for (int op = 0; op < NNTILE_OP_COUNT; ++op)
+        for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
+            /* StarPU's scheduler sets it from its own threads, at any time */
+            count += __atomic_load_n(&models[op][dtype].benchmarking, __ATOMIC_RELAXED) != 0;
+    return count;
+}
+
 const char *nntile_op_name(int op)
 {
     return (op >= 0 && op < NNTILE_OP_COUNT) ? op_names[op] : "?";

@@ -57,6 +57,7 @@ cdef extern from "codelets.h" nogil:
     unsigned long long nntile_op_timeline_count()
     starpu_codelet *nntile_codelet(int op, int dtype)
     const char *nntile_op_name(int op)
+    int nntile_models_calibrating()
     int NNTILE_HAVE_CUDA
 
 cdef extern from "Python.h":
@@ -290,6 +291,13 @@ class Runtime:
                                       dtype=_DTYPE_NAMES[dtype], tasks=tasks,
                                       seconds=seconds))
         return sorted(stats, key=lambda s: -s["seconds"])
+
+    def models_calibrating(self):
+        """How many kernels' performance models StarPU is calibrating (codelets.h): while
+        it does, it measures their tasks and places them without estimates, and steps run
+        slower."""
+        self._check_running()
+        return nntile_models_calibrating()
 
     def record_timeline(self, capacity=1 << 20):
         """Record each task that finishes from now on (its op, worker and StarPU's dates for
