@@ -106,7 +106,7 @@ def test_blas_is_the_wheel_with_kernels_for_this_cpu(ctx):
     """The CPU kernels call the OpenBLAS the build links (the scipy-openblas32 wheel, the
     version installed), one thread per call (each CPU worker is one thread), and it runs
     kernels for this CPU: on a CPU with AVX2, not the SSE3 "Prescott" ones that an OpenBLAS
-    older than the CPU has fallen back to."""
+    which does not recognise the CPU falls back to."""
     from importlib.metadata import version
     from nntile._core.core import blas
     info = blas()
@@ -121,8 +121,9 @@ def test_blas_is_the_wheel_with_kernels_for_this_cpu(ctx):
 
 def test_cpu_gemm_runs_near_numpy(ctx):
     """One task's GEMM against numpy's on one thread, best of several interleaved rounds: at
-    least half its rate, a bound a loaded machine passes while BLAS kernels for an older CPU
-    fail it (bench/test_kernels.py reports the ratio itself)."""
+    least half its rate, a bound a loaded machine passes while SSE3 kernels fail it (a third
+    of the AVX-512 ones' rate on the 2-core development machine; bench/test_kernels.py
+    reports the ratio itself)."""
     from threadpoolctl import threadpool_limits
     M, K, N = 512, 768, 1024
     rng = np.random.default_rng(0)

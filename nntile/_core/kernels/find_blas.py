@@ -1,8 +1,8 @@
-"""The BLAS of the CPU kernels: OpenBLAS from the scipy-openblas32 wheel, the build numpy's own
-wheels are made with. It picks its kernels for the CPU it runs on among those of every x86
-generation (DYNAMIC_ARCH), and it is as current as PyPI, where a distribution's OpenBLAS is as
-old as the distribution: one that does not know a CPU runs the kernels of an older one (Debian
-12's 0.3.21 has run its SSE3 "Prescott" kernels on a CPU with AVX-512).
+"""The BLAS of the CPU kernels: OpenBLAS from the scipy-openblas32 wheel, the build numpy's wheels
+ship (theirs with 64-bit indices). It picks its kernels for the CPU it runs on among those of
+every x86 generation (DYNAMIC_ARCH), and it is as current as PyPI, where a distribution's
+OpenBLAS is as old as the distribution, and one that does not recognise a CPU runs the kernels
+of an older one (at worst the SSE3 "Prescott" ones).
 
 Plain Python with no import of nntile: setup.py and the kernel tests load this file by its path.
 """
