@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 STAMP := build/.stamps
-APT_PACKAGES := libhwloc-dev pkg-config patch libopenmpi-dev openmpi-bin libopenblas-dev
+APT_PACKAGES := libhwloc-dev pkg-config patch libopenmpi-dev openmpi-bin
 
 CHECKPOINTS ?= checkpoints
 TRAIN_ARGS ?=
@@ -66,7 +66,7 @@ install: starpu
 	else \
 	  rm -f $(STAMP)/installed; \
 	  $(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0; \
-	  $(PIP) install -q setuptools wheel Cython numpy && \
+	  $(PIP) install -q setuptools wheel Cython numpy scipy-openblas32 && \
 	  PYTHON=$(PYTHON) NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) scripts/cuda_deps.sh && \
 	  NNTILE_STARPU_PREFIX=$$(cat $(STAMP)/starpu-prefix) \
 	    $(PIP) install -q --no-build-isolation -e ".[test]" && touch $(STAMP)/installed; \

@@ -176,19 +176,21 @@ def extensions():
     write_cython_headers()
     incdirs, libs, libdir = starpu_flags()
     cuda = use_cuda(incdirs)
-    blas_cflags = pkg_config("--cflags", "openblas") or []
-    blas_libs = pkg_config("--libs", "openblas") or ["-lopenblas"]
+    find_blas = load_by_path("nntile_find_blas", "nntile", "_core", "kernels", "find_blas.py")
+    try:
+        blas_compile, blas_link = find_blas.build_flags()
+    except find_blas.NotFound as err:
+        fail(str(err))
     march = os.environ.get("NNTILE_MARCH", "native")
     mpi = mpi_flags()
     c_sources = sorted(glob.glob("nntile/_core/kernels/*.c")) + ["nntile/_core/codelets.c",
                                                                   "nntile/_core/host_arena.c",
                                                                   "nntile/_core/mpi_glue.c",
                                                                   "nntile/_core/collective.c"]
-    include_dirs = ["nntile/_core", numpy.get_include(), *incdirs,
-                    *[f[2:] for f in blas_cflags if f.startswith("-I")]]
+    include_dirs = ["nntile/_core", numpy.get_include(), *incdirs]
     macros = [("NNTILE_HAVE_CUDA", "1" if cuda else "0"), ("NNTILE_HAVE_MPI", "1" if mpi else "0"),
               ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
-    link_args = [*libs, *blas_libs, "-lm", f"-Wl,-rpath,{libdir}"]
+    link_args = [*libs, *blas_link, "-lm", f"-Wl,-rpath,{libdir}"]
     if mpi:
         include_dirs += mpi[0]
         link_args = mpi[1] + link_args
@@ -216,7 +218,7 @@ def extensions():
         define_macros=macros,
         extra_compile_args=["-O3", f"-march={march}", "-fno-math-errno", "-Wno-unused-function",
                             # an unchecked StarPU call does not build (starpu_checked.h)
-                            "-Werror=unused-result"],
+                            "-Werror=unused-result", *blas_compile],
         extra_link_args=link_args,
         # relink when CUDA sources or any header change, not only the listed sources
         depends=sorted(glob.glob("nntile/cuda/*") + glob.glob("nntile/_core/kernels/*")

@@ -39,12 +39,15 @@ def parse_args(argv=None):
     p.add_argument("--ncpu", type=int)
     p.add_argument("--ncuda", type=int)
     p.add_argument("--sched")
+    from nntile.cli_common import add_verbose_arg
+    add_verbose_arg(p)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
     import nntile
+    from nntile.cli_common import starpu_messages
     from nntile.models import GPT2Config, GPT2LMHead
     from nntile.optim import AdamW
     from nntile.train import init_weights
@@ -55,8 +58,9 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, args.vocab, (args.batch, args.seq))
     targets = rng.integers(0, args.vocab, (args.batch, args.seq))
+    starpu_messages(args.verbose)
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched) as ctx:
-        print(ctx.describe(), flush=True)
+        print(ctx.describe(verbose=args.verbose), flush=True)
         runs = []
         if args.core:
             return core_main(args, ctx, variants)

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import nntile
 import torch_reference
 from harness import model_flops_per_step, op_table, paused, print_result, train_step
-from nntile.cli_common import output_file
+from nntile.cli_common import add_verbose_arg, calibration_note, output_file, starpu_messages
 from nntile.models import GPT2Config, GPT2LMHead, LlamaLM
 from nntile.optim import AdamW
 from shapes import add_model_args, llama_config, resolve_model
@@ -70,6 +70,7 @@ def parse_args(argv):
         p.add_argument(f"--tile-{key}", type=int)
     p.add_argument("--plot-data", type=output_file("records.json"),
                    help="append the two records to this JSON list")
+    add_verbose_arg(p)
     return resolve_model(p.parse_args(argv),
                          heads=lambda n_embd: max(1, n_embd // (128 if n_embd >= 1024 else 64)))
 
@@ -119,10 +120,17 @@ def run_ours(ctx, model, args, ids, targets, flops, warmup):
         ctx.profiling(True)
         ctx.op_stats()  # counts from here
 
+    note_calibration = calibration_note(ctx, lambda line: print(line, flush=True),
+                                        args.verbose)
+
+    def step():
+        train_step(ctx, model, opt, ids, targets)
+        note_calibration()
+
     try:
         opt = AdamW(model.named_parameters(), lr=1e-4)
-        times, losses = timed_steps(lambda: train_step(ctx, model, opt, ids, targets), warmup,
-                                    args.steps, loss=lambda: float(model.loss_value.to_array()[0]),
+        times, losses = timed_steps(step, warmup, args.steps,
+                                    loss=lambda: float(model.loss_value.to_array()[0]),
                                     start=count_ops)
         ops = ctx.op_stats()
         ctx.profiling(False)
@@ -196,7 +204,10 @@ def main(argv=None):
     # tasks that leave tiles on the GPU, which would take PyTorch's memory. Ours then starts
     # from the same weights, kept on the host meanwhile.
     initial = {name: value.detach().clone() for name, value in hf.state_dict().items()}
-    with nntile.Context(ncpu=ncpu, ncuda=ncuda, sched=args.sched, verbose=True) as ctx:
+    starpu_messages(args.verbose)
+    with nntile.Context(ncpu=ncpu, ncuda=ncuda, sched=args.sched, verbose=args.verbose) as ctx:
+        if not args.verbose:
+            print(ctx.describe(verbose=False), flush=True)
         with paused(ctx):
             theirs = run_pytorch(hf, device, args, ids, targets, flops, warmup)
         print(describe("pytorch", theirs), flush=True)

@@ -10,15 +10,27 @@ RESULT_PREFIX = "RESULT "
 
 
 @contextlib.contextmanager
-def paused(ctx):
+def paused(ctx, blas_threads=None):
     """StarPU's idle workers poll for tasks and take the cores (and keep issuing CUDA calls):
-    stop them while another library computes."""
+    stop them while another library computes. ``blas_threads``: the threads numpy's BLAS
+    calls get meanwhile, to match ours on as many CPU workers (None: its default, one per
+    core)."""
     ctx.wait()
     ctx.pause()
     try:
-        yield
+        with blas_limit(blas_threads):
+            yield
     finally:
         ctx.resume()
+
+
+def blas_limit(threads):
+    """threadpoolctl's limit: it sets every BLAS of the process, nntile's too, and sets them
+    back after; nntile's runs no task meanwhile, StarPU being paused."""
+    if threads is None:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(threads, user_api="blas")
 
 
 def seconds(fn):
@@ -27,14 +39,15 @@ def seconds(fn):
     return time.perf_counter() - start
 
 
-def interleaved(ctx, ours, reference, rounds):
+def interleaved(ctx, ours, reference, rounds, blas_threads=None):
     """Seconds per round of ours and of the reference, alternating so that both see the same
-    machine state; the reference runs with StarPU paused."""
+    machine state; the reference runs with StarPU paused (and numpy's BLAS on
+    ``blas_threads``, see paused)."""
     t_ours, t_ref = [], []
     for _ in range(rounds):
         ctx.wait()
         t_ours.append(seconds(ours))
-        with paused(ctx):
+        with paused(ctx, blas_threads):
             t_ref.append(seconds(reference))
     return t_ours, t_ref
 

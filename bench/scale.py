@@ -34,7 +34,8 @@ from harness import (gpu_time, gpu_time_table, model_flops_per_step, print_resul
 from shapes import add_model_args, llama_config, resolve_model
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
 from nntile import memory
-from nntile.cli_common import add_recompute_arg
+from nntile.cli_common import (CLIError, add_recompute_arg, add_verbose_arg, calibration_note,
+                               default_tiles, launcher_rank, starpu_messages)
 
 
 def parse_args(argv=None):
@@ -79,6 +80,7 @@ def parse_args(argv=None):
                    "(STARPU_DISK_SWAP_SIZE; default: the free space of DIR)")
     p.add_argument("--disk-swap-backend", help="STARPU_DISK_SWAP_BACKEND (default "
                    "unistd_o_direct, or unistd when some tiles are not whole pages)")
+    add_verbose_arg(p)
     args = p.parse_args(argv)
     for flag, path in (("--timeline", args.timeline), ("--cupti", args.cupti)):
         if path and os.path.exists(path):  # a trace written once is not replaced
@@ -195,7 +197,6 @@ def main(argv=None):
         if flag:
             os.environ[variable] = str(flag)
     # the tiles no flag gives: chosen for this machine and run, as nntile-train does
-    from nntile.cli_common import default_tiles
     from nntile.policy import describe_tiles
     choices = default_tiles(config, args.batch, args.seq, given, args, args.dtype)
     tiling = {k: v for k, (v, _) in choices.items() if k != "batch_count"}
@@ -203,7 +204,6 @@ def main(argv=None):
     tokens = args.batch * args.seq
     flops_per_step = (model_flops_per_step(nparams, args.n_layer, E, args.seq, tokens)
                       if args.model == "gpt2" else config.flops_per_token(args.seq) * tokens)
-    from nntile.cli_common import launcher_rank
     rank, nranks = launcher_rank()
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"model: {args.model}, {config.describe()}, {nparams / 1e9:.2f}B parameters, "
@@ -211,7 +211,6 @@ def main(argv=None):
         f"{args.attention} attention", flush=True)
     say(f"tiles: {describe_tiles(choices)}", flush=True)
 
-    from nntile.cli_common import CLIError
     from nntile.distributed import Distribution
     init = "tiles"
     distribution = Distribution.parse(args.distribution, nranks) if nranks > 1 else None
@@ -233,10 +232,15 @@ def main(argv=None):
     from nntile.optim import AdamW
     from nntile.parallel import DataParallel
     rng = np.random.default_rng(0)
+    starpu_messages(args.verbose)
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
-                        verbose=rank == 0, distribution=distribution,
+                        verbose=args.verbose and rank == 0, distribution=distribution,
                         mpi_stats=nranks > 1, run_bytes=est.total, training=args.dtype) as ctx:
+        if not args.verbose:
+            say(ctx.describe(verbose=False), flush=True)
+        note_calibration = calibration_note(ctx, lambda line: say(line, flush=True),
+                                            args.verbose)
         pool = RandomPool(rng)
         t0 = time.perf_counter()
         model = model_class(config.model_type)(config, tiling, args.dtype,
@@ -293,6 +297,7 @@ def main(argv=None):
                 say(gpu_time_table(f"step {step + 1} (CUPTI)", cupti), flush=True)
             else:
                 times.append(seconds(step_fn))
+            note_calibration()
             if traced:
                 t1 = ctx.clock_us()
                 table, dropped = ctx.timeline()

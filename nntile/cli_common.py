@@ -184,7 +184,8 @@ class OutLock:
 
 def add_verbose_arg(parser):
     parser.add_argument("-v", "--verbose", action="store_true", help="say more: StarPU's "
-                        "workers, the cores of its threads and every runtime setting")
+                        "workers, the cores of its threads, every runtime setting, the CPU's "
+                        "BLAS, and StarPU's own messages (its performance models' warnings)")
 
 
 def add_recompute_arg(parser):
@@ -333,6 +334,33 @@ def model_tiling(tiles):
     return {k: v for k, v in tiles.items() if v is not None}
 
 
+def starpu_messages(verbose):
+    """StarPU's own messages on stderr only under -v: its performance-model warnings ("not
+    calibrated enough ... forcing calibration", "Too big deviation ... flushing the
+    performance model") and start-up notes. StarPU prints them all through _STARPU_DISP,
+    which STARPU_SILENT=1 (read by starpu_init) turns off; a STARPU_SILENT of the user's
+    stands. Call it before StarPU starts; calibration_note says in one line what the
+    silenced warnings would."""
+    os.environ.setdefault("STARPU_SILENT", "0" if verbose else "1")
+
+
+def calibration_note(ctx, echo, verbose):
+    """A function to call after each step: the first time StarPU is found calibrating
+    performance models (Context.models_calibrating), it ``echo``-es one line saying so; not
+    under -v (``verbose``), where StarPU's own warnings say it (starpu_messages)."""
+    told = verbose
+
+    def check():
+        nonlocal told
+        count = 0 if told else ctx.models_calibrating()
+        if count:
+            told = True
+            echo(f"nntile: StarPU is calibrating the performance models of {count} kernel"
+                 f"{'s' if count > 1 else ''} on this machine: steps run slower until it has "
+                 "measured each tile shape (-v shows its messages)")
+    return check
+
+
 def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=None,
                   training=None):
     """Start StarPU with the runtime flags (and StarPU-MPI under mpirun); print its workers
@@ -342,7 +370,7 @@ def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=N
     import nntile
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
-    os.environ.setdefault("STARPU_SILENT", "1")
+    starpu_messages(getattr(args, "verbose", False))
     try:
         ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                              distribution=distribution, run_bytes=run_bytes,

@@ -7,7 +7,7 @@ import os
 import sys
 
 from nntile import policy
-from nntile._core.core import (HAVE_CUDA, HAVE_MPI, STARPU_VERSION, Runtime,
+from nntile._core.core import (HAVE_CUDA, HAVE_MPI, STARPU_VERSION, Runtime, blas,
                                current_context, schedulers, set_task_workers)
 from nntile.precision import precision_dtypes
 
@@ -379,7 +379,7 @@ class Context(Runtime):
 
     def describe(self, verbose=True):
         """What runs: StarPU's workers, the cores of its threads, every setting with where it
-        came from, and the tiles chosen; ``verbose=False``: one line, the workers by kind and
+        came from, the CPU kernels' BLAS and the tiles chosen; ``verbose=False``: one line, the workers by kind and
         the scheduler."""
         if not verbose:
             kinds = {}
@@ -411,6 +411,9 @@ class Context(Runtime):
                                                  for name, cores in threads.items()))
         for name, (value, origin) in self.settings().items():
             lines.append(f"  {name} = {value} ({origin})")
+        lib = blas()
+        lines.append(f"  CPU BLAS: {lib['config']}; {lib['core']} kernels, {lib['threads']} "
+                     f"thread{'s' if lib['threads'] > 1 else ''} per call")
         if self.tiles:
             lines.append(f"  tiles: {policy.describe_tiles(self.tiles)}")
         if self.recompute is not None:

@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_recompute_arg,
-                               add_runtime_args,
-                               add_tiling_args, add_verbose_arg, check_dtype, check_seq_len,
+                               add_runtime_args, add_tiling_args, add_verbose_arg,
+                               calibration_note, check_dtype, check_seq_len,
                                default_tiles, family_model, launcher_rank, model_tiling,
                                nonneg_float, nonneg_int, positive_float, positive_int,
                                resolve_distribution, resolve_tiling, run_cli, start_context,
@@ -762,6 +762,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     with output_errors(s.out):
         events = EventWriter(s.out) if ctx.rank == 0 else None  # TensorBoard's
     watchdog = Watchdog(ctx.comm, "nntile-train", ctx.mpi_timeout)  # a dead rank ends all
+    note_calibration = calibration_note(ctx, echo, args.verbose)
     try:
         last_time = time.perf_counter()
         while step < s.steps and not stop.agreed(ctx):
@@ -816,6 +817,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
             last_loss = loss
             bar.update(step, f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | {tflops:.4f} TFLOP/s")
             watchdog.beat()
+            note_calibration()
             if step == s.steps or (s.save_every and step % s.save_every == 0):
                 save_checkpoint(step)
         stop.tell(echo)

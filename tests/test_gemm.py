@@ -1,4 +1,6 @@
 import itertools
+import os
+import time
 
 import numpy as np
 import pytest
@@ -96,3 +98,53 @@ def test_gemm_random_shapes_and_tilings(ctx, case):
                     nntile.Tensor.from_array(b, b_tiles), tb, 0.5, C, ndim=nk, batch_ndim=nb)
     ref = reference(1.5, a, ta, b, tb, 0.5, c, nk, nb)
     np.testing.assert_allclose(C.to_array(), ref, rtol=1e-11, atol=1e-11)
+
+
+# ---- the CPU's BLAS -------------------------------------------------------------------------
+
+def test_blas_is_the_wheel_with_kernels_for_this_cpu(ctx):
+    """The CPU kernels call the OpenBLAS the build links (the scipy-openblas32 wheel, the
+    version installed), one thread per call (each CPU worker is one thread), and it runs
+    kernels for this CPU: on a CPU with AVX2, not the SSE3 "Prescott" ones that an OpenBLAS
+    which does not recognise the CPU falls back to."""
+    from importlib.metadata import version
+    from nntile._core.core import blas
+    info = blas()
+    assert info["config"].split()[:2] == ["OpenBLAS", version("scipy-openblas32")]
+    assert info["threads"] == 1
+    if not os.path.exists("/proc/cpuinfo"):
+        return
+    with open("/proc/cpuinfo") as f:
+        avx2 = "avx2" in f.read().split()
+    assert not avx2 or info["core"] != "Prescott", info
+
+
+def test_cpu_gemm_runs_near_numpy(ctx):
+    """One task's GEMM against numpy's on one thread, best of several interleaved rounds: at
+    least half its rate, a bound a loaded machine passes while SSE3 kernels fail it (a third
+    of the AVX-512 ones' rate on the 2-core development machine; bench/test_kernels.py
+    reports the ratio itself)."""
+    from threadpoolctl import threadpool_limits
+    M, K, N = 512, 768, 1024
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((K, N), dtype=np.float32)
+    A, B = nntile.Tensor.from_array(a, a.shape), nntile.Tensor.from_array(b, b.shape)
+    C = nntile.Tensor((M, N), (M, N), "fp32")
+    out = np.empty((M, N), np.float32)
+    ours, numpy = [], []
+    for _ in range(8):
+        start = time.perf_counter()
+        nntile.ops.gemm(1.0, A, "N", B, "N", 0.0, C)
+        ctx.wait()
+        ours.append(time.perf_counter() - start)
+        ctx.pause()  # StarPU's idle workers would take the cores
+        with threadpool_limits(1, user_api="blas"):
+            start = time.perf_counter()
+            np.matmul(a, b, out=out)
+            numpy.append(time.perf_counter() - start)
+        ctx.resume()
+    np.testing.assert_allclose(C.to_array(), out, rtol=1e-4, atol=1e-3)
+    for t in (A, B, C):
+        t.unregister()
+    assert min(numpy) / min(ours) >= 0.5, (min(ours), min(numpy))

@@ -18,10 +18,11 @@ TINY = MODEL + RUN
 
 
 def cli_env(extra=None):
+    """This process's environment with ``extra``'s variables; one set to None is removed."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
-    return env
+    return {name: value for name, value in env.items() if value is not None}
 
 
 def cli(module, *args, cwd=None, timeout=180, env=None):
@@ -104,6 +105,28 @@ def test_small_run_writes_metrics_checkpoints_plot_and_summary(tmp_path, data_di
     assert done.returncode == 0, done.stderr
     assert "at step 12, the end of --steps 12" in done.stdout
     assert "pass a larger --steps" in done.stdout
+
+
+def test_starpu_messages_and_settings_only_under_verbose(tmp_path, data_dir):
+    """Without -v: no line of StarPU's own and no runtime setting, but one line saying that
+    StarPU calibrates; with -v, StarPU's performance-model warnings, the settings and the
+    CPU's BLAS. dmda on performance models not measured yet makes StarPU calibrate (lws, the
+    default without GPUs, reads no model)."""
+    env = {"STARPU_PERF_MODEL_DIR": str(tmp_path / "models"), "STARPU_HOSTNAME": "test",
+           "STARPU_SILENT": None, "STARPU_CALIBRATE": None}
+    quiet = train(tmp_path / "quiet", data_dir, "--steps", "2", "--sched", "dmda", env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    lines = quiet.stderr.splitlines()
+    assert not [line for line in lines if line.startswith("[starpu]")], quiet.stderr
+    assert not [line for line in lines if "(nntile default" in line], quiet.stderr
+    assert len([line for line in lines if "StarPU is calibrating" in line]) == 1, quiet.stderr
+    verbose = train(tmp_path / "verbose", data_dir, "--steps", "2", "--sched", "dmda", "-v",
+                    env=dict(env, STARPU_PERF_MODEL_DIR=str(tmp_path / "models-v")))
+    assert verbose.returncode == 0, verbose.stderr
+    assert "is not calibrated enough" in verbose.stderr
+    assert "history_max_error = 1000 (nntile default" in verbose.stderr
+    assert "CPU BLAS: OpenBLAS " in verbose.stderr
+    assert "StarPU is calibrating" not in verbose.stderr
 
 
 def _start(out, data, *extra):

@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include "codelets.h"
 #include "kernels/kernels.h"
+#include "kernels/blas.h"
 #if NNTILE_HAVE_CUDA
 #include <starpu_cublas_v2.h>
 #include "../cuda/cuda_kernels.h"
@@ -262,6 +263,16 @@ unsigned long long nntile_op_time(int op, int dtype, double *seconds)
     return __atomic_exchange_n(&op_tasks[op][dtype], 0ULL, __ATOMIC_RELAXED);
 }
 
+int nntile_models_calibrating(void)
+{
+    int count = 0;
+    for (int op = 0; op < NNTILE_OP_COUNT; ++op)
+        for (int dtype = 0; dtype < NNTILE_DTYPE_COUNT; ++dtype)
+            /* StarPU's scheduler sets it from its own threads, at any time */
+            count += __atomic_load_n(&models[op][dtype].benchmarking, __ATOMIC_RELAXED) != 0;
+    return count;
+}
+
 const char *nntile_op_name(int op)
 {
     return (op >= 0 && op < NNTILE_OP_COUNT) ? op_names[op] : "?";
@@ -281,11 +292,24 @@ void nntile_cuda_stop(void)
 #endif
 }
 
-extern void openblas_set_num_threads(int);
-
 void nntile_blas_single_thread(void)
 {
-    openblas_set_num_threads(1);
+    NNTILE_BLAS(openblas_set_num_threads)(1);
+}
+
+const char *nntile_blas_config(void)
+{
+    return NNTILE_BLAS(openblas_get_config)();
+}
+
+const char *nntile_blas_core(void)
+{
+    return NNTILE_BLAS(openblas_get_corename)();
+}
+
+int nntile_blas_threads(void)
+{
+    return NNTILE_BLAS(openblas_get_num_threads)();
 }
 
 /* The release half of nntile_write_back: StarPU calls it once the host copy is valid. */

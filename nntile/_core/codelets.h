@@ -44,6 +44,11 @@ struct starpu_codelet *nntile_codelet(int op, int dtype);
 
 const char *nntile_op_name(int op);
 
+/* How many codelets' performance models StarPU is calibrating: it measures every task of
+ * such a codelet, where a model had too few measurements for a task's size (the dm
+ * schedulers then force calibration) or STARPU_CALIBRATE asks for it. */
+int nntile_models_calibrating(void);
+
 /* Copies a tile to host memory once the tasks submitted before have run, without waiting:
  * its GPU copy becomes clean, and evicting it later frees it at once instead of copying it
  * out first (which StarPU does inside the GPU's driver thread, holding its workers). */
@@ -76,6 +81,12 @@ unsigned long long nntile_op_timeline_count(void);
 
 /* Set OpenBLAS to one thread: each StarPU CPU worker is already one thread. */
 void nntile_blas_single_thread(void);
+
+/* What the CPU kernels' OpenBLAS says of itself: its build (version and options), the CPU
+ * core whose kernels it picked for this machine, and its threads per call. */
+const char *nntile_blas_config(void);
+const char *nntile_blas_core(void);
+int nntile_blas_threads(void);
 
 /* cuBLAS handles of the CUDA workers: after starpu_init, before starpu_shutdown. */
 void nntile_cuda_start(void);

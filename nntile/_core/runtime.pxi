@@ -41,6 +41,9 @@ cdef inline int CHKERR(int ret, const char *call) except -1 nogil:
 cdef extern from "codelets.h" nogil:
     void nntile_codelets_init()
     void nntile_blas_single_thread()
+    const char *nntile_blas_config()
+    const char *nntile_blas_core()
+    int nntile_blas_threads()
     void nntile_cuda_start()
     void nntile_cuda_stop()
     void nntile_task_discard(starpu_task *task)
@@ -54,6 +57,7 @@ cdef extern from "codelets.h" nogil:
     unsigned long long nntile_op_timeline_count()
     starpu_codelet *nntile_codelet(int op, int dtype)
     const char *nntile_op_name(int op)
+    int nntile_models_calibrating()
     int NNTILE_HAVE_CUDA
 
 cdef extern from "Python.h":
@@ -126,6 +130,14 @@ def schedulers():
         result[policy[0].policy_name.decode()] = policy[0].policy_description.decode()
         policy += 1
     return result
+
+
+def blas():
+    """The CPU kernels' BLAS: {"config": its build (OpenBLAS's version and options), "core":
+    the CPU whose kernels it runs here, "threads": its threads per call (1 once a Context has
+    started: each CPU worker is one thread)}."""
+    return {"config": nntile_blas_config().decode(), "core": nntile_blas_core().decode(),
+            "threads": nntile_blas_threads()}
 
 
 # One task of Runtime.timeline(), as codelets.h's struct nntile_task_record lays it out.
@@ -296,6 +308,13 @@ class Runtime:
                                       dtype=_DTYPE_NAMES[dtype], tasks=tasks,
                                       seconds=seconds))
         return sorted(stats, key=lambda s: -s["seconds"])
+
+    def models_calibrating(self):
+        """How many kernels' performance models StarPU is calibrating (codelets.h): while
+        it does, it measures their tasks and places them without estimates, and steps run
+        slower."""
+        self._check_running()
+        return nntile_models_calibrating()
 
     def record_timeline(self, capacity=1 << 20):
         """Record each task that finishes from now on (its op, worker and StarPU's dates for

@@ -2,8 +2,9 @@
 
 A session fixture builds two shared libraries in a temporary directory:
 the .cu files with nvcc (for the GPU's own architecture, linked with cuBLAS)
-and the CPU kernels with cc (linked with OpenBLAS when it can be found;
-otherwise without the CPU gemm, and GEMM is checked against numpy float64).
+and the CPU kernels with cc (linked with OpenBLAS when it can be found: the
+scipy-openblas32 wheel the build links, else a system one; otherwise without
+the CPU gemm, and GEMM is checked against numpy float64).
 Each test runs the same random inputs through both (device memory from
 cupy, launches on a non-blocking cupy stream, a cuBLAS handle created
 through ctypes) and compares: fp32 1e-6 relative (GEMM 1e-5), fp64 1e-12,
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tests.kernel_header import args_structs, op_table
+from tests.kernel_header import args_structs, find_blas, op_table
 from tests.unary_refs import ACTIVATIONS
 import pytest
 
@@ -257,6 +258,11 @@ def _build_cpu(tmp):
            for p in glob.glob(os.path.join(d, "libopenblas*.so*"))]
     no_gemm = [s for s in srcs if os.path.basename(s) != "gemm.c"]
     attempts = [(sys_inc, srcs, ["-lopenblas"], True)]
+    try:
+        blas_compile, blas_link = find_blas.build_flags()  # the BLAS the build links
+        attempts.insert(0, (blas_compile, srcs, blas_link, True))
+    except find_blas.NotFound:
+        pass
     if so0:
         attempts.append((["-I", stub], srcs, [so0[0]], True))
     attempts.append((["-I", stub], no_gemm, [], False))

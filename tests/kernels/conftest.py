@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from tests.kernel_header import find_blas
 from tests.kernels.test_cpu_kernels import CFLAGS, KERNEL_DIR, Kernels
 
 
@@ -19,8 +20,9 @@ def kernel_lib(tmp_path_factory):
     srcs = sorted(glob.glob(os.path.join(KERNEL_DIR, "*.c")))
     flags = os.environ.get("NNTILE_KERNEL_CFLAGS")
     flags = flags.split() if flags else CFLAGS
-    cmd = [cc, *flags, "-shared", "-I", KERNEL_DIR, *srcs, "-o", out,
-           "-lopenblas", "-lm"]
+    blas_compile, blas_link = find_blas.build_flags()  # the BLAS the build links
+    cmd = [cc, *flags, *blas_compile, "-shared", "-I", KERNEL_DIR, *srcs, "-o", out,
+           *blas_link, "-lm"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     return ctypes.CDLL(out), res.stderr

@@ -17,14 +17,14 @@
  *   PRIV(name) -> nntile_priv_<name>_<suffix> (for static helpers)
  *   EXP LOG ERF TANH SQRT COS SIN: libm functions in the compute type
  *   VEXP       vectorisable exp in the compute type (see common.h)
- *   CBLAS_GEMM: cblas_sgemm / cblas_dgemm for the dtypes that CBLAS stores
+ *   CBLAS_GEMM: cblas_sgemm / cblas_dgemm (blas.h) for the dtypes that CBLAS stores
  *              (left undefined for bf16: gemm.inc then converts to float
  *              scratch and calls cblas_sgemm)
  * plus the per-dtype reduction helpers from reduce.inc.
  * Reductions accumulate in double for every dtype.
  */
 #include "common.h"
-#include <cblas.h>
+#include "blas.h"
 
 #ifndef NNTILE_KERNEL_BODY
 #error "define NNTILE_KERNEL_BODY before including instantiate.h"
@@ -44,7 +44,7 @@
 #define STORE_ACC STORE
 #define STORE_DOUBLE(x) ((float)(x))
 #include "float_math.h"
-#define CBLAS_GEMM cblas_sgemm
+#define CBLAS_GEMM NNTILE_BLAS(cblas_sgemm)
 #include "instantiate_one.h"
 
 /* ---------------- fp64 ---------------- */
@@ -65,7 +65,7 @@
 #define SQRT sqrt
 #define COS cos
 #define SIN sin
-#define CBLAS_GEMM cblas_dgemm
+#define CBLAS_GEMM NNTILE_BLAS(cblas_dgemm)
 #include "instantiate_one.h"
 
 /* ---------------- bf16 ----------------
