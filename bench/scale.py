@@ -82,10 +82,20 @@ def parse_args(argv=None):
                    "unistd_o_direct, or unistd when some tiles are not whole pages)")
     add_verbose_arg(p)
     args = p.parse_args(argv)
+    args.timeline, args.cupti = (per_rank(path) for path in (args.timeline, args.cupti))
     for flag, path in (("--timeline", args.timeline), ("--cupti", args.cupti)):
         if path and os.path.exists(path):  # a trace written once is not replaced
             p.error(f"{flag} {path}: it exists; remove it or name another file")
     return resolve_model(args)
+
+
+def per_rank(path):
+    """Under mpirun each rank writes its own trace: trace.json becomes trace.rank1.json."""
+    rank, nranks = launcher_rank()
+    if not path or nranks == 1:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.rank{rank}{ext}"
 
 
 def set_disk_swap(args, est):

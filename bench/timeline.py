@@ -64,6 +64,17 @@ def concurrency(table, t0, t1, running):
     return float((end - start).sum()) * 1e-6 / running if running else 0.0
 
 
+def beside_others(table, t0, t1, op="allreduce"):
+    """(seconds ``op``'s tasks ran in the window, the share of those seconds in which a task
+    of another op ran too): how much of the collectives overlaps the rest of the step."""
+    nbins = max(1, int(np.ceil((t1 - t0) / BIN_US)))
+    mine = table["op"] == op
+    ours = _covered(table[mine]["start"], table[mine]["end"], t0, nbins)
+    others = _covered(table[~mine]["start"], table[~mine]["end"], t0, nbins)
+    seconds = float(ours.sum()) * BIN_US * 1e-6
+    return seconds, float((ours & others).sum()) / max(1, int(ours.sum()))
+
+
 def slices(table, t0, t1, count=20):
     """The window in ``count`` equal slices: per slice its states' shares, the op that ran
     longest on the GPU in it and the tasks submitted in it."""
@@ -96,6 +107,10 @@ def report(table, t0, t1, dropped=0, count=20):
              "  GPU " + ", ".join(f"{s} {v:.3f} s ({100 * v / total:.0f}%)" for s, v in sp.items()),
              "  GPU tasks running at once, when any runs: "
              f"{concurrency(table, t0, t1, sp['running']):.2f}"]
+    if len(table) and (table["op"] == "allreduce").any():
+        seconds, beside = beside_others(table, t0, t1)
+        lines.append(f"  all-reduce tasks ran {seconds:.3f} s, {100 * beside:.0f}% of it beside "
+                     "other tasks")
     if len(table):
         last = (table["submitted"].max() - t0) * 1e-6
         lines.append(f"  the last task was submitted {last:.3f} s into the window")

@@ -237,6 +237,13 @@ static void op_profile_callback(void *arg)
         record_task(task, (int)(index / NNTILE_DTYPE_COUNT), (int)(index % NNTILE_DTYPE_COUNT));
 }
 
+void nntile_timeline_record(const struct starpu_task *task, int op, int dtype)
+{
+    if (task != NULL && task->profiling_info != NULL
+            && __atomic_load_n(&timeline, __ATOMIC_ACQUIRE) != NULL)
+        record_task(task, op, dtype);
+}
+
 void nntile_op_timeline(struct nntile_task_record *buffer, unsigned long long capacity)
 {
     timeline = NULL;
@@ -275,6 +282,8 @@ int nntile_models_calibrating(void)
 
 const char *nntile_op_name(int op)
 {
+    if (op == NNTILE_OP_COLLECTIVE)
+        return "allreduce";
     return (op >= 0 && op < NNTILE_OP_COUNT) ? op_names[op] : "?";
 }
 

@@ -38,6 +38,15 @@ static void start_token(void)
     started = 1;
 }
 
+/* A finished collective shows in the timeline (codelets.c) beside the op table's tasks. */
+static void collective_done(void *arg)
+{
+    (void)arg;
+    struct starpu_task *task = starpu_task_get_current();
+    if (task != NULL && task->cl_arg != NULL)
+        nntile_timeline_record(task, NNTILE_OP_COLLECTIVE, *(int *)task->cl_arg);
+}
+
 /* ---- MPI, on CPU workers ------------------------------------------------------------------ */
 
 #if NNTILE_HAVE_MPI
@@ -94,6 +103,7 @@ static struct starpu_codelet cl_mpi = {
     .cpu_funcs = {cpu_allreduce},
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
     .name = "allreduce",
+    .callback_func = collective_done,
 };
 
 int nntile_collective_start_mpi(intptr_t comm_handle)
@@ -206,6 +216,7 @@ static struct starpu_codelet cl_nccl = {
     .cuda_flags = {STARPU_CUDA_ASYNC},
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
     .name = "allreduce",
+    .callback_func = collective_done,
 };
 
 int nntile_nccl_start(const char *id, int nranks, int rank, char *error, size_t error_size)
