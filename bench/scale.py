@@ -34,8 +34,10 @@ from harness import (gpu_time, gpu_time_table, model_flops_per_step, print_resul
 from shapes import add_model_args, llama_config, resolve_model
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
 from nntile import memory
-from nntile.cli_common import (CLIError, add_recompute_arg, add_verbose_arg, calibration_note,
-                               default_tiles, launcher_rank, starpu_messages)
+from nntile.cli_common import (CLIError, add_dry_run_args, add_recompute_arg, add_verbose_arg,
+                               calibration_note, default_tiles, launcher_rank, planned_machine,
+                               starpu_messages)
+from nntile.plan import live_at_turn, pcie_floor
 
 
 def parse_args(argv=None):
@@ -81,6 +83,7 @@ def parse_args(argv=None):
     p.add_argument("--disk-swap-backend", help="STARPU_DISK_SWAP_BACKEND (default "
                    "unistd_o_direct, or unistd when some tiles are not whole pages)")
     add_verbose_arg(p)
+    add_dry_run_args(p)
     args = p.parse_args(argv)
     args.timeline, args.cupti = (per_rank(path) for path in (args.timeline, args.cupti))
     for flag, path in (("--timeline", args.timeline), ("--cupti", args.cupti)):
@@ -176,22 +179,17 @@ def traffic(bus):
     return moved, bandwidth
 
 
-def pcie_floor(live_at_turn, gpu_total, bandwidth):
-    """Bytes that must cross the host<->GPU links each way per step, and the seconds that
-    takes at least at the calibrated bandwidths, with every task on the GPUs. Take the moment
-    backward starts: of the bytes live then (all but backward's scratch, which is written
-    before it is read), those the GPUs cannot hold are on the host. Each was written on a GPU
-    since the same moment of the last step (forward, backward, the optimizer or zero_grad
-    write every such tile once a step), so it went out; and backward or the optimizer reads
-    it, so it comes in."""
-    cross = max(0, live_at_turn - gpu_total) if gpu_total else 0
-    if not cross or not bandwidth["h2d"] or not bandwidth["d2h"]:
-        return cross, 0.0
-    return cross, max(cross / bandwidth["h2d"], cross / bandwidth["d2h"])
-
-
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        with planned_machine(args):  # --machine: the run planned for another machine
+            return run(args)
+    except CLIError as exc:
+        print(f"scale.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+def run(args):
     from nntile.models import GPT2Config
     E = args.n_embd
     if args.model == "gpt2":
@@ -235,6 +233,12 @@ def main(argv=None):
     except CLIError as exc:
         print(f"scale.py: error: {exc} (--force runs it anyway)", file=sys.stderr, flush=True)
         return 2
+    if args.dry_run:  # the plan, without starting StarPU
+        from nntile.plan import plan
+        print(plan(est, config, args.batch, args.seq, args.dtype, choices, args.ncuda)
+              .text(f"scale.py --dry-run: {args.model}, batch {args.batch} x {args.seq}"),
+              flush=True)
+        return 0
 
     import nntile
     from nntile.models import model_class
@@ -346,7 +350,7 @@ def main(argv=None):
                 flush=True)
         best = min(times[1:]) if len(times) > 1 else times[0]
         ibest = times.index(best)
-        cross, floor_s = pcie_floor(est.alloc_bytes - est["workspaces"], gpu_total, bandwidth)
+        cross, floor_s = pcie_floor(live_at_turn(est), gpu_total, bandwidth)
         if floor_s:
             say(f"PCIe floor: {cross / 2**30:.1f} GiB live when backward starts that the GPUs "
                 f"cannot hold, out and in each step at {bandwidth['h2d'] / 1e9:.1f} / "

@@ -196,6 +196,32 @@ def add_recompute_arg(parser):
                         "in GPU memory or at all; nntile.policy.recompute)")
 
 
+def add_dry_run_args(parser):
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the run's plan (memory by kind and place, tiles, "
+                        "recomputation, PCIe traffic, predicted step time) and exit: 0 where "
+                        "it fits, 2 where not; StarPU does not start")
+    parser.add_argument("--machine", metavar="DESCRIPTION",
+                        help="with --dry-run: plan for this machine instead of this one, "
+                        "e.g. gpus=1x80GiB,host=128GiB[,cores=16] or the same keys as JSON "
+                        "(host: memory available; STARPU_LIMIT_*_MEM still apply)")
+
+
+def planned_machine(args):
+    """The context in which a program plans for --machine (this machine without it); a
+    CLIError for --machine without --dry-run or a description that does not parse."""
+    from nntile import memory
+    if args.machine is None:
+        return memory.described(None)
+    if not args.dry_run:
+        raise CLIError("--machine describes the machine to plan for: use it with --dry-run")
+    try:
+        return memory.described(memory.parse_machine(args.machine))
+    except ValueError as exc:
+        raise CLIError(str(exc) if str(exc).startswith("--machine") else
+                       f"--machine: {exc}") from None
+
+
 def add_tiling_args(parser):
     group = parser.add_argument_group(
         "tiling (tile sizes; default: chosen for the machine and the run, nntile.policy.tiles: "

@@ -29,12 +29,14 @@ Byte counts are exact sums of tile sizes; ``alloc_bytes`` adds StarPU's rounding
 4 MiB to its 16 KiB sub-allocation blocks (src/datawizard/malloc.h, malloc.c
 ``starpu_malloc_on_node_flags``), which applies on GPUs and to pinned host memory.
 """
+import contextlib
 import math
 import os
 import re
 import shutil
 import subprocess
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -325,8 +327,11 @@ def _visible(entries):
 
 
 def gpu_memory():
-    """Total memory in bytes of each GPU this process may use: nvidia-smi (no CUDA context
-    in this process), else CuPy; [] when neither answers."""
+    """Total memory in bytes of each GPU this process may use: the described machine's
+    (``described``), else nvidia-smi (no CUDA context in this process), else CuPy; [] when
+    neither answers."""
+    if _described is not None:
+        return list(_described.gpus)
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.total",
                               "--format=csv,noheader,nounits"], capture_output=True,
@@ -378,7 +383,10 @@ def _cgroup_free():
 
 
 def host_memory():
-    """Host bytes this process can still use: MemAvailable, capped by a cgroup limit."""
+    """Host bytes this process can still use: the described machine's, else MemAvailable,
+    capped by a cgroup limit."""
+    if _described is not None:
+        return _described.host
     free = _meminfo("MemAvailable") or _meminfo("MemTotal") or 0
     cgroup = _cgroup_free()
     return min(free, cgroup) if cgroup is not None else free
@@ -387,11 +395,100 @@ def host_memory():
 def machine(mpi=False):
     """What this process may use, as nntile.policy's rules read it: its cores, the memory of
     each visible GPU (none in a build without CUDA), whether it is an MPI rank of one core."""
-    from nntile import HAVE_CUDA
     from nntile.distributed import one_core_rank, rank_cores
     from nntile.policy import Machine
-    return Machine(cores=len(rank_cores()), gpus=tuple(gpu_memory()) if HAVE_CUDA else (),
-                   mpi=mpi, one_core=mpi and one_core_rank(), cuda_built=HAVE_CUDA)
+    cuda = _cuda_built()
+    cores = _described.cores if _described is not None and _described.cores else None
+    return Machine(cores=cores or len(rank_cores()), gpus=tuple(gpu_memory()) if cuda else (),
+                   mpi=mpi, one_core=mpi and (cores == 1 if cores else one_core_rank()),
+                   cuda_built=cuda)
+
+
+# ---- a described machine: plans for another machine than this one ------------------------
+
+@dataclass(frozen=True)
+class Described:
+    """A machine to plan for instead of this one: bytes of each GPU, host bytes available,
+    cores (None: this machine's). nntile.plan sets it; gpu_memory, host_memory and machine
+    then answer with it, so every rule reads it where it reads this machine."""
+    gpus: tuple = ()
+    host: int = 0
+    cores: int = None
+
+
+_described = None
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": MiB, "gib": GiB, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(text):
+    """Bytes of "80GiB", "81559 MiB", "80GB" or a number of bytes; ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", str(text), re.I)
+    if not match:
+        raise ValueError(f"{text!r} is not a size (e.g. 80GiB, 81559MiB, 128GB)")
+    return int(float(match[1]) * _UNITS[(match[2] or "").lower()])
+
+
+def _gpu_list(text):
+    """(bytes, ...) of "1x80GiB", "2x80GiB+1x40GiB", "none" or a JSON list of sizes."""
+    if isinstance(text, (list, tuple)):
+        return tuple(parse_bytes(g) for g in text)
+    if str(text).strip().lower() in ("0", "none", ""):
+        return ()
+    gpus = []
+    for part in str(text).split("+"):
+        count, _, size = part.rpartition("x")
+        if not count.strip().isdigit():
+            raise ValueError(f"gpus {part!r}: write COUNTxSIZE, e.g. 1x80GiB")
+        gpus += [parse_bytes(size)] * int(count)
+    return tuple(gpus)
+
+
+def parse_machine(text):
+    """A Described machine of "gpus=1x80GiB,host=128GiB[,cores=16]" or of the same keys as
+    JSON ({"gpus": "1x80GiB", "host": "128GiB"}; sizes may be numbers of bytes). Left out:
+    gpus none, host this machine's available memory. ValueError names what is wrong."""
+    import json
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            fields = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"--machine: not JSON: {exc}") from None
+    else:
+        pairs = [p.partition("=") for p in text.split(",") if p.strip()]
+        fields = {key.strip(): value for key, eq, value in pairs if eq}
+        if len(fields) != len(pairs):
+            raise ValueError(f"--machine {text!r}: write KEY=VALUE pairs, e.g. "
+                             "gpus=1x80GiB,host=128GiB")
+    unknown = set(fields) - {"gpus", "host", "cores"}
+    if unknown:
+        raise ValueError(f"--machine: unknown key(s) {', '.join(sorted(unknown))}: use gpus, "
+                         "host and cores")
+    cores = fields.get("cores")
+    if cores is not None and not (str(cores).isdigit() and int(cores) > 0):
+        raise ValueError(f"--machine: cores {cores!r} should be a whole number (1 or more)")
+    host = parse_bytes(fields["host"]) if "host" in fields else host_memory()
+    return Described(_gpu_list(fields.get("gpus", ())), host, int(cores) if cores else None)
+
+
+@contextlib.contextmanager
+def described(machine):
+    """Within it, this process plans for ``machine`` (a Described; None: this machine)."""
+    global _described
+    before, _described = _described, machine
+    try:
+        yield machine
+    finally:
+        _described = before
+
+
+def _cuda_built():
+    """Whether StarPU would drive GPUs: a described machine with GPUs, else this build."""
+    if _described is not None:
+        return bool(_described.gpus)
+    from nntile import HAVE_CUDA
+    return HAVE_CUDA
 
 
 def available(ncuda=None):
@@ -464,7 +561,7 @@ def _fits(est, b):
     # (and the GPU) then cache: whichever holds more
     tiles = SWAP_SLACK_TILES * est.largest_tile
     gpu_room = b["host"] + b["gpu"] if b["gpu"] else 0
-    if gpu_room >= b["disk"]:
+    if not _disk_holds(b):
         where, room, verb = "GPU and host memory together", gpu_room, "hold"
         slack = max(tiles, GPU_SWAP_SLACK_SHARE * room)
         between = "between them: when both are full StarPU livelocks"
@@ -488,6 +585,23 @@ def _fits(est, b):
         return (f"one task needs {TASK_TILES} tiles of up to {fmt_bytes(est.largest_tile)} on "
                 "the GPU at once; use smaller tiles")
     return None
+
+
+def _disk_holds(b):
+    """Whether the disk swap holds the run (host memory caching it) rather than GPU and host
+    memory together: where it is larger than they are (_fits says why not both)."""
+    return b["disk"] > (b["host"] + b["gpu"] if b["gpu"] else 0)
+
+
+def by_place(est, b):
+    """{"gpu", "host", "disk"}: bytes of the run each memory node holds at most, as _fits
+    lays it out: the GPUs fill first and host memory takes the rest, or the disk holds it all
+    with host memory and the GPUs caching what they can."""
+    need = _needs(est, b)
+    gpu = min(need, b["gpu"])
+    if _disk_holds(b):
+        return {"gpu": gpu, "host": min(need, b["host"]), "disk": need}
+    return {"gpu": gpu, "host": need - gpu, "disk": 0}
 
 
 def fits_where(est, b):
@@ -606,11 +720,10 @@ def disk_swap_bytes():
 def _gpus_of_this_process(ncuda):
     """Memory of each GPU StarPU will use in this process: the visible ones, or under mpirun
     with several ranks on the node the ones its local rank takes (the Context's choice)."""
-    from nntile import HAVE_CUDA
     from nntile.distributed import local_rank_gpus
     if ncuda is None:
         ncuda = env_int("STARPU_NCUDA")
-    gpus = gpu_memory() if HAVE_CUDA and ncuda != 0 else []
+    gpus = gpu_memory() if _cuda_built() and ncuda != 0 else []
     chosen = local_rank_gpus(ncuda)
     named = os.environ.get("STARPU_WORKERS_CUDAID", "").replace(",", " ").split()
     if chosen is None and all(n.isdigit() for n in named) and named:
@@ -625,6 +738,19 @@ def _host_memory_of_this_process():
     from nntile.distributed import local_rank
     local = local_rank()
     return host_memory() // (local[1] if local else 1)
+
+
+def budget_args(gpus):
+    """budget()'s arguments for this process with these GPUs (bytes of each): what it may use
+    of them, of host memory and of a disk swap, under the STARPU_* variables."""
+    return (sum(gpus), _host_memory_of_this_process(), env_int("STARPU_LIMIT_CUDA_MEM"),
+            env_int("STARPU_LIMIT_CPU_MEM"), disk_swap_bytes(), len(gpus))
+
+
+def process_budget(ncuda=None):
+    """The Budget of this process (of the described machine, where one is): what preflight
+    checks the run against."""
+    return budget(*budget_args(_gpus_of_this_process(ncuda)))
 
 
 def _agree(refusal):
@@ -687,8 +813,7 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
         check_disk_swap_env()
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    machine = (sum(gpus), _host_memory_of_this_process(), env_int("STARPU_LIMIT_CUDA_MEM"),
-               env_int("STARPU_LIMIT_CPU_MEM"), disk_swap_bytes(), len(gpus))
+    machine = budget_args(gpus)
 
     def estimate_with(flag):
         return estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training,

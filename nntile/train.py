@@ -22,13 +22,13 @@ import time
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_recompute_arg,
-                               add_runtime_args, add_tiling_args, add_verbose_arg,
-                               calibration_note, check_dtype, check_seq_len,
+from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_dry_run_args,
+                               add_recompute_arg, add_runtime_args, add_tiling_args,
+                               add_verbose_arg, calibration_note, check_dtype, check_seq_len,
                                default_tiles, family_model, launcher_rank, model_tiling,
-                               nonneg_float, nonneg_int, positive_float, positive_int,
-                               resolve_distribution, resolve_tiling, run_cli, start_context,
-                               tiling_from_args)
+                               nonneg_float, nonneg_int, planned_machine, positive_float,
+                               positive_int, resolve_distribution, resolve_tiling, run_cli,
+                               start_context, tiling_from_args)
 from nntile.data import EVAL_BATCHES
 from nntile.events import EventWriter, event_files
 from nntile.models import FAMILIES
@@ -107,6 +107,7 @@ def build_parser():
                    "a terminal, the progress lines that replace it)")
     add_verbose_arg(p)
     add_runtime_args(p)
+    add_dry_run_args(p)
     return p
 
 
@@ -304,7 +305,7 @@ def resolve(args):
     if args.attention is not None:  # argparse checked it
         config = config.replace(attention=args.attention)
     s.config = config
-    if s.init_from:  # every weight, before StarPU starts
+    if s.init_from and not getattr(args, "dry_run", False):  # every weight, before StarPU starts
         from nntile.transformers_io import read_model_state
         s.init_state = read_model_state(s.init_from, config, np.float64 if s.dtype == "fp64"
                                         else np.float32)
@@ -629,18 +630,47 @@ def _duration(seconds):
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{seconds:.1f}s"
 
 
-def train_main(argv=None):
-    args = build_parser().parse_args(argv)
+def checked(args):
+    """(Setup, Distribution, memory estimate) of a run resolved and accepted by the memory
+    pre-check, before StarPU starts; None where a resumed run has nothing left to train."""
     s = resolve(args)
     if s.complete:
         print(f"nntile-train: {s.complete}")
-        return 0
+        return None
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
     from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
     est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
                     grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution,
                     recompute=args.recompute)
     s.recompute = est.recompute
+    return s, distribution, est
+
+
+def dry_run(args):
+    """Print the plan of the run (nntile.plan) and return 0; StarPU does not start."""
+    from nntile.plan import plan
+    with planned_machine(args):
+        run = checked(args)
+        if run is None:
+            return 0
+        s, _, est = run
+        c = s.config
+        title = (f"nntile-train --dry-run: {c.name}, {c.num_parameters() / 1e6:,.2f}M "
+                 f"parameters ({c.describe()}), {s.dtype}, {s.grad_accum} x {s.batch_size} "
+                 f"sequences of {s.seq_len} tokens a step")
+        print(plan(est, c, s.batch_size, s.seq_len, s.dtype, s.tile_choices, args.ncuda,
+                   s.grad_accum).text(title), flush=True)
+    return 0
+
+
+def train_main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.dry_run or args.machine:
+        return dry_run(args)
+    run = checked(args)
+    if run is None:
+        return 0
+    s, distribution, est = run
     prepare_out(s, args)
     from tqdm import tqdm
     lead, _ = launcher_rank()  # under mpirun only rank 0 talks and writes metrics

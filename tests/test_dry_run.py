@@ -1,0 +1,140 @@
+"""nntile-train --dry-run and nntile.plan: the plan of a run without StarPU, its predicted step
+against the steps measured on one H100."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from nntile import memory, plan
+from nntile.cli_common import default_tiles
+from nntile.models import GPT2Config, LlamaConfig
+from tests.test_train_cli import ROOT, assert_clean_error, cli, cli_env
+
+H100 = "gpus=1x80GiB,host=128GiB"  # one H100 80GB, 128 GiB of host memory
+# (hidden, MLP, layers, heads, key/value heads, vocabulary, tied)
+LLAMA = {"8B": (4096, 14336, 32, 32, 8, 128256, False),
+         "3B": (3072, 8192, 28, 24, 8, 128256, True),
+         "1B": (2048, 8192, 16, 32, 8, 128256, True)}
+# Steps measured on one H100 80GB + 128 GiB host (2026-11-27, bf16-mixed; the middle of the
+# steps given): model, batch, sequence, recomputation, seconds
+MEASURED = [
+    ("8B", 8, 2048, True, 4.64),
+    ("8B", 16, 2048, True, 6.67),
+    ("8B", 2, 2048, False, 3.71),
+    ("3B", 4, 2048, True, 0.55),
+    ("3B", 32, 2048, True, 4.11),
+    ("1B", 8, 2048, False, 0.30),
+    ("1B", 64, 2048, True, 2.83),
+    ("gpt2-10240x4", 16, 1024, False, 3.17),
+]
+
+
+def config_of(name, seq):
+    if name.startswith("gpt2"):
+        return GPT2Config(vocab_size=50257, n_positions=1024, n_embd=10240, n_layer=4,
+                          n_head=80, tie_word_embeddings=False)
+    hidden, inner, layers, heads, kv, vocab, tied = LLAMA[name]
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inner,
+                       num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv, max_position_embeddings=seq,
+                       tie_word_embeddings=tied)
+
+
+def planned(name, batch, seq, recompute, machine=H100):
+    config = config_of(name, seq)
+    with memory.described(memory.parse_machine(machine)):
+        choices = default_tiles(config, batch, seq, {}, None, "bf16-mixed")
+        tiling = {k: v for k, (v, _) in choices.items() if k != "batch_count"}
+        est = memory.preflight(config, batch, seq, tiling, "bf16-mixed", init="tiles",
+                               quiet_below=1 << 60, recompute=recompute)
+        return plan.plan(est, config, batch, seq, "bf16-mixed", choices)
+
+
+@pytest.mark.parametrize("name,batch,seq,recompute,seconds", MEASURED)
+def test_predicted_step_within_a_quarter_of_the_measured(name, batch, seq, recompute, seconds):
+    step = planned(name, batch, seq, recompute).step
+    assert abs(step.seconds / seconds - 1) <= 0.25, (step, seconds)
+
+
+def test_traffic_is_predicted_where_the_gpu_cannot_hold_the_run():
+    assert planned("8B", 8, 2048, True).step.moved / memory.GiB == pytest.approx(86, rel=0.15)
+    assert planned("1B", 8, 2048, False).step.moved == 0  # in GPU memory
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    """Byte-level data and the Llama-3.1-8B config (its own keys; sequence 2048)."""
+    from nntile.data import prepare, stdlib_files
+    root = tmp_path_factory.mktemp("dry")
+    prepare(stdlib_files()[1][:30], str(root / "data"))
+    hidden, inner, layers, heads, kv, vocab, tied = LLAMA["8B"]
+    (root / "config.json").write_text(json.dumps(dict(
+        model_type="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=inner,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        max_position_embeddings=8192, tie_word_embeddings=tied)))
+    return root
+
+
+def dry_run(files, *extra):
+    return cli("train", "--dry-run", "--config", files / "config.json", "--data",
+               files / "data", "--out", files / "out", "--seq-len", "2048", "--precision",
+               "bf16-mixed", *extra, timeout=60)
+
+
+def test_8b_fits_an_h100_at_batch_8_with_recomputation_and_not_without(run_files):
+    result = dry_run(run_files, "--batch-size", "8", "--machine", H100)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"recompute +on \(.*without, nowhere", out), out
+    for line in ("memory by kind", "memory by place", "tiles", "PCIe per step"):
+        assert f"  {line} " in out, out
+    seconds = float(re.search(r"predicted step +([\d.]+) s", out)[1])
+    assert abs(seconds / 4.64 - 1) <= 0.25, out
+    assert not (run_files / "out").exists()  # a plan writes nothing
+    refused = dry_run(run_files, "--batch-size", "8", "--machine", H100, "--no-recompute")
+    assert_clean_error(refused, "not enough memory", "--recompute")
+
+
+def test_plan_of_this_machine_by_default(run_files):
+    result = cli("train", "--dry-run", "--data", run_files / "data", "--out",
+                 run_files / "out", "--n-layer", "2", "--n-embd", "64", "--n-head", "2")
+    assert result.returncode == 0, result.stderr
+    assert "machine          this machine" in result.stdout
+    assert "predicted step" in result.stdout
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--machine", "gpus=1x80GiB,hots=1TiB"], ["unknown key", "hots"]),
+    (["--machine", "gpus=eighty"], ["--machine", "COUNTxSIZE"]),
+    (["--machine", "{not json"], ["--machine", "JSON"]),
+])
+def test_bad_machine_is_one_line(run_files, extra, words):
+    assert_clean_error(dry_run(run_files, *extra), *words)
+
+
+def test_machine_needs_dry_run(run_files):
+    result = cli("train", "--machine", H100, "--data", run_files / "data")
+    assert_clean_error(result, "--machine", "--dry-run")
+
+
+def test_machine_descriptions():
+    pairs = memory.parse_machine("gpus=2x80GiB,host=128GiB,cores=16")
+    as_json = memory.parse_machine('{"gpus": "2x80GiB", "host": 137438953472, "cores": 16}')
+    assert pairs == as_json == memory.Described((80 << 30,) * 2, 128 << 30, 16)
+    assert memory.parse_machine("gpus=none,host=1GB").gpus == ()
+    with memory.described(pairs):
+        assert memory.machine().gpus == pairs.gpus and memory.machine().cores == 16
+        assert memory.host_memory() == 128 << 30
+    assert memory._described is None
+
+
+def test_scale_dry_run():
+    result = subprocess.run(
+        [sys.executable, "scale.py", "--model", "llama-3.2-1b", "--seq", "2048", "--batch",
+         "64", "--precision", "bf16-mixed", "--dry-run", "--machine", H100],
+        cwd=ROOT / "bench", capture_output=True, text=True, timeout=60, env=cli_env())
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"recompute +on", result.stdout), result.stdout
+    assert "predicted step" in result.stdout
