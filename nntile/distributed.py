@@ -43,10 +43,23 @@ def local_rank():
     local = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                           "SLURM_LOCALID") if os.environ.get(v)), None)
     nlocal = next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
-                   if os.environ.get(v)), None)
+                   if os.environ.get(v)), None) or slurm_tasks_on_this_node(os.environ)
     if local is None or nlocal is None:
         return None
     return int(local), int(nlocal)
+
+
+def slurm_tasks_on_this_node(env):
+    """The tasks srun started on this node, from SLURM_TASKS_PER_NODE ("2(x3),1": two on each
+    of the first three nodes, then one) at SLURM_NODEID; None outside srun."""
+    text = env.get("SLURM_TASKS_PER_NODE")
+    if not text:
+        return None
+    counts = []
+    for part in text.split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [int(count)] * int(repeat.rstrip(")") or 1)
+    return counts[int(env.get("SLURM_NODEID") or 0)]
 
 
 def local_rank_gpus(ncuda=None):

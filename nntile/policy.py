@@ -43,10 +43,10 @@ class Machine:
 
 # ---- MPI launchers --------------------------------------------------------------------------
 
-# (rank, size) environment variables that MPI launchers (Open MPI, MPICH/PMI, PMIx) set in
-# every process they start.
+# (rank, size) environment variables that MPI launchers (Open MPI, MPICH/PMI, PMIx, Slurm's
+# srun) set in every process they start.
 LAUNCHER_VARS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
-                 ("PMIX_RANK", "PMIX_SIZE"))
+                 ("PMIX_RANK", "PMIX_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
 
 
 def _launcher(env=None):

@@ -94,6 +94,24 @@ def single(tmp_path_factory):
 
 # ---- ranks sharing a node, without MPI ---------------------------------------------------
 
+def test_srun_gives_rank_and_local_rank(monkeypatch):
+    """Slurm's srun without an MPI plugin sets only its own variables."""
+    from nntile.distributed import local_rank
+    from nntile.policy import launcher_rank
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "6")
+    monkeypatch.setenv("SLURM_NTASKS", "7")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x3),1")
+    monkeypatch.setenv("SLURM_NODEID", "3")
+    assert launcher_rank() == (6, 7)
+    assert local_rank() == (0, 1)
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert local_rank() == (0, 2)
+
+
 def _cores_given(monkeypatch, ncores, local, nlocal, bound=None, **env):
     """The cores a rank keeps on a node with ncores cores, where the launcher bound it to
     ``bound`` (None: to nothing)."""
