@@ -64,9 +64,10 @@ def concurrency(table, t0, t1, running):
     return float((end - start).sum()) * 1e-6 / running if running else 0.0
 
 
-def beside_others(table, t0, t1, op="allreduce"):
+def beside_others(table, t0, t1, op="collective"):
     """(seconds ``op``'s tasks ran in the window, the share of those seconds in which a task
-    of another op ran too): how much of the collectives overlaps the rest of the step."""
+    of another op ran too): how much of the collectives (the gradients' all-reduce) overlaps
+    the rest of the step."""
     nbins = max(1, int(np.ceil((t1 - t0) / BIN_US)))
     mine = table["op"] == op
     ours = _covered(table[mine]["start"], table[mine]["end"], t0, nbins)
@@ -107,9 +108,9 @@ def report(table, t0, t1, dropped=0, count=20):
              "  GPU " + ", ".join(f"{s} {v:.3f} s ({100 * v / total:.0f}%)" for s, v in sp.items()),
              "  GPU tasks running at once, when any runs: "
              f"{concurrency(table, t0, t1, sp['running']):.2f}"]
-    if len(table) and (table["op"] == "allreduce").any():
+    if len(table) and (table["op"] == "collective").any():
         seconds, beside = beside_others(table, t0, t1)
-        lines.append(f"  all-reduce tasks ran {seconds:.3f} s, {100 * beside:.0f}% of it beside "
+        lines.append(f"  collectives ran {seconds:.3f} s, {100 * beside:.0f}% of that time beside "
                      "other tasks")
     if len(table):
         last = (table["submitted"].max() - t0) * 1e-6

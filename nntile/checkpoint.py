@@ -137,10 +137,11 @@ def _create_dataset(f, group, name, tensor):
                                                  fillvalue=np.nan)
 
 
-def _write_local_tiles(dataset, tensor):
-    """The tiles this process owns (all of them without MPI) into their chunks."""
+def _write_local_tiles(dataset, tensor, tiles=None):
+    """The tiles ``tiles`` (default: those this process owns, all of them without MPI) into
+    their chunks."""
     traits = tensor.traits
-    for i in tensor.local_tiles():
+    for i in tensor.local_tiles() if tiles is None else tiles:
         tile = tensor.tile_to_array(i)
         if not np.isfinite(tile).all():
             raise ValueError(f"{dataset.name.lstrip('/')} holds NaN or inf (training "
@@ -269,14 +270,16 @@ def _reserve(path, size):
                   f"needs up to {size / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free")
 
 
-def _write_part(h5py, tmp, tensors):
-    """Write the tiles this process owns, into space reserved first (under MPI each rank
-    reserves again: the one before gave back the rest when it closed the file)."""
+def _write_part(h5py, tmp, tensors, tiles_of=None):
+    """Write the tiles this process owns (or ``tiles_of(tensor)``), into space reserved
+    first (under MPI each rank reserves again: the one before gave back the rest when it
+    closed the file)."""
     _reserve(tmp, os.path.getsize(tmp) + sum(_stored_bytes(t) for _, _, t in tensors)
              + (64 << 10))
     with h5py.File(tmp, "r+") as f:
         for group, name, tensor in tensors:
-            _write_local_tiles(f[f"{group}/{name}"], tensor)
+            _write_local_tiles(f[f"{group}/{name}"], tensor,
+                               None if tiles_of is None else tiles_of(tensor))
         f.flush()
 
 
@@ -318,7 +321,8 @@ def save(path, model, optimizer=None, meta=None):
     rng, data, train, tokenizer); the tensors come from ``model.named_parameters()`` and
     ``optimizer.state_tensors()``, and must be finite. Under MPI every rank calls this: under
     StarPU-MPI each writes the tiles it owns into the one file (see _save_collective); of
-    replicas, rank 0 writes it.
+    replicas, rank 0 writes it, or, where they shard the update (``optimizer.sharding``),
+    each writes the tiles it updates, in the same way.
     """
     h5py = _h5py()
     meta = dict(meta or {})
@@ -331,6 +335,10 @@ def save(path, model, optimizer=None, meta=None):
     tmp = path + ".tmp"
     if ctx is not None and ctx.owner_ranks > 1:
         error = _save_collective(h5py, ctx, tmp, path, tensors, meta)
+    elif ctx is not None and ctx.replicated and getattr(optimizer, "sharding", None):
+        # only the rank that updates a tile holds its states (and a dropped master)
+        error = _save_collective(h5py, ctx, tmp, path, tensors, meta,
+                                 optimizer.sharding.tiles_to_save)
     elif ctx is not None and ctx.replicated:  # every rank holds it all: rank 0 writes
         error = _save_alone(h5py, tmp, path, tensors, meta) if ctx.rank == 0 else None
         error = ctx.comm.bcast(error, root=0)
@@ -352,17 +360,18 @@ def _save_alone(h5py, tmp, path, tensors, meta):
             _remove(tmp)
 
 
-def _save_collective(h5py, ctx, tmp, path, tensors, meta):
+def _save_collective(h5py, ctx, tmp, path, tensors, meta, tiles_of=None):
     """Rank 0 creates the file; then each rank in turn opens it and writes its own tiles
     (HDF5 without MPI-IO allows one writer at a time), so no tensor is ever gathered. The
     file is the same as a one-process save's. The outcome travels along the ranks and
-    back, so every rank gets the same error (or None)."""
+    back, so every rank gets the same error (or None). ``tiles_of(tensor)``: the tiles a
+    rank writes, where not those it owns."""
     comm, rank, size = ctx.comm, ctx.rank, ctx.world_size
     error = None if rank == 0 else comm.recv(source=rank - 1, tag=7401)
     if error is None and rank == 0:
         error = _attempt(_create, h5py, tmp, meta, tensors)
     if error is None:
-        error = _attempt(_write_part, h5py, tmp, tensors)
+        error = _attempt(_write_part, h5py, tmp, tensors, tiles_of)
         if error is not None:
             error = f"rank {rank}: {error}"
     comm.send(error, dest=(rank + 1) % size, tag=7401)
@@ -481,7 +490,7 @@ class Checkpoint:
     def get(self, key, default=None):
         return self.meta.get(key, default)
 
-    def _load(self, group, tensors, what):
+    def _load(self, group, tensors, what, tiles_of=None):
         h5py = _h5py()
         expected = set(tensors)
         present = set(self.param_names if group == "params" else self.optim_names)
@@ -492,11 +501,12 @@ class Checkpoint:
         try:
             with h5py.File(self.path, "r") as f:
                 for name, tensor in tensors.items():
-                    self._load_one(f, f"{group}/{name}", tensor, what)
+                    self._load_one(f, f"{group}/{name}", tensor, what,
+                                   None if tiles_of is None else tiles_of(tensor))
         except H5_ERRORS as exc:
             raise self._unreadable(exc) from None
 
-    def _load_one(self, f, key, tensor, what):
+    def _load_one(self, f, key, tensor, what, tiles=None):
         if key not in f:
             raise CheckpointError(f"checkpoint {self.path} has no dataset {key}")
         ds = f[key]
@@ -513,7 +523,7 @@ class Checkpoint:
         try:
             # each destination tile reads its own box of the dataset, whatever the tiling it
             # was saved with; under MPI a rank reads only its own tiles
-            tensor.write_tiles(read)
+            tensor.write_tiles(read, tiles)
         except H5_ERRORS as exc:
             raise CheckpointError(f"checkpoint {self.path}: cannot read {key} (truncated or "
                                   f"corrupt?): {_first_line(exc)}") from None
@@ -527,7 +537,10 @@ class Checkpoint:
         if not self.has_optimizer:
             raise CheckpointError(f"checkpoint {self.path} holds no optimizer state (imported "
                                   "weights? start from it with --init instead of --resume)")
-        self._load("optim", optimizer.state_tensors(), "optimizer")
+        # with a sharded update, each rank reads the states of the tiles it updates
+        sharding = getattr(optimizer, "sharding", None)
+        self._load("optim", optimizer.state_tensors(), "optimizer",
+                   None if sharding is None else sharding.tiles_to_save)
         state = self.meta.get("optimizer") or {}
         if "step_count" not in state:
             raise CheckpointError(f"checkpoint {self.path}: attribute 'optimizer' lacks "

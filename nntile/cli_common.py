@@ -239,10 +239,13 @@ def add_runtime_args(parser):
     group.add_argument("--sched", default=None, type=scheduler_name,
                        help="StarPU scheduler (lws, dmdas, ...)")
     group.add_argument("--distribution", default="replicas",
-                       metavar="replicas|data|tensor|mixed[:DxT]",
+                       metavar="replicas[:zero]|data|tensor|mixed[:DxT]",
                        help="under mpirun: replicas: every rank holds the whole model and "
                        "trains on its share of the batch, gradients all-reduced (as PyTorch's "
-                       "DDP; the fastest where the model fits each rank); otherwise which rank "
+                       "DDP; the fastest where the model fits each rank); replicas:zero: the "
+                       "same with the update sharded (as ZeRO: gradients reduced to the rank "
+                       "that updates each tile, which alone holds its optimizer states); "
+                       "otherwise which rank "
                        "owns which tiles, weights and optimizer states spread over all ranks "
                        "(data: batch tiles shared out; tensor: each activation's other tiles "
                        "shared out; mixed: a D x T grid of both). Default: replicas")

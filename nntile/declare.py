@@ -39,9 +39,10 @@ class TensorSpec:
         self.owners = owners
         self.shared = shared
 
-    def create(self):
-        """The Tensor this spec declares (zero, as every new Tensor)."""
-        return Tensor(self.shape, self.basetile, self.dtype, owners=self.owners)
+    def create(self, zero=True):
+        """The Tensor this spec declares (zero, as every new Tensor, unless ``zero`` is
+        False: then no tile is written, nor allocated, until a task writes it)."""
+        return Tensor(self.shape, self.basetile, self.dtype, zero=zero, owners=self.owners)
 
     def renamed(self, name):
         """The same spec under another name (a layer's key under its place in the model)."""

@@ -4,7 +4,10 @@
 whole model and runs its own StarPU (no StarPU-MPI), computes on its share of the batch's
 rows, and the gradients are summed over the ranks by collectives (NCCL on GPUs, MPI on CPU
 workers) submitted as tasks, so they run beside the rest of backward (nntile.parallel). Its
-traffic is one all-reduce of the gradients per step.
+traffic is one all-reduce of the gradients per step. ``replicas:zero`` shards the update
+over the replicas (ZeRO): each parameter tile has one rank that updates it (shard_owners),
+the gradients are reduced to that rank instead of all-reduced, only it holds the tile's
+optimizer states, and it broadcasts the updated weights.
 
 The other distributions place tiles. Under StarPU-MPI every tile has one owner rank; a task runs on the rank that owns the tiles
 it writes, and StarPU-MPI sends it the tiles it reads from other ranks. A distribution is
@@ -276,11 +279,31 @@ def block_cyclic(grid, process_grid, axes=None):
     return rank.astype(np.int32).tolist()
 
 
+def shard_owners(tile_bytes, nranks):
+    """The rank that updates each parameter tile when replicas shard the update
+    (Distribution ``zero``): ``tile_bytes`` holds, by parameter name, the bytes of its tiles
+    (C order). Each tile in turn, parameters by name, goes to the rank holding the fewest
+    bytes so far (the lowest such rank), so the shares differ by at most one tile; every rank
+    computes the same owners, as does the memory estimate, whatever order it lists the
+    parameters in. A list of a rank per tile, by parameter name."""
+    held = [0] * nranks
+    owners = {}
+    for name in sorted(tile_bytes):
+        ranks = []
+        for size in tile_bytes[name]:
+            rank = min(range(nranks), key=held.__getitem__)
+            held[rank] += int(size)
+            ranks.append(rank)
+        owners[name] = ranks
+    return owners
+
+
 class Distribution:
     """A data x tensor process grid of tile owners, or (``replicas``) data ranks that each
-    hold the whole model; see the module's documentation."""
+    hold the whole model, with (``zero``) the update sharded over them; see the module's
+    documentation."""
 
-    def __init__(self, data=1, tensor=1, replicas=False):
+    def __init__(self, data=1, tensor=1, replicas=False, zero=False):
         for name, value in (("data", data), ("tensor", tensor)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"Distribution({name}={value!r}) must be a positive integer")
@@ -289,6 +312,10 @@ class Distribution:
             raise ValueError("replicas hold whole models: Distribution(replicas=True) takes "
                              "no tensor ranks")
         self.replicas = bool(replicas)
+        if zero and not replicas:
+            raise ValueError("Distribution(zero=True) shards the update of replicas: it needs "
+                             "replicas=True (tile owners hold their own shares already)")
+        self.zero = bool(zero)
 
     @property
     def nranks(self):
@@ -299,8 +326,8 @@ class Distribution:
         return cls(data=nranks)
 
     @classmethod
-    def replicated(cls, nranks):
-        return cls(data=nranks, replicas=True)
+    def replicated(cls, nranks, zero=False):
+        return cls(data=nranks, replicas=True, zero=zero)
 
     @classmethod
     def tensor_parallel(cls, nranks):
@@ -308,12 +335,12 @@ class Distribution:
 
     @classmethod
     def parse(cls, text, nranks):
-        """From a --distribution value: replicas, data, tensor, or mixed[:DxT] (mixed alone
-        picks two data groups when the rank count is even)."""
+        """From a --distribution value: replicas[:zero], data, tensor, or mixed[:DxT] (mixed
+        alone picks two data groups when the rank count is even)."""
         text = str(text)
         kind, _, shape = text.partition(":")
-        if kind == "replicas" and not shape:
-            return cls.replicated(nranks)
+        if kind == "replicas" and shape in ("", "zero"):
+            return cls.replicated(nranks, zero=shape == "zero")
         if kind == "data" and not shape:
             return cls.data_parallel(nranks)
         if kind == "tensor" and not shape:
@@ -330,7 +357,7 @@ class Distribution:
                 raise ValueError(f"--distribution {text!r}: write the grid as mixed:DxT, "
                                  "e.g. mixed:2x2") from None
             return cls(data=d, tensor=t)
-        raise ValueError(f"--distribution {text!r}: use one of replicas, data, tensor, "
+        raise ValueError(f"--distribution {text!r}: use one of replicas[:zero], data, tensor, "
                          "mixed[:DxT]")
 
     def check(self, world_size):
@@ -366,11 +393,15 @@ class Distribution:
         return (group * self.tensor + (linear % rest) % self.tensor).astype(np.int32).tolist()
 
     def describe(self):
+        if self.replicas and self.zero:
+            return (f"{self.data} replicas (gradients reduced to the rank that updates each "
+                    "tile; optimizer states sharded)")
         if self.replicas:
             return f"{self.data} replicas (gradients all-reduced)"
         return f"{self.data} data x {self.tensor} tensor"
 
     def __repr__(self):
         if self.replicas:
-            return f"Distribution(data={self.data}, replicas=True)"
+            zero = ", zero=True" if self.zero else ""
+            return f"Distribution(data={self.data}, replicas=True{zero})"
         return f"Distribution(data={self.data}, tensor={self.tensor})"

@@ -281,6 +281,61 @@ class RankEstimate(Estimate):
                 f"the whole model: {self.whole.summary()}")
 
 
+def sharded_tiles(specs, nranks, rank):
+    """{spec name: mask of the tiles ``rank`` holds} of the tensors that replicas sharding
+    the update (nntile.parallel.Sharding) hold in part: each parameter's optimizer states.
+    Gradients are not among them: backward writes every gradient tile on every rank before
+    the reduce frees the others'."""
+    from nntile.distributed import shard_owners
+    owners = shard_owners({s.name: s.tile_bytes() for s in specs
+                           if s.category == "parameters"}, nranks)
+    masks = {name: np.asarray(ranks) == rank for name, ranks in owners.items()}
+    held = {}
+    for spec in specs:
+        if spec.category == "optimizer_states" and spec.name.rpartition("/")[0] in masks:
+            held[spec.name] = masks[spec.name.rpartition("/")[0]]
+    return held
+
+
+class ShardedEstimate(Estimate):
+    """What one replica holds where replicas shard the update (Distribution ``zero``): the
+    whole model on its share of the rows (``whole``), but of the tensors sharded_tiles names,
+    only the tiles it updates."""
+
+    def __init__(self, whole, distribution, rank):
+        super().__init__(whole.specs, whole.args, whole.init)
+        self._whole, self.distribution, self.rank = whole, distribution, rank
+        self._held = sharded_tiles(whole.specs, distribution.data, rank)
+        self.breakdown = dict.fromkeys(CATEGORIES, 0)
+        for spec in self.specs:
+            self.breakdown[spec.category] += int(self._tile_bytes(spec).sum())
+
+    def _tile_bytes(self, spec):
+        sizes = spec.tile_bytes()
+        held = self._held.get(spec.name)
+        return sizes if held is None else sizes[held]
+
+    def with_args(self, args):
+        return ShardedEstimate(super().with_args(args), self.distribution, self.rank)
+
+    @property
+    def whole(self):
+        return self._whole
+
+    @property
+    def alloc_bytes(self):
+        return sum(int(alloc_sizes(self._tile_bytes(s)).sum()) for s in self.specs)
+
+    @property
+    def init_host_peak(self):
+        """Every rank writes every master at initialisation."""
+        return self._whole.init_host_peak
+
+    def summary(self):
+        return (f"rank {self.rank} of {self.distribution.nranks} "
+                f"({self.distribution.describe()}): {super().summary()}")
+
+
 def estimate(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw", grad_clip=True,
              training=True, init="full", distribution=None, rank=None, model=None,
              recompute=False):
@@ -290,21 +345,24 @@ def estimate(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw", g
     ("full" arrays, per "tiles", or None when they come from GPU tasks).
 
     With a ``distribution`` of several ranks (nntile.distributed), what ``rank`` holds: a
-    RankEstimate. ``model``: a subclass of the family's model class to estimate instead.
+    RankEstimate; of replicas, the whole model on batch / replicas rows, or, where they shard
+    the update, a ShardedEstimate. ``model``: a subclass of the family's model class to estimate instead.
     ``recompute``: with activation recomputation, whose activations are every block's input
     and output and one block's inner activations (CausalLM)."""
     if init not in ("full", "tiles", None):
         raise ValueError(f"init {init!r}: use 'full', 'tiles' or None")
     nranks = distribution.nranks if distribution is not None else 1
+    if nranks > 1 and rank is None:
+        raise ValueError("estimate(distribution=...) needs the rank whose share to estimate")
+    if distribution is not None and distribution.replicas:
+        whole = estimate(config, batch // distribution.data, seq, tiling, dtype, optimizer,
+                         grad_clip, training, init, model=model, recompute=recompute)
+        return ShardedEstimate(whole, distribution, rank) if distribution.zero else whole
     args = dict(config=config, batch=batch, seq=seq, tiling=dict(tiling or {}), dtype=dtype,
                 optimizer=optimizer, grad_clip=grad_clip, training=training, nranks=nranks,
                 model=model, recompute=recompute)
     whole = Estimate(tensor_specs(**args), args, init)
-    if nranks == 1:
-        return whole
-    if rank is None:
-        raise ValueError("estimate(distribution=...) needs the rank whose share to estimate")
-    return RankEstimate(whole, distribution, rank)
+    return whole if nranks == 1 else RankEstimate(whole, distribution, rank)
 
 
 # ---- what the machine offers --------------------------------------------------------------
@@ -795,7 +853,7 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     cannot fit. NNTILE_MEMORY_CHECK=0 skips the refusal.
 
     Under mpirun with a ``distribution`` of replicas, each rank checks the whole model on its
-    share of the batch; with one of tile owners, each rank checks its own share (a RankEstimate)
+    share of the batch (less the tiles of others' updates where they shard it); with one of tile owners, each rank checks its own share (a RankEstimate)
     against its GPUs and its part of the node's host memory, and all ranks agree: one rank
     that cannot fit stops them all, each with the message.
 
@@ -803,8 +861,6 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     picks it for this machine. The estimate returned holds the Choice (``est.recompute``)."""
     import sys
     rank, _ = launcher_rank()
-    if distribution is not None and distribution.replicas:  # the whole model, its rows
-        batch, distribution = batch // distribution.data, None
     gpus = _gpus_of_this_process(ncuda)
     check = os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0"
     if check:

@@ -6,6 +6,10 @@ one-element tensor that each update task reads, so no step waits for the host.
 Parameters, gradients and states are in the model's master dtype. A parameter with a compute
 copy (bf16-mixed) has it refreshed after each update: by the update task itself for Adam
 (adam_step_refresh), by one cast task per tile for SGD.
+
+With a ``sharding`` (nntile.parallel.Sharding: replicas that shard the update), AdamW updates
+only this rank's tiles; the other tiles' states are never written, so StarPU never allocates
+them, and the updated weights are then broadcast.
 """
 import math
 from contextlib import nullcontext
@@ -64,8 +68,9 @@ def last_share(named_parameters, share):
 class Optimizer:
     STATES = ()  # the state tensors of each parameter, by name
 
-    def __init__(self, named_parameters, lr, max_grad_norm=None):
+    def __init__(self, named_parameters, lr, max_grad_norm=None, sharding=None):
         self.params = list(named_parameters)
+        self.sharding = sharding
         if not self.params:
             raise ValueError("optimizer got no parameters")
         self.schedule = lr if isinstance(lr, LRSchedule) else LRSchedule(lr)
@@ -75,11 +80,16 @@ class Optimizer:
         self.step_count = 0
         specs = self.tensor_specs(self.params, max_grad_norm is not None,
                                   current_context().owner_ranks)
-        tensors = {spec.name: spec.create() for spec in specs}
+        tensors = {spec.name: spec.create(zero=sharding is None) for spec in specs}
         self.normsq = tensors.get("optimizer/normsq")
         self._normsq_parts = tensors.get("optimizer/normsq_parts")
         self.states = {name: tuple(tensors[f"{name}/{state}"] for state in self.STATES)
                        for name, _ in self.params}
+        if sharding is not None:  # states start as zeros on the tiles this rank updates
+            for name, param in self.params:
+                sharding.hold(param, *self.states[name])
+                for tensor in self.states[name]:
+                    ops.fill(0, tensor, tiles=self._tiles(param))
         self._by_param = {id(p): n for n, p in self.params}
         self._on_cpu = last_share(self.params, current_context().cpu_update_share)
         if current_context().writes_behind:  # the states start as zeros written on the GPU
@@ -108,12 +118,18 @@ class Optimizer:
                                  "optimizer_states", value.owners) for state in cls.STATES]
         return specs
 
+    def _tiles(self, param):
+        """The tiles of ``param`` this rank updates (None: all)."""
+        return None if self.sharding is None else self.sharding.mine(param)
+
     def _submit_grad_norm(self):
         target = self.normsq if self._normsq_parts is None else self._normsq_parts
         for i, (_, param) in enumerate(self.params):
-            ops.sumsq(param.grad, 0.0 if i == 0 else 1.0, target)
+            ops.sumsq(param.grad, 0.0 if i == 0 else 1.0, target, tiles=self._tiles(param))
         if self._normsq_parts is not None:
             ops.sum_slice(1.0, self._normsq_parts, 0.0, self.normsq, 0)
+        if self.sharding is not None:  # each rank summed the squares of its own tiles
+            self.sharding.sum_over_ranks(self.normsq)
 
     def grad_norm(self):
         """Global gradient norm of the last step (waits for it)."""
@@ -134,6 +150,8 @@ class Optimizer:
                 param.compute.write_back()  # the next forward reads it
                 # only the next update reads the states, and the master where a copy exists
                 _send_back(self.states[name] + (() if param.copy is None else (param.value,)))
+        if self.sharding is not None:
+            self.sharding.broadcast_weights()
         return lr
 
     def state_tensors(self):
@@ -147,8 +165,8 @@ class AdamW(Optimizer):
     STATES = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.01, max_grad_norm=None, decoupled=True):
-        super().__init__(named_parameters, lr, max_grad_norm)
+                 weight_decay=0.01, max_grad_norm=None, decoupled=True, sharding=None):
+        super().__init__(named_parameters, lr, max_grad_norm, sharding)
         self.betas, self.eps, self.weight_decay, self.decoupled = betas, eps, weight_decay, decoupled
 
     @property
@@ -160,7 +178,8 @@ class AdamW(Optimizer):
         m, v = self.states[self._by_param[id(param)]]
         ops.adam_step(self.step_count, lr, self.betas[0], self.betas[1], self.eps,
                       self.weight_decay, self.decoupled, param.value, param.grad, m, v,
-                      self.normsq, self.max_grad_norm or 0.0, copy=param.copy)
+                      self.normsq, self.max_grad_norm or 0.0, copy=param.copy,
+                      tiles=self._tiles(param))
 
 
 def Adam(named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,

@@ -9,16 +9,87 @@ layers' gradients travel while the first layers still run backward; the collecti
 run one at a time in that order, which is the same on every rank. Every rank then applies
 the same update to the same summed gradients, so the replicas stay equal.
 
+With ``--distribution replicas:zero`` the update is sharded (Sharding): each gradient tile is
+reduced to the one rank that updates it, whose optimizer states only it holds, and the
+updated weights are broadcast from there.
+
 With one process (or a Context whose ranks own tiles through StarPU-MPI) the wrapper passes
 the whole batch to the model and reduces nothing.
 """
 import numpy as np
 
-from nntile._core.core import allreduce_sum, collective_bytes, collective_check
+from nntile._core.core import (allreduce_sum, broadcast, collective_bytes, collective_check,
+                               reduce_sum)
+from nntile.declare import TensorSpec
+from nntile.distributed import shard_owners
 
 # DDP's default bucket: large enough that each collective runs near the link's bandwidth,
 # small enough that the first buckets start while backward still runs
 BUCKET_BYTES = 25 << 20
+
+
+def tile_bytes(tensor):
+    """Bytes of each tile of a Tensor, in the C order of its tile grid."""
+    return TensorSpec("", tensor.shape, tensor.basetile, tensor.dtype, None).tile_bytes()
+
+
+class Sharding:
+    """The update of replicas sharded over them (ZeRO): the rank of each parameter tile
+    (nntile.distributed.shard_owners, by the masters' bytes) is the only one that keeps its
+    summed gradient, updates it and holds its optimizer states; it then broadcasts the
+    updated master and, in bf16-mixed, its compute copy. Every rank builds the same Sharding
+    of the same parameters."""
+
+    def __init__(self, named_parameters, nranks, rank, bucket_bytes):
+        self.params = [param for _, param in named_parameters]
+        self.rank, self.bucket_bytes = rank, bucket_bytes
+        named = list(named_parameters)
+        owners = shard_owners({name: tile_bytes(p.value) for name, p in named}, nranks)
+        self._roots = {id(p): owners[name] for name, p in named}
+        self._tiles = {}  # id(tensor): the tiles of it this rank holds
+        for param in self.params:
+            self.hold(param, param.value, param.grad)
+
+    def roots(self, param):
+        """The rank that updates each tile of ``param``."""
+        return self._roots[id(param)]
+
+    def mine(self, param):
+        """The linear indices of the tiles of ``param`` this rank updates."""
+        return [i for i, rank in enumerate(self._roots[id(param)]) if rank == self.rank]
+
+    def others(self, param):
+        return [i for i, rank in enumerate(self._roots[id(param)]) if rank != self.rank]
+
+    def hold(self, param, *tensors):
+        """Record that of ``tensors`` (with the tiles of ``param``) this rank keeps its own
+        tiles: a checkpoint takes each tile from the rank that updates it."""
+        for tensor in tensors:
+            self._tiles[id(tensor)] = self.mine(param)
+
+    def tiles_to_save(self, tensor):
+        """The tiles of ``tensor`` (a parameter or a state) this rank writes into a checkpoint."""
+        return self._tiles[id(tensor)]
+
+    def reduce_gradients(self, params):
+        """Sum each gradient tile over the ranks into its owner's, in buckets in the order of
+        ``params`` (backward's), then free the other ranks' copies."""
+        reduce_sum([p.grad for p in params], [self.roots(p) for p in params],
+                   self.bucket_bytes)
+        for param in params:
+            param.grad.invalidate(self.others(param))
+
+    def sum_over_ranks(self, tensor):
+        """All-reduce ``tensor`` (a partial sum of this rank's tiles, e.g. a norm)."""
+        allreduce_sum([tensor], self.bucket_bytes)
+
+    def broadcast_weights(self):
+        """After the update: every rank gets the updated weights from the ranks that updated
+        them: the masters (some layers read them, not the copy: GPT-2's embedding) and the
+        compute copies."""
+        tensors = [(p, t) for p in self.params for t in (p.value, p.copy) if t is not None]
+        broadcast([t for _, t in tensors], [self.roots(p) for p, _ in tensors],
+                  self.bucket_bytes)
 
 
 class DataParallel:
@@ -32,7 +103,12 @@ class DataParallel:
         self.comm = ctx.comm
         self.bucket_bytes = int(bucket_bytes)
         # backward finishes the parameters in the reverse of the order forward reads them
-        self._gradients = [param.grad for _, param in reversed(list(model.named_parameters()))]
+        named = list(model.named_parameters())
+        self._backward_order = [param for _, param in reversed(named)]
+        zero = self.replicas > 1 and getattr(ctx.distribution, "zero", False)
+        # the optimizer takes it (AdamW(..., sharding=...)) to update only this rank's tiles
+        self.sharding = (Sharding(named, self.replicas, self.rank, self.bucket_bytes)
+                         if zero else None)
         self._bytes_at_step = 0
 
     def __getattr__(self, name):
@@ -67,8 +143,12 @@ class DataParallel:
         over the replicas: each rank's mean is 1/replicas of the global one. With gradient
         accumulation, reduce on the last micro-batch only (DDP's no_sync)."""
         self.model.backward(scale / self.replicas)
-        if reduce and self.replicas > 1:
-            allreduce_sum(self._gradients, self.bucket_bytes)
+        if not reduce or self.replicas == 1:
+            return
+        if self.sharding is not None:
+            self.sharding.reduce_gradients(self._backward_order)
+        else:
+            allreduce_sum([p.grad for p in self._backward_order], self.bucket_bytes)
 
     def check(self):
         """Raise if a collective failed inside a task (after the step's tasks ran)."""
@@ -76,8 +156,10 @@ class DataParallel:
             collective_check()
 
     def bytes_reduced(self):
-        """Bytes of gradients this rank handed to all-reduce since the last call: each
-        gradient tile once a step (a ring all-reduce then sends 2 (N-1)/N of them)."""
+        """Bytes of tiles this rank handed to collectives since the last call: without
+        sharding, each gradient tile once a step (a ring all-reduce then sends 2 (N-1)/N of
+        them); with it, each gradient tile (reduce) and each weight tile forward reads
+        (broadcast) once, and the gradient norm."""
         total = collective_bytes() if self.replicas > 1 else 0
         step, self._bytes_at_step = total - self._bytes_at_step, total
         return step

@@ -709,7 +709,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     replicas = DataParallel(model, ctx)  # the model itself with one process
     opt = AdamW(model.named_parameters(), lr=LRSchedule(s.lr, s.warmup, s.steps, s.min_lr),
                 betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay,
-                max_grad_norm=s.grad_clip or None)
+                max_grad_norm=s.grad_clip or None, sharding=replicas.sharding)
     sampler = BatchSampler(s.data.splits["train"], s.batch_size, s.seq_len, s.seed)
     start_step = 0
     if s.ckpt is not None:

@@ -270,7 +270,7 @@ def test_every_rank_gets_workers_whatever_cores_it_is_given(launch):
 
 
 @needs_mpi
-@pytest.mark.parametrize("distribution", ["replicas", "data", "tensor"])
+@pytest.mark.parametrize("distribution", ["replicas", "replicas:zero", "data", "tensor"])
 def test_two_ranks_train_like_one_process(single, tmp_path, distribution):
     result = train(tmp_path, 2, ["--distribution", distribution])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -303,7 +303,7 @@ def single_llama(tmp_path_factory):
 
 
 @needs_mpi
-@pytest.mark.parametrize("distribution", ["replicas", "data", "tensor"])
+@pytest.mark.parametrize("distribution", ["replicas", "replicas:zero", "data", "tensor"])
 def test_two_ranks_train_a_llama_like_one_process(single_llama, tmp_path, distribution):
     result = train(tmp_path, 2, [*LLAMA, "--distribution", distribution])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -312,7 +312,7 @@ def test_two_ranks_train_a_llama_like_one_process(single_llama, tmp_path, distri
     ours, _ = checkpoint_arrays(tmp_path / "ckpt-4.h5")
     # replicas sum two half-batch gradients, in another order than one process: AdamW's
     # division by sqrt(v) grows those last bits where a gradient is near zero
-    tolerance = 1e-5 if distribution == "replicas" else 1e-6
+    tolerance = 1e-5 if distribution.startswith("replicas") else 1e-6
     for name, (array, _) in checkpoint_arrays(single_llama / "ckpt-4.h5")[0].items():
         assert np.abs(ours[name][0] - array).max() <= tolerance * max(1.0, np.abs(array).max()), \
             name
@@ -549,9 +549,10 @@ def test_bad_mpi_setting_stops_every_rank_with_one_message(tmp_path, env, messag
 
 
 @needs_mpi
-def test_checkpoint_of_two_ranks_resumes_on_one(single, tmp_path):
+@pytest.mark.parametrize("distribution", ["tensor", "replicas:zero"])
+def test_checkpoint_of_two_ranks_resumes_on_one(single, tmp_path, distribution):
     two = tmp_path / "two"
-    result = train(two, 2, ["--distribution", "tensor"])
+    result = train(two, 2, ["--distribution", distribution])
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = tmp_path / "resumed"
     resumed.mkdir()
@@ -684,3 +685,47 @@ def test_replicas_refuse_a_batch_they_cannot_share_equally(tmp_path):
     assert result.returncode == 2, result.stderr[-3000:]
     assert "3 replicas share the batch's rows equally, but the batch has 4" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _zero_runs(nranks, distribution, family, precision="fp32"):
+    result = mpirun(nranks, [os.path.join(HERE, "mpi", "zero_check.py"), distribution, family,
+                             precision])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    # mpirun forwards the ranks' output in chunks that may share a line; the reports nest
+    decoder = json.JSONDecoder()
+    reports = [decoder.raw_decode(result.stdout[m.start():])[0]
+               for m in re.finditer(r'\{"rank"', result.stdout)]
+    assert sorted(r["rank"] for r in reports) == list(range(nranks))
+    return reports
+
+
+SHARDED = ("optimizer_states", "gradients")
+
+
+@needs_mpi
+def test_sharded_replicas_hold_half_the_states_and_train_alike():
+    """With the update sharded over 2 replicas, each holds at most 0.55x of the optimizer
+    states, and after the step of the gradients (the estimate's and StarPU's valid tiles),
+    and the losses are those of replicas without it."""
+    whole = _zero_runs(2, "replicas", "gpt2")
+    sharded = _zero_runs(2, "replicas:zero", "gpt2")
+    for r in sharded:
+        np.testing.assert_allclose(r["losses"], whole[0]["losses"], rtol=0, atol=1e-6)
+        assert r["held"]["parameters"] == whole[0]["held"]["parameters"], r
+        for category in SHARDED:
+            assert r["held"][category] <= 0.55 * whole[0]["held"][category], (category, r)
+        # gradients: the estimate keeps them whole (backward writes every tile)
+        assert r["estimated"]["optimizer_states"] <= 0.55 * whole[0]["estimated"][
+            "optimizer_states"], r
+        assert r["used"] < whole[0]["used"], r
+
+
+@needs_mpi
+def test_sharded_replicas_of_three_train_a_llama_like_one_process():
+    """Three ranks: shards of unequal tiles; each holds the states the estimate gives it."""
+    alone = _zero_runs(1, "replicas", "llama")[0]
+    for r in _zero_runs(3, "replicas:zero", "llama"):
+        np.testing.assert_allclose(r["losses"], alone["losses"], rtol=0, atol=1e-6)
+        # the estimate's states add the one-element gradient norm, held by every rank
+        assert r["held"]["optimizer_states"] == r["estimated"]["optimizer_states"] - 4, r
+        assert r["held"]["optimizer_states"] <= 0.4 * alone["held"]["optimizer_states"], r

@@ -123,14 +123,14 @@ def test_the_split_matches_a_count_of_each_microsecond(rows, start, length):
 def test_the_collectives_share_beside_other_tasks_matches_a_count(rows, collective):
     """bench/timeline.beside_others against each bin counted by hand."""
     table = _table(rows)
-    table["op"] = ["allreduce" if c else "gemm" for c in collective[:len(rows)]]
+    table["op"] = ["collective" if c else "gemm" for c in collective[:len(rows)]]
     t0, t1, step = 0, 60 * int(timeline.BIN_US), int(timeline.BIN_US)
     ours = beside = 0
     for t in range(t0, t1, step):
         runs = [r["op"] for r in table if r["start"] <= t < r["end"]]
-        if "allreduce" in runs:
+        if "collective" in runs:
             ours += 1
-            beside += any(op != "allreduce" for op in runs)
+            beside += any(op != "collective" for op in runs)
     seconds, share = timeline.beside_others(table, t0, t1)
     assert seconds == pytest.approx(ours * step * 1e-6)
     assert share == pytest.approx(beside / ours if ours else 0.0)

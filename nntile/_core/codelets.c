@@ -283,7 +283,7 @@ int nntile_models_calibrating(void)
 const char *nntile_op_name(int op)
 {
     if (op == NNTILE_OP_COLLECTIVE)
-        return "allreduce";
+        return "collective";
     return (op >= 0 && op < NNTILE_OP_COUNT) ? op_names[op] : "?";
 }
 

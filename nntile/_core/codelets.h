@@ -78,7 +78,7 @@ struct nntile_task_record {
  * the number of tasks finished since: past the capacity, the ones not recorded. */
 void nntile_op_timeline(struct nntile_task_record *buffer, unsigned long long capacity);
 /* Tasks outside the op table record themselves from their callback: the collectives
- * (collective.c) as op NNTILE_OP_COLLECTIVE, whose name is "allreduce". */
+ * (collective.c) as op NNTILE_OP_COLLECTIVE, whose name is "collective". */
 #define NNTILE_OP_COLLECTIVE NNTILE_OP_COUNT
 void nntile_timeline_record(const struct starpu_task *task, int op, int dtype);
 unsigned long long nntile_op_timeline_count(void);

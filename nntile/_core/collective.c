@@ -17,6 +17,7 @@
 
 static starpu_data_handle_t order_token;  /* every collective writes it: one order per rank */
 static int started;
+static int my_rank;  /* in the communicator the collectives run on */
 static unsigned long long bytes_reduced;
 static char first_error[256];  /* a collective that failed inside a task, for Python to raise */
 
@@ -31,6 +32,13 @@ const char *nntile_collective_error(void)
     return first_error[0] ? first_error : NULL;
 }
 
+/* A task's argument: its kind and dtype, and the root of each tile (a reduce, a broadcast). */
+struct collective_args {
+    int kind;
+    int dtype;
+    int roots[];
+};
+
 static void start_token(void)
 {
     if (!started)
@@ -44,7 +52,8 @@ static void collective_done(void *arg)
     (void)arg;
     struct starpu_task *task = starpu_task_get_current();
     if (task != NULL && task->cl_arg != NULL)
-        nntile_timeline_record(task, NNTILE_OP_COLLECTIVE, *(int *)task->cl_arg);
+        nntile_timeline_record(task, NNTILE_OP_COLLECTIVE,
+                               ((const struct collective_args *)task->cl_arg)->dtype);
 }
 
 /* ---- MPI, on CPU workers ------------------------------------------------------------------ */
@@ -77,32 +86,46 @@ static void add_bf16(void *in, void *inout, int *count, MPI_Datatype *type)
         b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
 }
 
-static void cpu_allreduce(void *buffers[], void *cl_arg)
+/* Start tile i's collective; MPI counts are int: a tile past 2^31 elements is refused when
+ * submitted. */
+static int mpi_start(const struct collective_args *args, int i, void *buffer, MPI_Datatype type,
+                     MPI_Op op, MPI_Request *request)
 {
-    int dtype = *(int *)cl_arg;
+    void *ptr = TILE_PTR(buffer);
+    int count = (int)TILE_COUNT(buffer), root = args->roots[i];
+    if (args->kind == NNTILE_REDUCE)
+        return MPI_Ireduce(root == my_rank ? MPI_IN_PLACE : ptr, ptr, count, type, op, root,
+                           comm, request);
+    if (args->kind == NNTILE_BROADCAST)
+        return MPI_Ibcast(ptr, count, type, root, comm, request);
+    return MPI_Iallreduce(MPI_IN_PLACE, ptr, count, type, op, comm, request);
+}
+
+static void cpu_collective(void *buffers[], void *cl_arg)
+{
+    const struct collective_args *args = cl_arg;
     int n = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 1;  /* the last: the token */
-    MPI_Datatype type = dtype == NNTILE_FP64 ? MPI_DOUBLE
-                        : dtype == NNTILE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
-    MPI_Op op = dtype == NNTILE_BF16 ? bf16_sum : MPI_SUM;
+    MPI_Datatype type = args->dtype == NNTILE_FP64 ? MPI_DOUBLE
+                        : args->dtype == NNTILE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+    MPI_Op op = args->dtype == NNTILE_BF16 ? bf16_sum : MPI_SUM;
     MPI_Request *requests = malloc(sizeof(MPI_Request) * (size_t)n);
     if (requests == NULL) {
-        record_error("MPI all-reduce", "out of memory");
+        record_error("MPI collective", "out of memory");
         return;
     }
-    /* MPI counts are int: a tile past 2^31 elements is refused when submitted */
     for (int i = 0; i < n; ++i)
-        MPI_Iallreduce(MPI_IN_PLACE, TILE_PTR(buffers[i]), (int)TILE_COUNT(buffers[i]), type,
-                       op, comm, &requests[i]);
+        if (mpi_start(args, i, buffers[i], type, op, &requests[i]) != MPI_SUCCESS)
+            requests[i] = MPI_REQUEST_NULL, record_error("MPI collective", "start failed");
     int ret = MPI_Waitall(n, requests, MPI_STATUSES_IGNORE);
     free(requests);
     if (ret != MPI_SUCCESS)
-        record_error("MPI all-reduce", "MPI_Waitall failed");
+        record_error("MPI collective", "MPI_Waitall failed");
 }
 
 static struct starpu_codelet cl_mpi = {
-    .cpu_funcs = {cpu_allreduce},
+    .cpu_funcs = {cpu_collective},
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
-    .name = "allreduce",
+    .name = "collective",
     .callback_func = collective_done,
 };
 
@@ -112,6 +135,7 @@ int nntile_collective_start_mpi(intptr_t comm_handle)
         return -EINVAL;
     if (bf16_sum == MPI_OP_NULL && MPI_Op_create(add_bf16, 1, &bf16_sum) != MPI_SUCCESS)
         return -EINVAL;
+    MPI_Comm_rank(comm, &my_rank);
     start_token();
     return 0;
 }
@@ -122,7 +146,7 @@ static void stop_mpi(void)
         MPI_Comm_free(&comm);
 }
 #else
-static struct starpu_codelet cl_mpi = {.nbuffers = STARPU_VARIABLE_NBUFFERS, .name = "allreduce"};
+static struct starpu_codelet cl_mpi = {.nbuffers = STARPU_VARIABLE_NBUFFERS, .name = "collective"};
 
 int nntile_collective_start_mpi(intptr_t comm_handle)
 {
@@ -144,6 +168,8 @@ static struct {
     int (*get_unique_id)(nccl_id_t *);
     int (*comm_init_rank)(nccl_comm_t *, int, nccl_id_t, int);
     int (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    int (*reduce)(const void *, void *, size_t, int, int, int, nccl_comm_t, void *);
+    int (*broadcast)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
     int (*group_start)(void);
     int (*group_end)(void);
     int (*comm_destroy)(nccl_comm_t);
@@ -175,6 +201,8 @@ int nntile_nccl_open(const char *library_path, int make_id, char *id, char *erro
         NCCL_SYMBOL(get_unique_id, "ncclGetUniqueId")
         NCCL_SYMBOL(comm_init_rank, "ncclCommInitRank")
         NCCL_SYMBOL(all_reduce, "ncclAllReduce")
+        NCCL_SYMBOL(reduce, "ncclReduce")
+        NCCL_SYMBOL(broadcast, "ncclBroadcast")
         NCCL_SYMBOL(group_start, "ncclGroupStart")
         NCCL_SYMBOL(group_end, "ncclGroupEnd")
         NCCL_SYMBOL(comm_destroy, "ncclCommDestroy")
@@ -195,27 +223,39 @@ int nntile_nccl_open(const char *library_path, int make_id, char *id, char *erro
 }
 
 #if NNTILE_HAVE_CUDA
-static void cuda_allreduce(void *buffers[], void *cl_arg)
+/* Tile i's collective, in place (NCCL allows it for all three), on the worker's stream. */
+static int nccl_one(const struct collective_args *args, int i, void *buffer, int type,
+                    void *stream)
 {
-    int dtype = *(int *)cl_arg;
+    void *ptr = TILE_PTR(buffer);
+    size_t count = TILE_COUNT(buffer);
+    if (args->kind == NNTILE_REDUCE)
+        return nccl.reduce(ptr, ptr, count, type, NCCL_SUM, args->roots[i], nccl_comm, stream);
+    if (args->kind == NNTILE_BROADCAST)
+        return nccl.broadcast(ptr, ptr, count, type, args->roots[i], nccl_comm, stream);
+    return nccl.all_reduce(ptr, ptr, count, type, NCCL_SUM, nccl_comm, stream);
+}
+
+static void cuda_collective(void *buffers[], void *cl_arg)
+{
+    const struct collective_args *args = cl_arg;
     int n = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 1;
-    int type = dtype == NNTILE_FP64 ? NCCL_FLOAT64
-               : dtype == NNTILE_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32;
+    int type = args->dtype == NNTILE_FP64 ? NCCL_FLOAT64
+               : args->dtype == NNTILE_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32;
     void *stream = starpu_cuda_get_local_stream();
     int ret = nccl.group_start();  /* one launch for the whole bucket */
     for (int i = 0; i < n && ret == 0; ++i)
-        ret = nccl.all_reduce(TILE_PTR(buffers[i]), TILE_PTR(buffers[i]),
-                              TILE_COUNT(buffers[i]), type, NCCL_SUM, nccl_comm, stream);
+        ret = nccl_one(args, i, buffers[i], type, stream);
     int end = nccl.group_end();
     if (ret != 0 || end != 0)
-        record_error("ncclAllReduce", nccl.error_string(ret ? ret : end));
+        record_error("NCCL collective", nccl.error_string(ret ? ret : end));
 }
 
 static struct starpu_codelet cl_nccl = {
-    .cuda_funcs = {cuda_allreduce},
+    .cuda_funcs = {cuda_collective},
     .cuda_flags = {STARPU_CUDA_ASYNC},
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
-    .name = "allreduce",
+    .name = "collective",
     .callback_func = collective_done,
 };
 
@@ -244,6 +284,7 @@ int nntile_nccl_start(const char *id, int nranks, int rank, char *error, size_t 
         return -EIO;
     }
     nccl_worker = workers[0];
+    my_rank = rank;
     start_token();
     return 0;
 }
@@ -277,16 +318,36 @@ void nntile_collective_stop(void)
 
 /* ---- submission --------------------------------------------------------------------------- */
 
-int nntile_allreduce_submit(starpu_data_handle_t *handles, int n, int dtype, int priority)
+/* How the task uses a tile: a reduce only reads the tiles of ranks other than the root,
+ * a broadcast only writes them (StarPU then neither keeps nor fetches their contents). */
+static enum starpu_data_access_mode tile_mode(int kind, int root)
 {
-    if (!started || n < 1)
+    if (kind == NNTILE_REDUCE)
+        return root == my_rank ? STARPU_RW : STARPU_R;
+    if (kind == NNTILE_BROADCAST)
+        return root == my_rank ? STARPU_R : STARPU_W;
+    return STARPU_RW;
+}
+
+int nntile_collective_submit(int kind, starpu_data_handle_t *handles, const int *roots, int n,
+                             int dtype, int priority)
+{
+    if (!started || n < 1 || (kind != NNTILE_ALLREDUCE && roots == NULL))
         return -EINVAL;
     struct starpu_data_descr *descrs = malloc(sizeof *descrs * (size_t)(n + 1));
-    if (descrs == NULL)
+    size_t arg_size = sizeof(struct collective_args) + sizeof(int) * (size_t)n;
+    struct collective_args *arg = malloc(arg_size);  /* the task frees it */
+    if (descrs == NULL || arg == NULL) {
+        free(descrs);
+        free(arg);
         return -ENOMEM;
+    }
+    arg->kind = kind;
+    arg->dtype = dtype;
     for (int i = 0; i < n; ++i) {
+        arg->roots[i] = roots != NULL ? roots[i] : 0;
         descrs[i].handle = handles[i];
-        descrs[i].mode = STARPU_RW;
+        descrs[i].mode = tile_mode(kind, arg->roots[i]);
         bytes_reduced += starpu_data_get_size(handles[i]);
     }
     descrs[n].handle = order_token;
@@ -297,18 +358,12 @@ int nntile_allreduce_submit(starpu_data_handle_t *handles, int n, int dtype, int
     if (nccl_worker >= 0)
         cl = &cl_nccl, on_worker = 1;
 #endif
-    int *arg = malloc(sizeof *arg);  /* the task frees it */
-    if (arg == NULL) {
-        free(descrs);
-        return -ENOMEM;
-    }
-    *arg = dtype;
     int ret = on_worker
         ? starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, descrs, n + 1, STARPU_CL_ARGS, arg,
-                             sizeof *arg, STARPU_PRIORITY, priority, STARPU_EXECUTE_ON_WORKER,
+                             arg_size, STARPU_PRIORITY, priority, STARPU_EXECUTE_ON_WORKER,
                              nccl_worker, 0)
         : starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, descrs, n + 1, STARPU_CL_ARGS, arg,
-                             sizeof *arg, STARPU_PRIORITY, priority, 0);
+                             arg_size, STARPU_PRIORITY, priority, 0);
     free(descrs);
     return ret;
 }

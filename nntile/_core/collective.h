@@ -1,7 +1,8 @@
-/* Sums of tiles across processes, as StarPU tasks: the gradient all-reduce of data-parallel
- * ranks that each run their own StarPU (no StarPU-MPI).
+/* Collectives of tiles across processes, as StarPU tasks: the gradient all-reduce of
+ * data-parallel ranks that each run their own StarPU (no StarPU-MPI), or, with sharded
+ * updates, the gradient reduce to each tile's owner and the broadcast of updated weights.
  *
- * One task all-reduces a bucket of tiles in place: on a CUDA worker through NCCL on the
+ * One task runs one kind of collective on a bucket of tiles in place: on a CUDA worker through NCCL on the
  * worker's stream (the tiles stay on the GPU), else on a CPU worker through MPI. Every rank
  * must start the same collectives in the same order, whatever order its scheduler runs tasks
  * in: each task also writes one token handle, so a rank's collectives run one after another
@@ -35,13 +36,21 @@ int nntile_nccl_start(const char *id, int nranks, int rank, char *error,
 /* Stop both; each rank calls it with no collective in flight. */
 void nntile_collective_stop(void);
 
-/* Submit the in-place sum over ranks of n tiles of one storage dtype (nntile_dtype: fp32,
- * fp64, bf16), one task; priority as for any task. */
-int nntile_allreduce_submit(starpu_data_handle_t *handles, int n, int dtype,
-                            int priority) NNTILE_CHECKED;
+/* What a collective task does to each of its tiles. */
+enum nntile_collective_kind {
+    NNTILE_ALLREDUCE,  /* every rank gets the sum over ranks */
+    NNTILE_REDUCE,     /* the tile's root rank gets the sum; the others' tiles are only read */
+    NNTILE_BROADCAST,  /* every rank gets the root's tile; the others' are only written */
+};
+
+/* Submit one collective of ``kind`` on n tiles of one storage dtype (nntile_dtype: fp32,
+ * fp64, bf16), in place, as one task; roots[i]: the root rank of tile i (NULL for an
+ * all-reduce); priority as for any task. */
+int nntile_collective_submit(int kind, starpu_data_handle_t *handles, const int *roots, int n,
+                             int dtype, int priority) NNTILE_CHECKED;
 /* The first failure of a collective inside a task ("call: reason"), or NULL. */
 const char *nntile_collective_error(void);
-/* Bytes handed to the collectives since start (each tile counted once per all-reduce). */
+/* Bytes handed to the collectives since start (each tile counted once per collective). */
 unsigned long long nntile_collective_bytes(void);
 
 #endif

@@ -784,8 +784,9 @@ def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0
 
 # ---- norms and optimizer steps -------------------------------------------------------------
 
-def sumsq(Tensor src, beta, Tensor dst):
+def sumsq(Tensor src, beta, Tensor dst, tiles=None):
     """dst = sum of src**2 + beta * dst; dst holds one element (chain tensors with beta=1).
+    ``tiles``: the linear indices of the src tiles summed (default all).
 
     Under StarPU-MPI dst may instead hold one one-element tile per rank, tile r owned by rank
     r: each rank then sums the squares of the src tiles it owns into its own tile, so no src
@@ -808,7 +809,7 @@ def sumsq(Tensor src, beta, Tensor dst):
     cdef double beta_value = beta
     cdef Py_ssize_t i, target
     started = [False] * dst.traits.ntiles
-    for i in range(src.traits.ntiles):
+    for i in _tile_range(src, tiles):
         target = src.owners[i] if per_rank and src.owners is not None else 0
         args.n = _tile_nelems(src, i)
         args.beta = 1.0 if started[target] else beta_value
@@ -847,14 +848,16 @@ cdef int _check_optim(str op, list state, Tensor normsq, max_norm, step) except 
 
 
 def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Tensor g,
-              Tensor m, Tensor v, Tensor normsq=None, max_norm=0.0, Tensor copy=None):
+              Tensor m, Tensor v, Tensor normsq=None, max_norm=0.0, Tensor copy=None,
+              tiles=None):
     """One Adam (decoupled=False) or AdamW (decoupled=True) step, as torch.optim.
 
     m and v are the moment buffers (zero before step 1). With normsq (one element holding
     the squared global gradient norm) and max_norm > 0, gradients are first clipped as
     torch.nn.utils.clip_grad_norm_ does. ``copy`` (bf16, of an fp32 p) receives the updated
     parameter in the same task: mixed precision's compute copy, refreshed without reading
-    the master again.
+    the master again. ``tiles``: the linear indices of the tiles updated (default all; the
+    others' m and v are neither read nor written).
     """
     _check_optim("adam_step", [(p, "p"), (g, "g"), (m, "m"), (v, "v")], normsq, max_norm,
                  step)
@@ -877,7 +880,7 @@ def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Te
     cdef int ncopy = 1 if copy is not None else 0
     cdef int nbuf = 4 + ncopy + (1 if normsq is not None else 0)
     cdef Py_ssize_t i
-    for i in range(p.traits.ntiles):
+    for i in _tile_range(p, tiles):
         args.n = _tile_nelems(p, i)
         h[0] = p.handles[i]
         h[1] = g.handles[i]

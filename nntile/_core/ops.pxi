@@ -107,6 +107,17 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles, cons
     return CHKERR(ret, "starpu_task_submit")
 
 
+cdef object _tile_range(Tensor t, tiles):
+    """The linear tile indices an op runs on: ``tiles`` (checked), or all of t's."""
+    if tiles is None:
+        return range(t.traits.ntiles)
+    tiles = [int(i) for i in tiles]
+    for i in tiles:
+        if not 0 <= i < t.traits.ntiles:
+            raise IndexError(f"tile {i} of a tensor of {t.traits.ntiles} tiles")
+    return tiles
+
+
 def _codelet_kernels(str op, str dtype):
     """The addresses of the CPU and CUDA functions (0 where none) that the codelet of op
     (its name) runs for dtype (a tile dtype, or "bf16_fp32"), or None where the op has no
@@ -190,8 +201,9 @@ cdef Py_ssize_t _tile_nelems(Tensor t, Py_ssize_t linear):
 
 # ---- elementwise ---------------------------------------------------------------------------
 
-def fill(value, Tensor dst):
-    """Set every element of ``dst`` to ``value``."""
+def fill(value, Tensor dst, tiles=None):
+    """Set every element of ``dst`` (of its tiles ``tiles``, linear indices: default all) to
+    ``value``."""
     _usable(dst, "dst")
     cdef nntile_fill_args args
     cdef starpu_data_handle_t h[1]
@@ -204,7 +216,7 @@ def fill(value, Tensor dst):
         dst.write(np.full(dst.traits.shape, int(value), dtype=np.int64))
         return
     cdef Py_ssize_t i
-    for i in range(dst.traits.ntiles):
+    for i in _tile_range(dst, tiles):
         args.n = _tile_nelems(dst, i)
         h[0] = dst.handles[i]
         submit(NNTILE_OP_fill, dst.dtype_id, 1, h, &args, sizeof(args))

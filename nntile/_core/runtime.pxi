@@ -85,7 +85,12 @@ cdef extern from "collective.h" nogil:
                          size_t error_size)
     int nntile_nccl_start(const char *id, int nranks, int rank, char *error, size_t error_size)
     void nntile_collective_stop()
-    int nntile_allreduce_submit(starpu_data_handle_t *handles, int n, int dtype, int priority)
+    enum:
+        NNTILE_ALLREDUCE
+        NNTILE_REDUCE
+        NNTILE_BROADCAST
+    int nntile_collective_submit(int kind, starpu_data_handle_t *handles, const int *roots,
+                                 int n, int dtype, int priority)
     unsigned long long nntile_collective_bytes()
     const char *nntile_collective_error()
 

@@ -227,19 +227,20 @@ cdef class Tensor:
                                  "holds")
         self._write_tiles(lambda slices: array[slices])
 
-    def write_tiles(self, read):
+    def write_tiles(self, read, tiles=None):
         """Overwrite the tensor tile by tile: ``read(slices)`` returns the values of the tile
-        at ``slices`` (a tuple of slices into the whole tensor). Under StarPU-MPI, each rank
-        reads only the tiles it owns; every rank must call this."""
+        at ``slices`` (a tuple of slices into the whole tensor); ``tiles``: the linear indices
+        of the tiles written (default all). Under StarPU-MPI, each rank reads only the tiles
+        it owns; every rank must call this."""
         self.check_usable("tensor")
-        self._write_tiles(read)
+        self._write_tiles(read, tiles)
 
-    def _write_tiles(self, read):
+    def _write_tiles(self, read, tiles=None):
         npdtype = DTYPES[self.dtype][1]
         cdef Py_ssize_t i
         cdef starpu_data_handle_t h
         cdef int ret
-        for i in range(self.traits.ntiles):
+        for i in _tile_range(self, tiles):
             h = self.handles[i]
             if _mpi_on:
                 # other ranks may hold received copies of the old contents
@@ -348,16 +349,17 @@ cdef class Tensor:
             if self.is_local(i):
                 CHKERR(nntile_write_back(self.handles[i]), "starpu_data_acquire_on_node_cb")
 
-    def invalidate(self):
-        """Drop the contents, after the tasks submitted so far that use them: StarPU may free
-        the tiles' buffers without writing them anywhere. The tensor stays registered, but a
+    def invalidate(self, tiles=None):
+        """Drop the contents (of the tiles ``tiles``, linear indices: default all), after the
+        tasks submitted so far that use them: StarPU may free the tiles' buffers without
+        writing them anywhere. The tensor stays registered, but a
         task must write it before one reads it again (StarPU aborts otherwise). Under
         StarPU-MPI every rank calls it at the same point, and the copies that other ranks
         received are dropped too."""
         self.check_usable("tensor")
         cdef Py_ssize_t i
         cdef starpu_data_handle_t h
-        for i in range(self.traits.ntiles):
+        for i in _tile_range(self, tiles):
             h = self.handles[i]
             if _mpi_on:
                 nntile_mpi_cache_flush(h)  # a rank that does not own the tile drops its copy
