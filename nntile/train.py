@@ -165,7 +165,7 @@ def _check_same_tokenizer(flag, base, data, model_vocab):
 
 
 def resolve(args):
-    from nntile.checkpoint import Checkpoint, latest
+    from nntile.checkpoint import Checkpoint, latest, latest_run
     s = Setup()
     s.ckpt = None
     s.init = None
@@ -178,9 +178,12 @@ def resolve(args):
     if args.resume:
         if args.resume == "latest":
             out = args.out or "checkpoints"
+            if latest(out) is None and latest_run(out) is not None:
+                out = latest_run(out)  # the newest of the runs `make train` keeps in out
             path = latest(out)
             if path is None:
                 raise CLIError(f"--resume latest: no checkpoint (ckpt-<step>.h5) in {out}")
+            resumed_out = out
         else:
             path = args.resume
             if not os.path.exists(path):
@@ -192,8 +195,11 @@ def resolve(args):
         base = s.init
     else:
         base = None
-    s.out = args.out or (os.path.dirname(os.path.abspath(args.resume))
-                         if args.resume and args.resume != "latest" else "checkpoints")
+    if args.resume == "latest":
+        s.out = resumed_out
+    else:
+        s.out = args.out or (os.path.dirname(os.path.abspath(args.resume)) if args.resume
+                             else "checkpoints")
 
     # model configuration: of a checkpoint, a transformers directory, a config file or flags
     if base is not None:
