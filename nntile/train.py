@@ -73,7 +73,8 @@ def build_parser():
     g.add_argument("--grad-accum", type=positive_int, help="micro-batches per step (1)")
     g.add_argument("--steps", type=positive_int, help="total optimizer steps (1500)")
     g.add_argument("--lr", type=positive_float, help="peak learning rate (2e-3)")
-    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (--lr / 10)")
+    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (--lr / 10; "
+                   "resuming with a new --lr: the checkpoint's fraction of it)")
     g.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps (100, at most steps/10)")
     g.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay (0.01)")
     g.add_argument("--beta1", type=nonneg_float, help="Adam beta1 (0.9)")
@@ -252,6 +253,9 @@ def resolve(args):
     for key, default in TRAIN_DEFAULTS.items():
         if _given(args, key):
             value = getattr(args, key)
+        elif key == "min_lr" and key in train_prev and _given(args, "lr"):
+            # a new peak: the final rate keeps its fraction of it (else it may exceed it)
+            value = s.lr * train_prev["min_lr"] / train_prev["lr"]
         elif key in train_prev:
             value = train_prev[key]
         elif key == "warmup":

@@ -136,6 +136,19 @@ def test_resuming_past_steps_says_how_to_go_on(tmp_path, data_dir):  # noqa: F81
     assert "at step 4, the end of --steps 4 (the checkpoint's)" in done.stdout
 
 
+def test_a_lower_lr_on_resume_takes_the_final_rate_down_with_it(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    assert train(out, data_dir, "--steps", "2", "--min-lr", "1e-3").returncode == 0  # lr 3e-3
+    result = train(out, data_dir, "--resume", "latest", "--steps", "3", "--lr", "1e-4")
+    assert result.returncode == 0, result.stderr
+    from nntile.checkpoint import Checkpoint
+    settings = Checkpoint(str(out / "ckpt-3.h5")).get("train")
+    assert settings["lr"] == 1e-4 and np.isclose(settings["min_lr"], 1e-4 / 3)
+    explicit = train(out, data_dir, "--resume", "latest", "--steps", "4", "--lr", "1e-4",
+                     "--min-lr", "2e-4")
+    assert_clean_error(explicit, "--min-lr 0.0002 is larger than --lr 0.0001")
+
+
 def test_an_output_file_that_is_a_directory_is_one_line(tmp_path, data_dir):  # noqa: F811
     out = tmp_path / "run"
     (out / "metrics.jsonl").mkdir(parents=True)
