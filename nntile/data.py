@@ -480,10 +480,10 @@ class TokenData:
                 raise CLIError(f"data file {file} holds token id {top}, outside the model's "
                                f"vocabulary of {vocab_size} (wrong --vocab-size or tokenizer?)")
 
-    def check_vocabulary(self, vocab_size, tokenizer=None, source="the model"):
+    def check_vocabulary(self, vocab_size, tokenizer=None, source="the model", exact=False):
         """Raise CLIError when the data's vocabulary (meta.json) is not the model's: larger
-        than its embedding, or (``tokenizer``: the model's own, where it comes with one)
-        another tokenizer's."""
+        than its embedding (``exact``: another size), or (``tokenizer``: the model's own,
+        where it comes with one) another tokenizer's."""
         if "vocab_size" not in self.meta:
             return  # bare token files: check() still looks at every id
         have = int(self.meta["vocab_size"])
@@ -493,6 +493,10 @@ class TokenData:
                            f"{source} comes with a tokenizer of {tokenizer.vocab_size}: "
                            f"prepare the data with nntile-prepare --tokenizer "
                            f"{getattr(tokenizer, 'path', tokenizer.name)}")
+        if exact and have != vocab_size:
+            raise CLIError(f"data {self.path} was tokenized with {made} ({have} tokens), "
+                           f"{source} has a vocabulary of {vocab_size}: set its vocab_size "
+                           f"to {have}, or prepare the data with the model's tokenizer")
         if have > vocab_size:
             raise CLIError(f"data {self.path} was tokenized with {made} ({have} tokens), more "
                            f"than the vocabulary of {source} ({vocab_size})")

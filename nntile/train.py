@@ -107,8 +107,24 @@ def build_parser():
     g.add_argument("--no-progress", action="store_true", help="no progress bar (nor, without "
                    "a terminal, the progress lines that replace it)")
     add_verbose_arg(p)
+    p.add_argument("--train-config", metavar="FILE", help="the settings in a TOML file (JSON "
+                   "if FILE ends in .json), keyed and grouped as here (tile_batch = 4 in "
+                   "[tiling]); flags override it")
+    p.add_argument("--print-config", action="store_true", help="write the run's resolved "
+                   "settings as a --train-config file and exit")
     add_runtime_args(p)
     return p
+
+
+def parse_args(argv):
+    """The flags, over the settings of --train-config."""
+    from nntile import train_config
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.train_config is not None:
+        parser.set_defaults(**train_config.read(args.train_config, parser))
+        args = parser.parse_args(argv)
+    return args
 
 
 class Setup:
@@ -128,9 +144,15 @@ def _read_config_file(path):
                                                else "no such file"))
     try:
         with open(path) as f:
-            return config_from_dict(json.load(f))
+            data = json.load(f)
+        config = config_from_dict(data)
     except (OSError, ValueError, TypeError, RecursionError) as exc:
         raise CLIError(f"--config {path}: {exc}") from None
+    unknown = config.unknown_keys(data)
+    if unknown:
+        raise CLIError(f"--config {path}: unknown keys {', '.join(unknown)} (it holds the "
+                       "model; the training settings go in --train-config or flags)")
+    return config
 
 
 def _fresh_config(args, vocab_size, seq_len):
@@ -327,6 +349,9 @@ def resolve(args):
         if model_tokenizer is not None:
             loaded = get_tokenizer(model_tokenizer["name"], model_tokenizer["path"])
             s.data.check_vocabulary(config.vocab_size, loaded, source)
+    if known is None and args.config is not None:  # a model of its own: of the data's tokens
+        s.data.check_vocabulary(config.vocab_size, None, f"the model of --config {args.config}",
+                                exact=True)
     s.data.check_vocabulary(config.vocab_size, None, source or "the model")
     if base is not None:
         _check_same_tokenizer("--resume" if s.ckpt is not None else "--init", base, s.data,
@@ -639,9 +664,33 @@ def _duration(seconds):
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{seconds:.1f}s"
 
 
+def resolved_settings(s, args):
+    """{dest: value} that make this run again, for --print-config: the model as it came
+    (a checkpoint, a transformers directory, a config file or the model flags)."""
+    settings = dict(vars(args), seq_len=s.seq_len, dtype=s.dtype, data=s.data_dir,
+                    out=os.path.abspath(s.out), attention=s.config.attention,
+                    **{k: getattr(s, k) for k in TRAIN_DEFAULTS},
+                    **{f"tile_{key}": value for key, value in s.tiles.items()})
+    for key in ("resume", "init", "init_from", "config"):
+        if settings[key] is not None:
+            path = s.ckpt.path if key == "resume" else settings[key]
+            settings[key] = os.path.abspath(path)
+            return settings
+    settings["model"] = s.config.model_type
+    family = s.config.small.__func__.__code__.co_varnames  # the flags the family takes
+    for key, name in CONFIG_FLAGS.items():
+        if key in family or key == "vocab_size":
+            settings[key] = getattr(s.config, name)
+    return settings
+
+
 def train_main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     s = resolve(args)
+    if args.print_config:
+        from nntile import train_config
+        sys.stdout.write(train_config.write(resolved_settings(s, args), build_parser()))
+        return 0
     if s.complete:
         print(f"nntile-train: {s.complete}")
         return 0
