@@ -125,6 +125,12 @@ def generate_main(argv=None):
     if tok.vocab_size > config.vocab_size:
         raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than the "
                        f"model's vocabulary of {config.vocab_size}")
+    # another size is another tokenizer's ids, unless the model was trained with this one
+    # (a vocabulary larger than its tokenizer's, --vocab-size)
+    if tok.vocab_size != config.vocab_size and tok.name != info.get("name"):
+        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, the model's "
+                       f"vocabulary {config.vocab_size}: pass the tokenizer it was trained "
+                       "with (--tokenizer DIR, the directory holding its tokenizer.json)")
     seq = checkpoint_seq_len(ckpt, args.seq_len)
     ids = [int(i) for i in tok.encode(args.prompt)]
     if not ids:  # nothing to condition on: start from a newline (or end-of-text)

@@ -222,6 +222,20 @@ def test_init_refuses_a_model_of_another_vocabulary(tmp_path, data_dir):  # noqa
     assert "nntile-train --init gpt2.h5" in readme and "--init-from" in readme
 
 
+def test_generate_refuses_a_tokenizer_of_another_vocabulary(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=512, n_positions=32, n_embd=32, n_layer=2, n_head=2)).save_pretrained(
+        tmp_path / "hf")
+    assert cli("convert", "import", tmp_path / "hf", tmp_path / "m.h5").returncode == 0
+    result = cli("generate", "--checkpoint", tmp_path / "m.h5", "--tokenizer", "byte",
+                 "--prompt", "hi", "--max-new-tokens", "4")
+    assert_clean_error(result, "byte tokenizer has 256 tokens", "vocabulary 512", "--tokenizer")
+    assert result.stdout == ""
+
+
 def test_install_runs_pip_only_when_its_inputs_changed(tmp_path):
     """make install, its StarPU step left out (-o starpu), pip replaced by echo, and
     INSTALLED_HERE=true: this checkout's Python may have another checkout installed."""
