@@ -270,6 +270,31 @@ def test_eval_and_training_measure_the_same_validation_loss(tiny_run, data_dir):
     np.testing.assert_allclose(measured["loss"], final, rtol=1e-6)
 
 
+@pytest.mark.parametrize("n_tokens, seq", [(10, 3), (2, 1), (100, 7), (33, 32), (40, 32)])
+def test_single_pass_windows_score_each_token_once(n_tokens, seq):
+    from nntile.evaluate import single_pass_windows
+    scored = [start + 1 + i for start, first in single_pass_windows(n_tokens, seq)
+              for i in range(first, seq)]
+    assert sorted(scored) == list(range(1, n_tokens))
+
+
+def test_eval_scores_a_text_file_each_token_once(tmp_path, tiny_run):
+    out, _ = tiny_run
+    text = tmp_path / "notes.txt"
+    text.write_text("def main():\n    return sum(range(10))  # a few lines of Python\n" * 2)
+    n = len(text.read_bytes())
+    results = [cli("evaluate", "--checkpoint", out / "ckpt-6.h5", "--text", text, "--json",
+                   "--ncpu", "2", *extra) for extra in ([], ["--batch-size", "3"])]
+    assert all(r.returncode == 0 for r in results), results[0].stderr
+    first, batched = (json.loads(r.stdout) for r in results)
+    assert first["tokens"] == n - 1 and first["seq_len"] == 32 and 0 < first["loss"] < 10
+    np.testing.assert_allclose(batched["loss"], first["loss"], rtol=1e-6)
+    assert "each token scored once" in " ".join(cli("evaluate", "--help").stdout.split())
+    (tmp_path / "texts").mkdir()
+    assert_clean_error(cli("evaluate", "--checkpoint", out / "ckpt-6.h5", "--data",
+                           tmp_path / "texts"), "no train.bin", "nntile-prepare", "--text FILE")
+
+
 def test_readme_says_oversubscribe_where_ranks_outnumber_cores():
     lines = [line for line in README.splitlines() if line.startswith("mpirun -np")]
     assert lines
