@@ -295,6 +295,25 @@ def test_eval_scores_a_text_file_each_token_once(tmp_path, tiny_run):
                            tmp_path / "texts"), "no train.bin", "nntile-prepare", "--text FILE")
 
 
+def test_readme_says_each_thing_once_and_as_the_code_does():
+    flat = " ".join(README.split())
+    assert flat.count("`python -m nntile.<train|data|convert|evaluate|generate>` works") == 1
+    makefile = (ROOT / "Makefile").read_text()
+    apt = re.search(r"^APT_PACKAGES := (.*)$", makefile, re.M).group(1)
+    assert f"the system packages `{apt}`" in flat
+    assert re.search(r"install -q torch==([\d.]+)", makefile).group(1) in flat
+    assert "`make train` installs it too" in flat
+    version = re.search(r'STARPU_VERSION:-([\d.]+)', (ROOT / "scripts/install_starpu.sh")
+                        .read_text()).group(1)
+    assert f"the release tarball `starpu-{version}.tar.gz`" in flat
+    from nntile.train import build_parser
+    flags = {o for a in build_parser()._actions for o in a.option_strings}
+    used = set(re.findall(r"nntile-train [^`\n]*", README))
+    named = {flag for line in used for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*\w", line)}
+    assert named and named <= flags | {"--tile"}, named - flags  # --tile-* N
+    assert "--init CKPT" in flat and "--init-from HF_DIR" in flat
+
+
 def test_readme_says_oversubscribe_where_ranks_outnumber_cores():
     lines = [line for line in README.splitlines() if line.startswith("mpirun -np")]
     assert lines
