@@ -176,10 +176,33 @@ class OutLock:
                 pids = [line.split()[4] for line in f
                         if " FLOCK " in line and line.split()[5] == inode]
             with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                command = command_line(f.read())
             return f"process {pids[0]} ({command[:80]})"
         except (OSError, IndexError):
             return "another process"
+
+
+def add_dtype_arg(parser):
+    """--dtype of the programs that run a checkpoint: every precision nntile has."""
+    from nntile.precision import PRECISIONS
+    parser.add_argument("--dtype", help=f"compute in {', '.join(PRECISIONS)} (default: the "
+                        "checkpoint's)")
+
+
+def plural(count, noun):
+    """"1 step", "2 steps"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def command_line(cmdline):
+    """A process's command from /proc/PID/cmdline, short: "nntile-train --out run" for
+    "/usr/.../bin/python3 /usr/.../bin/nntile-train --out run" (the interpreter's and the
+    program's directories would take the whole line)."""
+    words = cmdline.decode(errors="replace").split("\0")
+    words = [os.path.basename(w) if i < 2 else w for i, w in enumerate(words)]
+    if len(words) > 1 and words[0].startswith("python") and words[1].startswith("nntile-"):
+        words = words[1:]
+    return " ".join(words).strip()
 
 
 def add_verbose_arg(parser):

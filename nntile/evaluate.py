@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
+from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
                                check_inference_memory, checkpoint_seq_len, checkpoint_tokenizer,
                                model_from_checkpoint, positive_int, run_cli, start_context)
@@ -36,7 +36,7 @@ def build_parser():
                    "checkpoint's training batch size, else 8)")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (the checkpoint's "
                    "training length, else the model's positions)")
-    p.add_argument("--dtype", help="compute in fp32, tf32 or fp64 (default: the checkpoint's)")
+    add_dtype_arg(p)
     p.add_argument("--text", metavar="FILE", help="a UTF-8 text file, tokenized with the "
                    "checkpoint's tokenizer: its perplexity, each token scored once")
     p.add_argument("--tokenizer", help="the tokenizer of --text (default: the checkpoint's)")

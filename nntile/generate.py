@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
+from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
                                check_inference_memory, checkpoint_seq_len, checkpoint_tokenizer,
                                model_from_checkpoint, nonneg_float, nonneg_int, positive_int,
@@ -36,7 +36,7 @@ def build_parser():
                    "checkpoint's training length, else n_positions)")
     p.add_argument("--tokenizer", help="byte, gpt2 or a local tokenizer directory (default: "
                    "what the checkpoint was trained with)")
-    p.add_argument("--dtype", help="compute in fp32, tf32 or fp64 (default: the checkpoint's)")
+    add_dtype_arg(p)
     add_verbose_arg(p)
     add_tiling_args(p)
     add_runtime_args(p)

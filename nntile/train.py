@@ -26,7 +26,7 @@ from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_recompute_
                                add_runtime_args, add_tiling_args, add_verbose_arg,
                                calibration_note, check_dtype, check_seq_len,
                                default_tiles, family_model, launcher_rank, model_tiling,
-                               nonneg_float, nonneg_int, positive_float, positive_int,
+                               nonneg_float, nonneg_int, plural, positive_float, positive_int,
                                resolve_distribution, resolve_tiling, run_cli, start_context,
                                tiling_from_args)
 from nntile.data import EVAL_BATCHES
@@ -582,7 +582,7 @@ def banner(s, ctx, start_step, verbose=False):
                 f"{s.grad_accum * s.batch_size * s.seq_len:,} tokens)")
     lines = [f"nntile-train: {c.name}, {c.num_parameters() / 1e6:.2f}M parameters "
              f"({c.describe()}), {s.dtype}, {c.attention} attention, {what}",
-             f"  {s.steps} steps, each {step}; tiles: {describe_tiles(s.tiles, sizes)}",
+             f"  {plural(s.steps, 'step')}, each {step}; tiles: {describe_tiles(s.tiles, sizes)}",
              f"  data {s.data_dir} ({len(s.data.splits['train']):,} train tokens); out {s.out}",
              ctx.describe() if verbose else "  " + ctx.describe(verbose=False)]
     if ctx.world_size > 1:
@@ -898,7 +898,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     parts = [f"nntile-train: step {step}/{s.steps}"]
     if stop.signum:
         parts[0] += f" (stopped by {signal.Signals(stop.signum).name})"
-    parts.append(f"{step - start_step} steps in {_duration(elapsed)}")
+    parts.append(f"{plural(step - start_step, 'step')} in {_duration(elapsed)}")
     if last_loss is not None:
         parts.append(f"loss {first_loss:.4f} -> {last_loss:.4f}")
     if val_loss is not None:

@@ -314,6 +314,44 @@ def test_readme_says_each_thing_once_and_as_the_code_does():
     assert "--init CKPT" in flat and "--init-from HF_DIR" in flat
 
 
+def test_one_step_and_one_file_are_singular(tmp_path, data_dir):  # noqa: F811
+    result = train(tmp_path / "run", data_dir, "--steps", "1")
+    assert result.returncode == 0, result.stderr
+    assert "1 step in" in result.stdout and "  1 step, each" in result.stderr
+    (tmp_path / "one.txt").write_text("hello " * 200)
+    prepared = cli("data", tmp_path / "one.txt", "--out", tmp_path / "data")
+    assert prepared.returncode == 0 and "nntile-prepare: 1 file -> " in prepared.stdout, \
+        prepared.stderr
+
+
+def test_eval_and_generate_help_name_every_precision_they_take():
+    from nntile.precision import PRECISIONS
+    for program in ("evaluate", "generate"):
+        text = " ".join(cli(program, "--help").stdout.split())
+        assert f"compute in {', '.join(PRECISIONS)}" in text, text
+
+
+def test_a_tokenizer_directory_that_does_not_exist_is_named_so(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    line = assert_clean_error(cli("data", tmp_path / "a.txt", "--out", tmp_path / "d",
+                                  "--tokenizer", "nowhere-dir"), "nowhere-dir",
+                              "no such directory")
+    assert "not on this machine" not in line
+
+
+def test_the_lock_message_names_the_program_not_its_directory():
+    from nntile.cli_common import command_line
+
+    def cmdline(*words):  # as /proc/PID/cmdline holds them
+        return "".join(word + "\0" for word in words).encode()
+
+    assert command_line(cmdline("/root/.pyenv/versions/3.11.7/bin/python3.11",
+                                "/root/.pyenv/versions/3.11.7/bin/nntile-train", "--out",
+                                "/tmp/run")) == "nntile-train --out /tmp/run"
+    assert command_line(cmdline("/usr/bin/python3", "-m", "nntile.train", "--steps", "9")) \
+        == "python3 -m nntile.train --steps 9"
+
+
 def test_readme_says_oversubscribe_where_ranks_outnumber_cores():
     lines = [line for line in README.splitlines() if line.startswith("mpirun -np")]
     assert lines
