@@ -11,13 +11,24 @@ TRAIN_ARGS ?=
 
 train: setup train-run
 
-# each run in a directory of its own, $(CHECKPOINTS)/latest naming the newest: no run
-# replaces an earlier one
+# each run in a directory of its own (mode 0777 less the umask, not mktemp's 0700), the file
+# $(CHECKPOINTS)/LATEST naming the newest that holds a checkpoint (nntile.checkpoint.LATEST_RUN;
+# a link would make TensorBoard list the run twice): no run replaces an earlier one. A
+# run refused before it wrote anything leaves no directory. --resume continues a run in
+# its own directory (--resume latest: the one LATEST names).
 train-run:
 	@mkdir -p $(CHECKPOINTS)
-	@run=$$(mktemp -d $(CHECKPOINTS)/run-$$(date +%Y%m%d-%H%M%S)-XXXX) && \
-	  $(PYTHON) -m nntile.train --out $$run $(TRAIN_ARGS) && \
-	  ln -sfn $$(basename $$run) $(CHECKPOINTS)/latest
+	@case " $(TRAIN_ARGS) " in \
+	  *" --resume latest "*) exec $(PYTHON) -m nntile.train --out $(CHECKPOINTS) $(TRAIN_ARGS);; \
+	  *" --resume"*) exec $(PYTHON) -m nntile.train $(TRAIN_ARGS);; \
+	esac; \
+	run=$$(mktemp -d $(CHECKPOINTS)/run-$$(date +%Y%m%d-%H%M%S)-XXXX) && chmod $$(umask -S) $$run || exit 1; \
+	$(PYTHON) -m nntile.train --out $$run $(TRAIN_ARGS); status=$$?; \
+	if ls $$run/ckpt-*.h5 >/dev/null 2>&1; then \
+	  echo $$(basename $$run) > $(CHECKPOINTS)/LATEST.tmp && mv $(CHECKPOINTS)/LATEST.tmp $(CHECKPOINTS)/LATEST; \
+	  if [ -L $(CHECKPOINTS)/latest ]; then rm $(CHECKPOINTS)/latest; fi; \
+	else rmdir $$run 2>/dev/null; fi; \
+	exit $$status
 
 test: setup
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests

@@ -89,6 +89,23 @@ def latest(directory):
     return found[-1][1] if found else None
 
 
+# `make train` keeps each run in a directory of its own under one parent, and names the newest
+# in this file of the parent: a file, not a link to the directory, which TensorBoard would
+# follow and list every run twice
+LATEST_RUN = "LATEST"
+
+
+def latest_run(directory):
+    """The run directory that ``directory``'s LATEST file names, else None."""
+    try:
+        with open(os.path.join(directory, LATEST_RUN)) as f:
+            name = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    run = os.path.join(directory, name)
+    return run if name and os.path.isdir(run) else None
+
+
 def prune(directory, keep, keep_path=None):
     """Delete all but the newest ``keep`` checkpoints (keep <= 0 keeps them all), and never
     ``keep_path`` (the one just saved)."""

@@ -176,10 +176,33 @@ class OutLock:
                 pids = [line.split()[4] for line in f
                         if " FLOCK " in line and line.split()[5] == inode]
             with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                command = command_line(f.read())
             return f"process {pids[0]} ({command[:80]})"
         except (OSError, IndexError):
             return "another process"
+
+
+def add_dtype_arg(parser):
+    """--dtype of the programs that run a checkpoint: every precision nntile has."""
+    from nntile.precision import PRECISIONS
+    parser.add_argument("--dtype", help=f"compute in {', '.join(PRECISIONS)} (default: the "
+                        "checkpoint's)")
+
+
+def plural(count, noun):
+    """"1 step", "2 steps"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def command_line(cmdline):
+    """A process's command from /proc/PID/cmdline, short: "nntile-train --out run" for
+    "/usr/.../bin/python3 /usr/.../bin/nntile-train --out run" (the interpreter's and the
+    program's directories would take the whole line)."""
+    words = cmdline.decode(errors="replace").split("\0")
+    words = [os.path.basename(w) if i < 2 else w for i, w in enumerate(words)]
+    if len(words) > 1 and words[0].startswith("python") and words[1].startswith("nntile-"):
+        words = words[1:]
+    return " ".join(words).strip()
 
 
 def add_verbose_arg(parser):
@@ -453,6 +476,28 @@ def model_from_checkpoint(ckpt, args=None, batch=None, seq=None, dtype=None):
     model = family_model(ckpt.config)(ckpt.config, tiling=model_tiling(tiles), dtype=dtype)
     ckpt.load_params(model)
     return model
+
+
+def checkpoint_tokenizer(ckpt, path, name_asked=None):
+    """The tokenizer to read and write a checkpoint's tokens with: the one asked for, else
+    the one it records; a CLIError for one of another vocabulary."""
+    from nntile.data import get_tokenizer
+    config = ckpt.config
+    info = ckpt.get("tokenizer") or {}
+    name = name_asked or info.get("name") or ("byte" if config.vocab_size <= 256 else None)
+    if name is None:
+        raise CLIError(f"checkpoint {path} names no tokenizer: pass --tokenizer")
+    tok = get_tokenizer(name, None if name_asked else info.get("path"))
+    if tok.vocab_size > config.vocab_size:
+        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than the "
+                       f"model's vocabulary of {config.vocab_size}")
+    # another size is another tokenizer's ids, unless the model was trained with this one
+    # (a vocabulary larger than its tokenizer's, --vocab-size)
+    if tok.vocab_size != config.vocab_size and tok.name != info.get("name"):
+        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, the model's "
+                       f"vocabulary {config.vocab_size}: pass the tokenizer it was trained "
+                       "with (--tokenizer DIR, the directory holding its tokenizer.json)")
+    return tok
 
 
 def checkpoint_seq_len(ckpt, requested=None):

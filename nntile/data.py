@@ -19,7 +19,7 @@ import tempfile
 
 import numpy as np
 
-from nntile.cli_common import CLIError, ArgumentParser, OutLock, run_cli
+from nntile.cli_common import CLIError, ArgumentParser, OutLock, plural, run_cli
 
 SPLITS = ("train", "val")
 TOKEN_DTYPE = np.dtype(np.uint16)  # nanoGPT's, and the default of files with no meta.json
@@ -69,7 +69,7 @@ class HFTokenizer:
     def __init__(self, name_or_path):
         self.name = "gpt2"
         self.path = name_or_path
-        if os.sep in name_or_path and not os.path.exists(name_or_path):
+        if name_or_path != "gpt2" and not os.path.exists(name_or_path):  # not a cache name
             raise CLIError(self._missing("no such directory"))
         if os.path.isdir(name_or_path) and not any(
                 os.path.isfile(os.path.join(name_or_path, f)) for f in ("tokenizer.json",
@@ -92,7 +92,7 @@ class HFTokenizer:
 
     def _missing(self, reason):
         """What is missing, and how to provide it."""
-        if os.path.isdir(self.path) or os.sep in self.path:
+        if self.path != "gpt2":
             where = f"the tokenizer directory {self.path} cannot be loaded ({reason})"
         else:
             where = (f"the tokenizer {self.path!r} is not on this machine ({reason}), and "
@@ -480,10 +480,10 @@ class TokenData:
                 raise CLIError(f"data file {file} holds token id {top}, outside the model's "
                                f"vocabulary of {vocab_size} (wrong --vocab-size or tokenizer?)")
 
-    def check_vocabulary(self, vocab_size, tokenizer=None, source="the model"):
+    def check_vocabulary(self, vocab_size, tokenizer=None, source="the model", exact=False):
         """Raise CLIError when the data's vocabulary (meta.json) is not the model's: larger
-        than its embedding, or (``tokenizer``: the model's own, where it comes with one)
-        another tokenizer's."""
+        than its embedding (``exact``: another size), or (``tokenizer``: the model's own,
+        where it comes with one) another tokenizer's."""
         if "vocab_size" not in self.meta:
             return  # bare token files: check() still looks at every id
         have = int(self.meta["vocab_size"])
@@ -493,6 +493,10 @@ class TokenData:
                            f"{source} comes with a tokenizer of {tokenizer.vocab_size}: "
                            f"prepare the data with nntile-prepare --tokenizer "
                            f"{getattr(tokenizer, 'path', tokenizer.name)}")
+        if exact and have != vocab_size:
+            raise CLIError(f"data {self.path} was tokenized with {made} ({have} tokens), "
+                           f"{source} has a vocabulary of {vocab_size}: set its vocab_size "
+                           f"to {have}, or prepare the data with the model's tokenizer")
         if have > vocab_size:
             raise CLIError(f"data {self.path} was tokenized with {made} ({have} tokens), more "
                            f"than the vocabulary of {source} ({vocab_size})")
@@ -572,7 +576,7 @@ def prepare_main(argv=None):
     if not inputs:
         inputs = stdlib_files()[1]
     info = prepare(inputs, args.out, args.tokenizer, args.val_fraction, args.overwrite)
-    print(f"nntile-prepare: {info['files']} files -> {info['train_tokens']:,} train + "
+    print(f"nntile-prepare: {plural(info['files'], 'file')} -> {info['train_tokens']:,} train + "
           f"{info['val_tokens']:,} val tokens ({info['tokenizer']}, vocabulary "
           f"{info['vocab_size']}) in {args.out}")
     return 0

@@ -11,11 +11,11 @@ import sys
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
+from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
-                               check_inference_memory, checkpoint_seq_len, model_from_checkpoint,
-                               nonneg_float, nonneg_int, positive_int, probability, run_cli,
-                               start_context)
+                               check_inference_memory, checkpoint_seq_len, checkpoint_tokenizer,
+                               model_from_checkpoint, nonneg_float, nonneg_int, positive_int,
+                               probability, run_cli, start_context)
 
 
 def build_parser():
@@ -36,7 +36,7 @@ def build_parser():
                    "checkpoint's training length, else n_positions)")
     p.add_argument("--tokenizer", help="byte, gpt2 or a local tokenizer directory (default: "
                    "what the checkpoint was trained with)")
-    p.add_argument("--dtype", help="compute in fp32, tf32 or fp64 (default: the checkpoint's)")
+    add_dtype_arg(p)
     add_verbose_arg(p)
     add_tiling_args(p)
     add_runtime_args(p)
@@ -108,7 +108,6 @@ class Printer:
 
 def generate_main(argv=None):
     from nntile.checkpoint import Checkpoint
-    from nntile.data import get_tokenizer
     args = build_parser().parse_args(argv)
     try:
         args.prompt.encode("utf-8")
@@ -116,15 +115,7 @@ def generate_main(argv=None):
         raise CLIError(f"--prompt is not UTF-8 text (at character {exc.start + 1}): pass text "
                        "in UTF-8") from None
     ckpt = Checkpoint(args.checkpoint)
-    config = ckpt.config
-    info = ckpt.get("tokenizer") or {}
-    name = args.tokenizer or info.get("name") or ("byte" if config.vocab_size <= 256 else None)
-    if name is None:
-        raise CLIError(f"checkpoint {args.checkpoint} names no tokenizer: pass --tokenizer")
-    tok = get_tokenizer(name, None if args.tokenizer else info.get("path"))
-    if tok.vocab_size > config.vocab_size:
-        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than the "
-                       f"model's vocabulary of {config.vocab_size}")
+    tok = checkpoint_tokenizer(ckpt, args.checkpoint, args.tokenizer)
     seq = checkpoint_seq_len(ckpt, args.seq_len)
     ids = [int(i) for i in tok.encode(args.prompt)]
     if not ids:  # nothing to condition on: start from a newline (or end-of-text)

@@ -26,9 +26,9 @@ from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_dry_run_ar
                                add_recompute_arg, add_runtime_args, add_tiling_args,
                                add_verbose_arg, calibration_note, check_dtype, check_seq_len,
                                default_tiles, family_model, launcher_rank, model_tiling,
-                               nonneg_float, nonneg_int, planned_machine, positive_float,
-                               positive_int, resolve_distribution, resolve_tiling, run_cli,
-                               start_context, tiling_from_args)
+                               nonneg_float, nonneg_int, planned_machine, plural,
+                               positive_float, positive_int, resolve_distribution,
+                               resolve_tiling, run_cli, start_context, tiling_from_args)
 from nntile.data import EVAL_BATCHES
 from nntile.events import EventWriter, event_files
 from nntile.models import FAMILIES
@@ -73,7 +73,8 @@ def build_parser():
     g.add_argument("--grad-accum", type=positive_int, help="micro-batches per step (1)")
     g.add_argument("--steps", type=positive_int, help="total optimizer steps (1500)")
     g.add_argument("--lr", type=positive_float, help="peak learning rate (2e-3)")
-    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (--lr / 10)")
+    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate (--lr / 10; "
+                   "resuming with a new --lr: the checkpoint's fraction of it)")
     g.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps (100, at most steps/10)")
     g.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay (0.01)")
     g.add_argument("--beta1", type=nonneg_float, help="Adam beta1 (0.9)")
@@ -106,9 +107,25 @@ def build_parser():
     g.add_argument("--no-progress", action="store_true", help="no progress bar (nor, without "
                    "a terminal, the progress lines that replace it)")
     add_verbose_arg(p)
+    p.add_argument("--train-config", metavar="FILE", help="the settings in a TOML file (JSON "
+                   "if FILE ends in .json), keyed and grouped as here (tile_batch = 4 in "
+                   "[tiling]); flags override it")
+    p.add_argument("--print-config", action="store_true", help="write the run's resolved "
+                   "settings as a --train-config file and exit")
     add_runtime_args(p)
     add_dry_run_args(p)
     return p
+
+
+def parse_args(argv):
+    """The flags, over the settings of --train-config."""
+    from nntile import train_config
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.train_config is not None:
+        parser.set_defaults(**train_config.read(args.train_config, parser))
+        args = parser.parse_args(argv)
+    return args
 
 
 class Setup:
@@ -128,9 +145,15 @@ def _read_config_file(path):
                                                else "no such file"))
     try:
         with open(path) as f:
-            return config_from_dict(json.load(f))
+            data = json.load(f)
+        config = config_from_dict(data)
     except (OSError, ValueError, TypeError, RecursionError) as exc:
         raise CLIError(f"--config {path}: {exc}") from None
+    unknown = config.unknown_keys(data)
+    if unknown:
+        raise CLIError(f"--config {path}: unknown keys {', '.join(unknown)} (it holds the "
+                       "model; the training settings go in --train-config or flags)")
+    return config
 
 
 def _fresh_config(args, vocab_size, seq_len):
@@ -166,7 +189,7 @@ def _check_same_tokenizer(flag, base, data, model_vocab):
 
 
 def resolve(args):
-    from nntile.checkpoint import Checkpoint, latest
+    from nntile.checkpoint import Checkpoint, latest, latest_run
     s = Setup()
     s.ckpt = None
     s.init = None
@@ -179,9 +202,12 @@ def resolve(args):
     if args.resume:
         if args.resume == "latest":
             out = args.out or "checkpoints"
+            if latest(out) is None and latest_run(out) is not None:
+                out = latest_run(out)  # the newest of the runs `make train` keeps in out
             path = latest(out)
             if path is None:
                 raise CLIError(f"--resume latest: no checkpoint (ckpt-<step>.h5) in {out}")
+            resumed_out = out
         else:
             path = args.resume
             if not os.path.exists(path):
@@ -193,8 +219,11 @@ def resolve(args):
         base = s.init
     else:
         base = None
-    s.out = args.out or (os.path.dirname(os.path.abspath(args.resume))
-                         if args.resume and args.resume != "latest" else "checkpoints")
+    if args.resume == "latest":
+        s.out = resumed_out
+    else:
+        s.out = args.out or (os.path.dirname(os.path.abspath(args.resume)) if args.resume
+                             else "checkpoints")
 
     # model configuration: of a checkpoint, a transformers directory, a config file or flags
     if base is not None:
@@ -247,6 +276,9 @@ def resolve(args):
     for key, default in TRAIN_DEFAULTS.items():
         if _given(args, key):
             value = getattr(args, key)
+        elif key == "min_lr" and key in train_prev and _given(args, "lr"):
+            # a new peak: the final rate keeps its fraction of it (else it may exceed it)
+            value = s.lr * train_prev["min_lr"] / train_prev["lr"]
         elif key in train_prev:
             value = train_prev[key]
         elif key == "warmup":
@@ -318,6 +350,9 @@ def resolve(args):
         if model_tokenizer is not None:
             loaded = get_tokenizer(model_tokenizer["name"], model_tokenizer["path"])
             s.data.check_vocabulary(config.vocab_size, loaded, source)
+    if known is None and args.config is not None:  # a model of its own: of the data's tokens
+        s.data.check_vocabulary(config.vocab_size, None, f"the model of --config {args.config}",
+                                exact=True)
     s.data.check_vocabulary(config.vocab_size, None, source or "the model")
     if base is not None:
         _check_same_tokenizer("--resume" if s.ckpt is not None else "--init", base, s.data,
@@ -548,7 +583,7 @@ def banner(s, ctx, start_step, verbose=False):
                 f"{s.grad_accum * s.batch_size * s.seq_len:,} tokens)")
     lines = [f"nntile-train: {c.name}, {c.num_parameters() / 1e6:.2f}M parameters "
              f"({c.describe()}), {s.dtype}, {c.attention} attention, {what}",
-             f"  {s.steps} steps, each {step}; tiles: {describe_tiles(s.tiles, sizes)}",
+             f"  {plural(s.steps, 'step')}, each {step}; tiles: {describe_tiles(s.tiles, sizes)}",
              f"  data {s.data_dir} ({len(s.data.splits['train']):,} train tokens); out {s.out}",
              ctx.describe() if verbose else "  " + ctx.describe(verbose=False)]
     if ctx.world_size > 1:
@@ -630,6 +665,26 @@ def _duration(seconds):
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{seconds:.1f}s"
 
 
+def resolved_settings(s, args):
+    """{dest: value} that make this run again, for --print-config: the model as it came
+    (a checkpoint, a transformers directory, a config file or the model flags)."""
+    settings = dict(vars(args), seq_len=s.seq_len, dtype=s.dtype, data=s.data_dir,
+                    out=os.path.abspath(s.out), attention=s.config.attention,
+                    **{k: getattr(s, k) for k in TRAIN_DEFAULTS},
+                    **{f"tile_{key}": value for key, value in s.tiles.items()})
+    for key in ("resume", "init", "init_from", "config"):
+        if settings[key] is not None:
+            path = s.ckpt.path if key == "resume" else settings[key]
+            settings[key] = os.path.abspath(path)
+            return settings
+    settings["model"] = s.config.model_type
+    family = s.config.small.__func__.__code__.co_varnames  # the flags the family takes
+    for key, name in CONFIG_FLAGS.items():
+        if key in family or key == "vocab_size":
+            settings[key] = getattr(s.config, name)
+    return settings
+
+
 def checked(args):
     """(Setup, Distribution, memory estimate) of a run resolved and accepted by the memory
     pre-check, before StarPU starts; None where a resumed run has nothing left to train."""
@@ -663,8 +718,17 @@ def dry_run(args):
     return 0
 
 
+def print_config(args):
+    """Write the run's resolved settings as a training config (nntile.train_config)."""
+    from nntile import train_config
+    sys.stdout.write(train_config.write(resolved_settings(resolve(args), args), build_parser()))
+    return 0
+
+
 def train_main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
+    if args.print_config:
+        return print_config(args)
     if args.dry_run or args.machine:
         return dry_run(args)
     run = checked(args)
@@ -869,7 +933,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     parts = [f"nntile-train: step {step}/{s.steps}"]
     if stop.signum:
         parts[0] += f" (stopped by {signal.Signals(stop.signum).name})"
-    parts.append(f"{step - start_step} steps in {_duration(elapsed)}")
+    parts.append(f"{plural(step - start_step, 'step')} in {_duration(elapsed)}")
     if last_loss is not None:
         parts.append(f"loss {first_loss:.4f} -> {last_loss:.4f}")
     if val_loss is not None:

@@ -316,18 +316,41 @@ def test_an_export_killed_at_any_point_leaves_the_old_model_or_the_new(tmp_path)
                if p.name not in ("hf", "llama", "fresh", "llama.h5"))
 
 
-def test_make_train_keeps_earlier_runs(tmp_path, data_dir):  # noqa: F811
-    """`make train` twice: two run directories, `latest` naming the second."""
+def make_train(runs, *args):
     from tests.test_train_cli import TINY
-    args = " ".join(TINY + ["--data", str(data_dir), "--steps", "2"])
+    return subprocess.run(["make", "-s", "-C", str(ROOT), "train-run", f"CHECKPOINTS={runs}",
+                           f"TRAIN_ARGS={' '.join(map(str, TINY + list(args)))}",
+                           f"PYTHON={sys.executable}"],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def test_make_train_keeps_earlier_runs_and_resumes_the_latest(tmp_path, data_dir):  # noqa: F811
+    """`make train` twice: two run directories (0777 less the umask), LATEST naming the
+    second, which `--resume latest` continues in place, through make or the program."""
     runs = tmp_path / "checkpoints"
-    for _ in range(2):
-        result = subprocess.run(["make", "-s", "-C", str(ROOT), "train-run",
-                                 f"CHECKPOINTS={runs}", f"TRAIN_ARGS={args}",
-                                 f"PYTHON={sys.executable}"],
-                                capture_output=True, text=True, timeout=300,
-                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        assert result.returncode == 0, result.stderr
-    dirs = sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink())
-    assert len(dirs) == 2 and all(ckpts(d) == [2] for d in dirs)
-    assert (runs / "latest").resolve() == dirs[-1].resolve()
+    old_umask = os.umask(0o022)
+    try:
+        for _ in range(2):
+            result = make_train(runs, "--data", data_dir, "--steps", "2")
+            assert result.returncode == 0, result.stderr
+        refused = make_train(runs, "--data", data_dir, "--steps", "0")
+        assert refused.returncode != 0
+    finally:
+        os.umask(old_umask)
+    dirs = sorted(p for p in runs.iterdir() if p.is_dir())
+    assert len(dirs) == 2 and all(ckpts(d) == [2] for d in dirs)  # the refused run left none
+    assert all(d.stat().st_mode & 0o777 == 0o755 for d in dirs)
+    assert (runs / "LATEST").read_text().strip() == dirs[-1].name
+    resumed = make_train(runs, "--data", data_dir, "--resume", "latest", "--steps", "3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(p for p in runs.iterdir() if p.is_dir()) == dirs
+    assert ckpts(dirs[0]) == [2] and ckpts(dirs[-1]) == [2, 3]
+    again = cli("train", "--resume", "latest", "--steps", "4", "--no-progress", "--ncpu", "2",
+                cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert ckpts(dirs[-1]) == [2, 3, 4]
+    # TensorBoard (which follows links to directories) finds each run once
+    io_wrapper = pytest.importorskip("tensorboard.backend.event_processing.io_wrapper")
+    found = io_wrapper.GetLogdirSubdirectories(str(runs))
+    assert sorted(found) == [str(d) for d in dirs]

@@ -136,6 +136,19 @@ def test_resuming_past_steps_says_how_to_go_on(tmp_path, data_dir):  # noqa: F81
     assert "at step 4, the end of --steps 4 (the checkpoint's)" in done.stdout
 
 
+def test_a_lower_lr_on_resume_takes_the_final_rate_down_with_it(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    assert train(out, data_dir, "--steps", "2", "--min-lr", "1e-3").returncode == 0  # lr 3e-3
+    result = train(out, data_dir, "--resume", "latest", "--steps", "3", "--lr", "1e-4")
+    assert result.returncode == 0, result.stderr
+    from nntile.checkpoint import Checkpoint
+    settings = Checkpoint(str(out / "ckpt-3.h5")).get("train")
+    assert settings["lr"] == 1e-4 and np.isclose(settings["min_lr"], 1e-4 / 3)
+    explicit = train(out, data_dir, "--resume", "latest", "--steps", "4", "--lr", "1e-4",
+                     "--min-lr", "2e-4")
+    assert_clean_error(explicit, "--min-lr 0.0002 is larger than --lr 0.0001")
+
+
 def test_an_output_file_that_is_a_directory_is_one_line(tmp_path, data_dir):  # noqa: F811
     out = tmp_path / "run"
     (out / "metrics.jsonl").mkdir(parents=True)
@@ -209,6 +222,20 @@ def test_init_refuses_a_model_of_another_vocabulary(tmp_path, data_dir):  # noqa
     assert "nntile-train --init gpt2.h5" in readme and "--init-from" in readme
 
 
+def test_generate_refuses_a_tokenizer_of_another_vocabulary(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=512, n_positions=32, n_embd=32, n_layer=2, n_head=2)).save_pretrained(
+        tmp_path / "hf")
+    assert cli("convert", "import", tmp_path / "hf", tmp_path / "m.h5").returncode == 0
+    result = cli("generate", "--checkpoint", tmp_path / "m.h5", "--tokenizer", "byte",
+                 "--prompt", "hi", "--max-new-tokens", "4")
+    assert_clean_error(result, "byte tokenizer has 256 tokens", "vocabulary 512", "--tokenizer")
+    assert result.stdout == ""
+
+
 def test_install_runs_pip_only_when_its_inputs_changed(tmp_path):
     """make install, its StarPU step left out (-o starpu), pip replaced by echo, and
     INSTALLED_HERE=true: this checkout's Python may have another checkout installed."""
@@ -241,6 +268,88 @@ def test_eval_and_training_measure_the_same_validation_loss(tiny_run, data_dir):
     from nntile.data import EVAL_BATCHES
     assert measured["batches"] == EVAL_BATCHES
     np.testing.assert_allclose(measured["loss"], final, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_tokens, seq", [(10, 3), (2, 1), (100, 7), (33, 32), (40, 32)])
+def test_single_pass_windows_score_each_token_once(n_tokens, seq):
+    from nntile.evaluate import single_pass_windows
+    scored = [start + 1 + i for start, first in single_pass_windows(n_tokens, seq)
+              for i in range(first, seq)]
+    assert sorted(scored) == list(range(1, n_tokens))
+
+
+def test_eval_scores_a_text_file_each_token_once(tmp_path, tiny_run):
+    out, _ = tiny_run
+    text = tmp_path / "notes.txt"
+    text.write_text("def main():\n    return sum(range(10))  # a few lines of Python\n" * 2)
+    n = len(text.read_bytes())
+    results = [cli("evaluate", "--checkpoint", out / "ckpt-6.h5", "--text", text, "--json",
+                   "--ncpu", "2", *extra) for extra in ([], ["--batch-size", "3"])]
+    assert all(r.returncode == 0 for r in results), results[0].stderr
+    first, batched = (json.loads(r.stdout) for r in results)
+    assert first["tokens"] == n - 1 and first["seq_len"] == 32 and 0 < first["loss"] < 10
+    np.testing.assert_allclose(batched["loss"], first["loss"], rtol=1e-6)
+    assert "each token scored once" in " ".join(cli("evaluate", "--help").stdout.split())
+    (tmp_path / "texts").mkdir()
+    assert_clean_error(cli("evaluate", "--checkpoint", out / "ckpt-6.h5", "--data",
+                           tmp_path / "texts"), "no train.bin", "nntile-prepare", "--text FILE")
+
+
+def test_readme_says_each_thing_once_and_as_the_code_does():
+    flat = " ".join(README.split())
+    assert flat.count("`python -m nntile.<train|data|convert|evaluate|generate>` works") == 1
+    makefile = (ROOT / "Makefile").read_text()
+    apt = re.search(r"^APT_PACKAGES := (.*)$", makefile, re.M).group(1)
+    assert f"the system packages `{apt}`" in flat
+    assert re.search(r"install -q torch==([\d.]+)", makefile).group(1) in flat
+    assert "`make train` installs it too" in flat
+    version = re.search(r'STARPU_VERSION:-([\d.]+)', (ROOT / "scripts/install_starpu.sh")
+                        .read_text()).group(1)
+    assert f"the release tarball `starpu-{version}.tar.gz`" in flat
+    from nntile.train import build_parser
+    flags = {o for a in build_parser()._actions for o in a.option_strings}
+    used = set(re.findall(r"nntile-train [^`\n]*", README))
+    named = {flag for line in used for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*\w", line)}
+    assert named and named <= flags | {"--tile"}, named - flags  # --tile-* N
+    assert "--init CKPT" in flat and "--init-from HF_DIR" in flat
+
+
+def test_one_step_and_one_file_are_singular(tmp_path, data_dir):  # noqa: F811
+    result = train(tmp_path / "run", data_dir, "--steps", "1")
+    assert result.returncode == 0, result.stderr
+    assert "1 step in" in result.stdout and "  1 step, each" in result.stderr
+    (tmp_path / "one.txt").write_text("hello " * 200)
+    prepared = cli("data", tmp_path / "one.txt", "--out", tmp_path / "data")
+    assert prepared.returncode == 0 and "nntile-prepare: 1 file -> " in prepared.stdout, \
+        prepared.stderr
+
+
+def test_eval_and_generate_help_name_every_precision_they_take():
+    from nntile.precision import PRECISIONS
+    for program in ("evaluate", "generate"):
+        text = " ".join(cli(program, "--help").stdout.split())
+        assert f"compute in {', '.join(PRECISIONS)}" in text, text
+
+
+def test_a_tokenizer_directory_that_does_not_exist_is_named_so(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    line = assert_clean_error(cli("data", tmp_path / "a.txt", "--out", tmp_path / "d",
+                                  "--tokenizer", "nowhere-dir"), "nowhere-dir",
+                              "no such directory")
+    assert "not on this machine" not in line
+
+
+def test_the_lock_message_names_the_program_not_its_directory():
+    from nntile.cli_common import command_line
+
+    def cmdline(*words):  # as /proc/PID/cmdline holds them
+        return "".join(word + "\0" for word in words).encode()
+
+    assert command_line(cmdline("/root/.pyenv/versions/3.11.7/bin/python3.11",
+                                "/root/.pyenv/versions/3.11.7/bin/nntile-train", "--out",
+                                "/tmp/run")) == "nntile-train --out /tmp/run"
+    assert command_line(cmdline("/usr/bin/python3", "-m", "nntile.train", "--steps", "9")) \
+        == "python3 -m nntile.train --steps 9"
 
 
 def test_readme_says_oversubscribe_where_ranks_outnumber_cores():

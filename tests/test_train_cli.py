@@ -439,3 +439,45 @@ def test_bf16_mixed_run_resumes_bit_for_bit_and_exports_bf16(tmp_path, data_dir)
     with h5py.File(ref / "ckpt-6.h5", "r") as f:
         master = f["params/transformer.h.0.mlp.c_fc.weight"][...]
     assert torch.equal(weight, torch.from_numpy(master).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"n_layer": 2, "n_head": 2, "n_embd": 64, "lr": 0.01, "steps": 3, "batch_size": 4},
+     ["--config", "unknown keys batch_size, lr, steps", "--train-config"]),
+    ({"n_layer": 2, "n_head": 2, "n_embd": 64},
+     ["byte (256 tokens)", "vocabulary of 50257", "vocab_size to 256"]),
+])
+def test_a_model_config_of_other_keys_or_vocabulary_is_refused(tmp_path, data_dir, config,
+                                                                words):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(model_type="gpt2", **config)))
+    result = cli("train", "--config", path, "--data", data_dir, "--out", tmp_path / "run")
+    assert_clean_error(result, *words)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_config_round_trip_and_flags_over_it(tmp_path, data_dir):
+    import tomllib
+    out = tmp_path / "run"
+    first = train(out, data_dir, "--steps", "2", "--print-config")
+    assert first.returncode == 0, first.stderr
+    settings = tomllib.loads(first.stdout)
+    assert settings["model"]["n_embd"] == 32 and settings["training"]["lr"] == 3e-3
+    assert settings["tiling"]["tile_seq"] == 16 and settings["data"]["out"] == str(out)
+    toml = tmp_path / "run.toml"
+    toml.write_text(first.stdout)
+    as_json = tmp_path / "run.json"
+    as_json.write_text(json.dumps(settings))
+    for path in (toml, as_json):
+        again = cli("train", "--train-config", path, "--print-config")
+        assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
+    over = tomllib.loads(cli("train", "--train-config", toml, "--steps", "3",
+                             "--print-config").stdout)
+    assert over["training"]["steps"] == 3 and over["model"] == settings["model"]
+    assert cli("train", "--train-config", toml).returncode == 0
+    assert sorted(p.name for p in out.glob("ckpt-*.h5")) == ["ckpt-2.h5"]
+    toml.write_text(first.stdout + "learning_rate = 1\n")
+    assert_clean_error(cli("train", "--train-config", toml), "--train-config",
+                       "unknown keys learning_rate")
+    toml.write_text("[training]\nsteps = 'many'\n")
+    assert_clean_error(cli("train", "--train-config", toml), "steps = 'many'")

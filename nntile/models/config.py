@@ -37,6 +37,7 @@ class CausalLMConfig:
     name = None
     ATTRIBUTE_MAP = {}
     DROPOUT_FIELDS = ()
+    OTHER_KEYS = ()  # other keys from_dict reads
 
     def __getattr__(self, name):  # only called for names that are not attributes
         field = type(self).ATTRIBUTE_MAP.get(name)
@@ -100,6 +101,17 @@ class CausalLMConfig:
             raise ValueError(f"model_type {model_type!r} is not {cls.model_type}")
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
+
+    @classmethod
+    def unknown_keys(cls, data):
+        """The keys of our own config dict that ``from_dict`` does not read, sorted (a
+        transformers config.json, which names transformers_version or architectures, holds
+        many keys of transformers' own: none are unknown there)."""
+        if "transformers_version" in data or "architectures" in data:
+            return []
+        known = {"model_type", *cls.DROPOUT_FIELDS, *cls.OTHER_KEYS,
+                 *(f.name for f in dataclasses.fields(cls))}
+        return sorted(set(data) - known)
 
     @classmethod
     def from_json(cls, path):

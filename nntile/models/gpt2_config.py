@@ -20,6 +20,7 @@ class GPT2Config(CausalLMConfig):
                      "max_position_embeddings": "n_positions", "intermediate_size": "inner",
                      "norm_eps": "layer_norm_epsilon"}
     DROPOUT_FIELDS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
+    OTHER_KEYS = tuple(UNSUPPORTED)
 
     vocab_size: int = 50257
     n_positions: int = 1024

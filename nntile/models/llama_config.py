@@ -53,6 +53,7 @@ class LlamaConfig(CausalLMConfig):
     name = "Llama"
     ATTRIBUTE_MAP = {"norm_eps": "rms_norm_eps"}
     DROPOUT_FIELDS = ("attention_dropout",)
+    OTHER_KEYS = ("rope_parameters",)
 
     vocab_size: int = 32000
     hidden_size: int = 4096
