@@ -270,7 +270,8 @@ def run(args):
                 param.value.fill(1.0)
         model.refresh_copies()  # the bf16 copies that bf16-mixed GEMMs read
         replicas = DataParallel(model, ctx)  # the model itself unless ranks are replicas
-        opt = AdamW(model.named_parameters(), lr=1e-4, max_grad_norm=1.0)
+        opt = AdamW(model.named_parameters(), lr=1e-4, max_grad_norm=1.0,
+                    sharding=replicas.sharding)  # replicas:zero: this rank's tiles
         ctx.wait()
         init_s = time.perf_counter() - t0
         say(f"built and initialised in {init_s:.1f} s (weights written "
@@ -335,7 +336,10 @@ def run(args):
             # allocate; docs/performance.md, "Step 1 past GPU memory")
             grew = host_used[-1] - (host_used[-2] if len(host_used) > 1 else host_at_start)
             mpi = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
-            if reduced:  # a ring all-reduce sends 2 (N-1)/N of them from each rank
+            if reduced and replicas.sharding is not None:
+                mpi = (f", gradients reduced and weights broadcast: {reduced[-1] / 2**30:.2f} "
+                       "GiB of tiles a rank")
+            elif reduced:  # a ring all-reduce sends 2 (N-1)/N of them from each rank
                 ring = 2 * (ctx.world_size - 1) / ctx.world_size * reduced[-1]
                 mpi = (f", all-reduced {reduced[-1] / 2**30:.2f} GiB of gradients a rank "
                        f"(ring: {ring / 2**30:.2f} GiB sent a rank)")
