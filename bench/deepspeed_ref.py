@@ -49,14 +49,6 @@ def ds_config(args):
     }
 
 
-def build(args):
-    if args.model == "gpt2":
-        return torch_reference.gpt2(args.vocab, max(1024, args.seq), args.n_embd,
-                                    args.n_layer, args.n_head)
-    return torch_reference.llama(args.vocab, args.n_embd, args.n_inner, args.n_layer,
-                                 args.n_head, args.n_kv_head, args.seq, args.tied)
-
-
 def initialise(deepspeed, model):
     """transformers' initialisation of each module, its parameters gathered for it: under
     zero.Init the model's own initialisation saw empty partitions, which left the weights as
@@ -97,7 +89,7 @@ def main(argv=None):
         start = time.perf_counter()
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu",
                                  pin_memory=args.pin, dtype=torch.bfloat16):
-            model = build(args)
+            model = torch_reference.of_args(args)
         initialise(deepspeed, model)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=config)

@@ -39,21 +39,13 @@ def parse_args(argv=None):
     return resolve_model(p.parse_args(argv))
 
 
-def reference_model(args):
-    if args.model == "gpt2":
-        return torch_reference.gpt2(args.vocab, max(1024, args.seq), args.n_embd,
-                                    args.n_layer, args.n_head)
-    return torch_reference.llama(args.vocab, args.n_embd, args.n_inner, args.n_layer,
-                                 args.n_head, args.n_kv_head, args.seq, args.tied)
-
-
 def blocks(model):
     return model.transformer.h if hasattr(model, "transformer") else model.model.layers
 
 
 def build_ddp(args, device):
     torch.manual_seed(0)
-    model = reference_model(args).to(device)
+    model = torch_reference.of_args(args).to(device)
     if args.dtype == "bf16":
         model.to(torch.bfloat16)
     nparams = sum(p.numel() for p in model.parameters())
@@ -65,7 +57,7 @@ def build(args, device):
     if args.ddp:
         return build_ddp(args, device)
     with torch.device("meta"):
-        model = reference_model(args)
+        model = torch_reference.of_args(args)
     nparams = sum(p.numel() for p in model.parameters())
     # bf16-mixed: fp32 shards, gathered and computed in bf16, gradients reduced in fp32
     mp = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,

@@ -37,6 +37,15 @@ def llama(vocab_size, hidden, inner, n_layer, n_head, n_kv_head, seq, tied, seed
     return transformers.LlamaForCausalLM(config)
 
 
+def of_args(args):
+    """The reference model of a bench's resolved shape flags (bench/shapes.py): the wide
+    GPT-2 or a Llama."""
+    if args.model == "gpt2":
+        return gpt2(args.vocab, max(1024, args.seq), args.n_embd, args.n_layer, args.n_head)
+    return llama(args.vocab, args.n_embd, args.n_inner, args.n_layer, args.n_head,
+                 args.n_kv_head, args.seq, args.tied)
+
+
 def gpt2_params(vocab_size, n_positions, n_embd, n_layer):
     """Parameters of gpt2()'s model (untied head, inner 4 n_embd) without building it."""
     E = n_embd
