@@ -779,6 +779,8 @@ def _gpus_of_this_process(ncuda):
     """Memory of each GPU StarPU will use in this process: the visible ones, or under mpirun
     with several ranks on the node the ones its local rank takes (the Context's choice)."""
     from nntile.distributed import local_rank_gpus
+    if _described is not None:  # another machine: this one's StarPU variables say nothing of it
+        return list(_described.gpus)[:ncuda] if ncuda is not None else list(_described.gpus)
     if ncuda is None:
         ncuda = env_int("STARPU_NCUDA")
     gpus = gpu_memory() if _cuda_built() and ncuda != 0 else []

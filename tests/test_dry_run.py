@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from nntile import memory, plan
@@ -65,11 +66,14 @@ def test_traffic_is_predicted_where_the_gpu_cannot_hold_the_run():
 
 @pytest.fixture(scope="module")
 def run_files(tmp_path_factory):
-    """Byte-level data and the Llama-3.1-8B config (its own keys; sequence 2048)."""
-    from nntile.data import prepare, stdlib_files
+    """Token data in Llama 3's vocabulary (random ids) and the Llama-3.1-8B config (its own
+    keys; sequence 2048)."""
+    from nntile.data import write_dataset
     root = tmp_path_factory.mktemp("dry")
-    prepare(stdlib_files()[1][:30], str(root / "data"))
     hidden, inner, layers, heads, kv, vocab, tied = LLAMA["8B"]
+    ids = np.random.default_rng(0).integers(0, vocab, 40000)
+    write_dataset(str(root / "data"), ids[:36000], ids[36000:],
+                  {"tokenizer": "random ids", "vocab_size": vocab})
     (root / "config.json").write_text(json.dumps(dict(
         model_type="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=inner,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,

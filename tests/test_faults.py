@@ -465,7 +465,7 @@ def test_prepare_refuses_a_fifo_and_skips_one_in_a_directory(tmp_path):
     assert_fails_in_one_line(result, "pipe is not a regular file")
     result = cli("data", texts, "--out", tmp_path / "data", timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr
-    assert "1 files" in result.stdout
+    assert "1 file " in result.stdout
 
 
 # ---- NaN and inf ----------------------------------------------------------------------------
