@@ -186,3 +186,22 @@ def test_scale_writes_the_last_steps_trace_and_keeps_an_existing_one(tmp_path):
     assert again.returncode == 2
     assert f"--timeline {trace}: it exists" in again.stderr.strip().splitlines()[-1]
     assert json.loads(trace.read_text())["traceEvents"] == events
+
+
+def test_scale_trains_bf16_mixed_from_its_first_step():
+    """bench/scale.py writes weights tile by tile: the bf16 copies that the GEMMs read must
+    follow, or the first loss is exactly ln(vocabulary) (all-zero logits) and the first update
+    is lost."""
+    import json
+    import math
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "bench", "scale.py"), "--n-embd", "64",
+           "--n-layer", "1", "--batch", "2", "--seq", "16", "--vocab", "50", "--steps", "1",
+           "--ncpu", "2", "--precision", "bf16-mixed"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(next(line for line in done.stdout.splitlines()
+                             if line.startswith("RESULT "))[len("RESULT "):])
+    assert abs(result["losses"][0] - math.log(50)) > 1e-3, result["losses"]
