@@ -65,8 +65,8 @@ TASK_TILES = 3                     # a GEMM task holds three tiles on the GPU at
 SWAP_SLACK_TILES = 12
 # GPU and host memory full but for 12 tiles is not enough near the edge: 12.09B (tf32, batch 1,
 # one H100, 185.5 GiB in 188.6) stalled in step 1 for minutes with and without write-behind;
-# 11.70B (179.6 GiB) and 10.04B (178.4) trained (docs/performance.md, "The first step on a new
-# machine, and the edge of memory"). 4% of GPU and host memory together lies between.
+# 11.70B (179.6 GiB) and 10.04B (178.4) trained (docs/performance.md, "The edge of
+# memory"). 4% of GPU and host memory together lies between.
 GPU_SWAP_SLACK_SHARE = 0.04
 DISK_SWAP_MIN = 16 << 20           # StarPU asserts (aborts) on a smaller disk (core/disk.c)
 NUMPY_INIT_BYTES = 8               # float64 (or two float32) temporaries per written element

@@ -26,7 +26,8 @@ from nntile.memory import GiB, fmt_bytes
 
 # Sustained rate of a GPU by compute dtype (FLOP/s of model FLOPs). bf16: fitted to the runs
 # above (in GPU memory 456 TFLOP/s at Llama-3.2-1B batch 8; peak GEMMs reach 700-790). tf32:
-# 228.5 TFLOP/s, the wide GPT-2 of n_embd 4096 in memory (docs/performance.md, first table).
+# 228.5 TFLOP/s, the wide GPT-2 of n_embd 4096 in memory (docs/performance.md, "One GPU in
+# memory").
 # fp32 and fp64 (no tensor cores for fp32): not measured, 3/4 of the H100's 67 TFLOP/s peak.
 GPU_FLOPS = {"bf16": 470e12, "tf32": 230e12, "fp32": 50e12, "fp64": 50e12}
 # A CPU core: GPT-2 of n_embd 256 (bench/test_gpt2_cpu.py, 16M parameters) trained at 1,607

@@ -75,7 +75,7 @@ def rank_core_share(cores, local_rank, ranks_on_node):
     nothing: a contiguous share of ``cores`` (one core each, in turn, when there are more ranks
     than cores). Two ranks that both took every core pinned their threads to the same first
     cores, where they took turns: a step of 3.7 s had not finished in 95 s
-    (docs/performance.md, "Third session", "Why the two-rank run stalled")."""
+    (docs/performance.md, "Why the two-rank run stalled")."""
     cores = sorted(cores)
     if len(cores) >= ranks_on_node:
         return cores[local_rank * len(cores) // ranks_on_node:
@@ -200,7 +200,7 @@ def cuda_limit_mib(gpu_total_bytes):
     """What nntile lets StarPU use of a GPU of that size, in MiB: all but max(3 GiB, 3%), and
     never less than StarPU's own 90%. On an 80 GB H100 this is 76.7 GiB instead of 71.3, which
     took the wide n_embd 8192 GPT-2 (77.4 GiB) from 0.83 to 0.51 s per step
-    (docs/performance.md, "Third session", "StarPU's GPU memory margin")."""
+    (docs/performance.md, "StarPU's GPU memory margin")."""
     reserve = max(GPU_RESERVE_MIN, GPU_RESERVE_FRACTION * gpu_total_bytes)
     return int(max(gpu_total_bytes - reserve, STARPU_MARGIN * gpu_total_bytes) // MiB)
 
@@ -513,7 +513,7 @@ def tiles(run, settings, machine):
       10240: 4096 and 4096, in memory, past it and on two GPUs; docs/performance.md
       "Defaults at scale", "Activations dropped after backward") and of GPT-2 124M and the
       XL shape (1600 wide, inner 6400), which ran fastest in one tile ("GPT-2 124M on the
-      H100", "Depth, GPT-2 XL shape"). One tile of a 6.07B model's MLP weight is 1.6 GiB.
+      H100", "Tiles by situation"). One tile of a 6.07B model's MLP weight is 1.6 GiB.
     * head: as many heads as fill the embd tile (32 of 128 in 4096; all of 124M's 12).
     * seq: one tile (every measured run).
     * batch: ``batch_tiles`` tiles (under StarPU-MPI, that many for each data-parallel group
