@@ -225,7 +225,23 @@ class Estimate:
 READ_BY_OTHER_RANKS = ("parameters", "compute_copies", "activations", "workspaces", "logits")
 
 
-class RankEstimate(Estimate):
+class ShareEstimate(Estimate):
+    """What one rank holds of a run whose ``whole`` estimate is given; a subclass fills the
+    breakdown from the tiles the rank holds."""
+
+    def __init__(self, whole, distribution, rank):
+        super().__init__(whole.specs, whole.args, whole.init)
+        self._whole, self.distribution, self.rank = whole, distribution, rank
+
+    def with_args(self, args):
+        return type(self)(super().with_args(args), self.distribution, self.rank)
+
+    @property
+    def whole(self):
+        return self._whole
+
+
+class RankEstimate(ShareEstimate):
     """What one rank of a StarPU-MPI run holds: the tiles it owns (exact), plus room for a
     received copy of every tile of other ranks that tasks may read (parameters, activations,
     workspaces, logits; not gradients or optimizer states, which stay with their owner).
@@ -236,11 +252,9 @@ class RankEstimate(Estimate):
     ``received`` give the two parts."""
 
     def __init__(self, whole, distribution, rank):
-        super().__init__(whole.specs, whole.args, whole.init)
-        self._whole = whole
         if not 0 <= rank < distribution.nranks:
             raise ValueError(f"rank {rank} does not exist in a run of {distribution.nranks}")
-        self.distribution, self.rank = distribution, rank
+        super().__init__(whole, distribution, rank)
         self.owned = dict.fromkeys(CATEGORIES, 0)
         self.received = dict.fromkeys(CATEGORIES, 0)
         self._alloc = 0
@@ -252,13 +266,6 @@ class RankEstimate(Estimate):
             self.received[spec.category] += int(sizes[held & ~mine].sum())
             self._alloc += int(alloc_sizes(sizes[held]).sum())
         self.breakdown = {c: self.owned[c] + self.received[c] for c in CATEGORIES}
-
-    def with_args(self, args):
-        return RankEstimate(super().with_args(args), self.distribution, self.rank)
-
-    @property
-    def whole(self):
-        return self._whole
 
     @property
     def alloc_bytes(self):
@@ -297,14 +304,13 @@ def sharded_tiles(specs, nranks, rank):
     return held
 
 
-class ShardedEstimate(Estimate):
+class ShardedEstimate(ShareEstimate):
     """What one replica holds where replicas shard the update (Distribution ``zero``): the
     whole model on its share of the rows (``whole``), but of the tensors sharded_tiles names,
     only the tiles it updates."""
 
     def __init__(self, whole, distribution, rank):
-        super().__init__(whole.specs, whole.args, whole.init)
-        self._whole, self.distribution, self.rank = whole, distribution, rank
+        super().__init__(whole, distribution, rank)
         self._held = sharded_tiles(whole.specs, distribution.data, rank)
         self.breakdown = dict.fromkeys(CATEGORIES, 0)
         for spec in self.specs:
@@ -314,13 +320,6 @@ class ShardedEstimate(Estimate):
         sizes = spec.tile_bytes()
         held = self._held.get(spec.name)
         return sizes if held is None else sizes[held]
-
-    def with_args(self, args):
-        return ShardedEstimate(super().with_args(args), self.distribution, self.rank)
-
-    @property
-    def whole(self):
-        return self._whole
 
     @property
     def alloc_bytes(self):

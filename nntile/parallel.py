@@ -20,17 +20,11 @@ import numpy as np
 
 from nntile._core.core import (allreduce_sum, broadcast, collective_bytes, collective_check,
                                reduce_sum)
-from nntile.declare import TensorSpec
 from nntile.distributed import shard_owners
 
 # DDP's default bucket: large enough that each collective runs near the link's bandwidth,
 # small enough that the first buckets start while backward still runs
 BUCKET_BYTES = 25 << 20
-
-
-def tile_bytes(tensor):
-    """Bytes of each tile of a Tensor, in the C order of its tile grid."""
-    return TensorSpec("", tensor.shape, tensor.basetile, tensor.dtype, None).tile_bytes()
 
 
 class Sharding:
@@ -41,10 +35,11 @@ class Sharding:
     of the same parameters."""
 
     def __init__(self, named_parameters, nranks, rank, bucket_bytes):
-        self.params = [param for _, param in named_parameters]
-        self.rank, self.bucket_bytes = rank, bucket_bytes
         named = list(named_parameters)
-        owners = shard_owners({name: tile_bytes(p.value) for name, p in named}, nranks)
+        self.params = [param for _, param in named]
+        self.rank, self.bucket_bytes = rank, bucket_bytes
+        # each master's declaration (Parameter.specs[0]) gives its tiles' bytes
+        owners = shard_owners({name: p.specs[0].tile_bytes() for name, p in named}, nranks)
         self._roots = {id(p): owners[name] for name, p in named}
         self._tiles = {}  # id(tensor): the tiles of it this rank holds
         for param in self.params:

@@ -4,6 +4,7 @@ Prints one JSON line per rank: the losses, the estimate's bytes of masters, opti
 and gradients, the bytes of the tiles of these tensors that hold valid contents after the
 steps, and StarPU's count of the host memory in use."""
 import json
+import math
 import sys
 
 import numpy as np
@@ -13,7 +14,7 @@ from nntile import memory
 from nntile.distributed import Distribution, mpi
 from nntile.models import GPT2Config, GPT2LMHead, LlamaConfig, LlamaLM
 from nntile.optim import AdamW
-from nntile.parallel import DataParallel, tile_bytes
+from nntile.parallel import DataParallel
 
 SHARDED = ("parameters", "optimizer_states", "gradients")
 
@@ -22,9 +23,9 @@ def held_bytes(tensors):
     """Bytes of the tiles that hold valid contents (StarPU's view, tasks done)."""
     total = 0
     for t in tensors:
-        sizes = set(tile_bytes(t).tolist())
-        assert len(sizes) == 1, "the tiling here cuts every tensor into equal tiles"
-        total += sizes.pop() * t.valid_tiles()
+        assert all(n % b == 0 for n, b in zip(t.shape, t.basetile)), \
+            "the tiling here cuts every tensor into equal tiles"
+        total += math.prod(t.basetile) * t.numpy_dtype.itemsize * t.valid_tiles()
     return total
 
 
