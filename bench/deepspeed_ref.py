@@ -63,7 +63,8 @@ def initialise(deepspeed, model):
 def main(argv=None):
     args = parse_args(argv)
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29517")):
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29517"),
+                       ("NCCL_NVLS_ENABLE", "0")):  # NVLink multicast stays off
         os.environ.setdefault(key, value)
     import deepspeed
     deepspeed.init_distributed(dist_backend="nccl", verbose=False)
