@@ -50,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--ncpu", type=int)
     p.add_argument("--ncuda", type=int)
     p.add_argument("--sched")
+    p.add_argument("--device-replicas", choices=("on", "off"),
+                   help="one replica of the model per GPU of the process (default: on with "
+                        "several GPUs; off: any GPU runs any task)")
     p.add_argument("--limit-cuda-mem", type=int, help="MiB per GPU (STARPU_LIMIT_CUDA_MEM)")
     p.add_argument("--limit-cpu-mem", type=int, help="MiB of host memory (STARPU_LIMIT_CPU_MEM)")
     for key in ("batch", "seq", "embd", "head", "inner", "vocab"):
@@ -250,7 +253,9 @@ def run(args):
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
                         verbose=args.verbose and rank == 0, distribution=distribution,
-                        mpi_stats=nranks > 1, run_bytes=est.total, training=args.dtype) as ctx:
+                        mpi_stats=nranks > 1, run_bytes=est.total, training=args.dtype,
+                        device_replicas=None if args.device_replicas is None
+                        else args.device_replicas == "on") as ctx:
         if not args.verbose:
             say(ctx.describe(verbose=False), flush=True)
         note_calibration = calibration_note(ctx, lambda line: say(line, flush=True),
@@ -322,7 +327,7 @@ def run(args):
             moved.append(step_moved)
             gpus = [w for w in ctx.worker_stats() if w["worker"].startswith("CUDA")]
             busy.append(sum(w["executing_s"] for w in gpus) / max(1e-9, sum(w["total_s"] for w in gpus)))
-            losses.append(float(model.loss_value.to_array()[0]))
+            losses.append(replicas.submitted_loss())
             if ctx.owner_ranks > 1:  # bytes all ranks sent through StarPU-MPI in this step
                 sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - before))
             if ctx.replicated:  # the gradients each rank handed to the all-reduce

@@ -8,7 +8,8 @@ import sys
 
 from nntile import policy
 from nntile._core.core import (HAVE_CUDA, HAVE_MPI, STARPU_VERSION, Runtime, blas,
-                               current_context, schedulers, set_task_workers)
+                               cuda_devices, current_context, group_cpu_workers, schedulers,
+                               set_task_workers)
 from nntile.precision import precision_dtypes
 
 
@@ -90,7 +91,8 @@ class Context(Runtime):
                  limit_cpu_mem=None, calibrate=None, verbose=False, start=True, mpi=None,
                  distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
                  run_bytes=None, pinned_host_mem=None, history_max_error=None,
-                 write_behind=None, cuda_pool=None, cpu_update=None, training=None):
+                 write_behind=None, cuda_pool=None, cpu_update=None, training=None,
+                 device_replicas=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -107,6 +109,12 @@ class Context(Runtime):
                                                      allow_zero=True)
         self.write_behind = _on_off_or_none("write_behind", write_behind)
         self.cuda_pool = _on_off_or_none("cuda_pool", cuda_pool)
+        if device_replicas is not None and (
+                not isinstance(device_replicas, (bool, int)) or device_replicas < 0):
+            raise ValueError(f"Context(device_replicas={device_replicas!r}) must be True, "
+                             "False or a number of CPU worker groups")
+        self.given_device_replicas = device_replicas
+        self.device_replicas = 1  # replicas of a model on this process's GPUs, once started
         if cpu_update is not None and (isinstance(cpu_update, bool)
                                        or policy.share(cpu_update) is None):
             raise ValueError(f"Context(cpu_update={cpu_update!r}) must be a share of the "
@@ -236,6 +244,7 @@ class Context(Runtime):
             except BaseException:
                 self.shutdown()
                 raise
+        self.device_replicas = self._start_device_replicas()
         # nntile.optim reads it: each update's tiles copied to host memory after it
         self.writes_behind = str(settings["write_behind"].value).strip() == "1"
         # nntile.optim updates this share of the parameters on the CPU workers, which are
@@ -253,6 +262,20 @@ class Context(Runtime):
         if self.verbose:
             print(self.describe(), file=sys.stderr)
         return self
+
+    def _start_device_replicas(self):
+        """How many replicas of a model this process trains (nntile.policy.device_replicas);
+        a number given where there is no GPU groups the CPU workers into that many devices."""
+        given = self.given_device_replicas
+        groups = int(given) if given is not None and not isinstance(given, bool) else 0
+        if groups > 1 and not cuda_devices():
+            group_cpu_workers(groups)
+        elif groups > 1 and groups != cuda_devices():
+            self.shutdown()
+            raise ValueError(f"Context(device_replicas={groups}): the process drives "
+                             f"{cuda_devices()} GPUs, one replica each (give True)")
+        return policy.device_replicas(None if given is None else bool(given), cuda_devices(),
+                                      self.owner_ranks).value
 
     def _gpus_of_local_rank(self):
         """Several ranks on one node would all take GPU 0: give each local rank its own

@@ -7,7 +7,7 @@ from nntile._core import core
 # its own name.
 globals().update({name: getattr(core, name) for name in core.OPS})
 
-__all__ = [*core.OPS, "task_priority", "task_workers"]
+__all__ = [*core.OPS, "task_priority", "task_workers", "task_device"]
 
 
 @contextmanager
@@ -29,3 +29,14 @@ def task_workers(kind):
         yield
     finally:
         core.set_task_workers(previous)
+
+
+@contextmanager
+def task_device(device):
+    """Tasks submitted inside the block run on the CUDA workers of ``device`` (see
+    ``set_task_device``)."""
+    previous = core.set_task_device(device)
+    try:
+        yield
+    finally:
+        core.set_task_device(previous)

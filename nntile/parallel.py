@@ -13,11 +13,20 @@ With ``--distribution replicas:zero`` the update is sharded (Sharding): each gra
 reduced to the one rank that updates it, whose optimizer states only it holds, and the
 updated weights are broadcast from there.
 
-With one process (or a Context whose ranks own tiles through StarPU-MPI) the wrapper passes
-the whole batch to the model and reduces nothing.
+Within one process that drives several GPUs, each GPU holds a replica too (DeviceReplicas,
+``Context(device_replicas=...)``): PyTorch DDP's one replica per device, but with the update
+sharded as ZeRO does, and with StarPU moving the tiles. The replicas share the parameters'
+masters and compute copies and each has gradients of its own; every tile of a parameter has
+a home device, where its summed gradient, its master, its optimizer states and the update
+live. The gradients are summed at home after backward, and each replica reads the updated
+compute copy, which StarPU copies from home once a step.
+
+With one process on one device (or a Context whose ranks own tiles through StarPU-MPI) the
+wrapper passes the whole batch to the model and reduces nothing.
 """
 import numpy as np
 
+from nntile import ops
 from nntile._core.core import (allreduce_sum, broadcast, collective_bytes, collective_check,
                                reduce_sum)
 from nntile.distributed import shard_owners
@@ -87,9 +96,65 @@ class Sharding:
                   self.bucket_bytes)
 
 
+def equal_rows(array, parts, what):
+    """``array`` ([batch, ...]) cut into ``parts`` equal runs of rows."""
+    rows = array.shape[0] // parts
+    if rows * parts != array.shape[0]:
+        raise ValueError(f"{parts} {what} share a batch of {array.shape[0]} rows unequally: "
+                         f"use a multiple of {parts}")
+    return [array[i * rows:(i + 1) * rows] for i in range(parts)]
+
+
+class DeviceReplicas:
+    """``model`` and a replica of it on each other CUDA device of the process (see the
+    module): replica d runs its forward and backward on device d only; ``sum_gradients``
+    adds the replicas' gradients into ``model``'s, tile by tile on each tile's home device,
+    whose update (the optimizer's tasks on ``model``'s parameters) then runs there too."""
+
+    def __init__(self, model, devices):
+        self.models = [model]
+        for _ in range(1, devices):
+            replica = type(model)(model.config, tiling=dict(model.tiles), dtype=model.dtype,
+                                  create=False, recompute=model.recompute)
+            replica.layer_priorities = model.layer_priorities
+            replica.free_activations = model.free_activations
+            replica.create(sharing=model)
+            self.models.append(replica)
+        named = list(model.named_parameters())
+        homes = shard_owners({name: p.specs[0].tile_bytes() for name, p in named}, devices)
+        for name, param in named:
+            for tensor in (param.value, param.grad, param.copy):
+                if tensor is not None:
+                    tensor.set_homes(homes[name])
+        # backward finishes the parameters in the reverse of the order forward reads them
+        self._backward_order = [[p for _, p in reversed(list(m.named_parameters()))]
+                                for m in self.models]
+
+    def each(self):
+        """(device, replica) pairs, with the tasks submitted meanwhile on that device."""
+        for device, model in enumerate(self.models):
+            with ops.task_device(device):
+                yield device, model
+
+    def sum_gradients(self):
+        """Add every replica's gradients into the first's, on each tile's home device, in the
+        order backward finishes them."""
+        mine, *others = self._backward_order
+        for index, param in enumerate(mine):
+            for order in others:
+                ops.add(1.0, order[index].grad, 1.0, param.grad)
+
+    def unregister(self):
+        for replica in self.models[1:]:
+            replica.unregister()
+
+
 class DataParallel:
-    """``model`` trained by the replicas of ``ctx`` (nntile.Context); ``loss``, ``backward``
-    and ``free_buffers`` stand for the model's, other attributes are the model's."""
+    """``model`` trained by the replicas of ``ctx`` (nntile.Context): one per rank where ranks
+    are replicas, and one per CUDA device of each rank where ``ctx.device_replicas`` (see the
+    module). ``submit_loss``, ``loss``, ``backward``, ``zero_grad`` and ``free_buffers`` stand
+    for the model's; other attributes are the model's (the first replica's, whose parameters
+    the optimizer updates)."""
 
     def __init__(self, model, ctx, bucket_bytes=BUCKET_BYTES):
         self.model = model
@@ -97,6 +162,8 @@ class DataParallel:
         self.rank = ctx.rank if ctx.replicated else 0
         self.comm = ctx.comm
         self.bucket_bytes = int(bucket_bytes)
+        devices = getattr(ctx, "device_replicas", 1)
+        self.devices = DeviceReplicas(model, devices) if devices > 1 else None
         # backward finishes the parameters in the reverse of the order forward reads them
         named = list(model.named_parameters())
         self._backward_order = [param for _, param in reversed(named)]
@@ -115,35 +182,63 @@ class DataParallel:
         array = np.asarray(array)
         if self.replicas == 1:
             return array
-        rows = array.shape[0] // self.replicas
-        if rows * self.replicas != array.shape[0]:
-            raise ValueError(f"{self.replicas} replicas share a batch of {array.shape[0]} "
-                             "rows unequally: use a multiple of the replica count")
-        return array[self.rank * rows:(self.rank + 1) * rows]
+        return equal_rows(array, self.replicas, "replicas")[self.rank]
+
+    def _each(self):
+        """(share, model) of every replica of this process: (0, the model) with one."""
+        return self.devices.each() if self.devices is not None else [(0, self.model)]
+
+    def _split(self, array):
+        """This process's rows, cut into one share per replica of it."""
+        rows = self.shard(array)
+        return equal_rows(rows, len(self.devices.models), "GPUs") if self.devices else [rows]
 
     def submit_loss(self, input_ids, targets):
-        """Submit forward and loss on this rank's rows (the model's ``loss_value``: their
-        mean), without waiting."""
-        self.model.submit_loss(self.shard(input_ids), self.shard(targets))
+        """Submit forward and loss on this process's rows (each replica's ``loss_value``: the
+        mean over its share), without waiting."""
+        ids, labels = self._split(input_ids), self._split(targets)
+        for share, model in self._each():
+            model.submit_loss(ids[share], labels[share])
+
+    def submitted_loss(self):
+        """The mean cross-entropy over this process's rows of the last ``submit_loss``
+        (waits for it)."""
+        models = self.devices.models if self.devices else [self.model]
+        return float(np.mean([float(m.loss_value.to_array()[0]) for m in models]))
 
     def loss(self, input_ids, targets):
         """The mean cross-entropy over the global batch (every rank gets the same float)."""
-        local = self.model.loss(self.shard(input_ids), self.shard(targets))
+        self.submit_loss(input_ids, targets)
+        local = self.submitted_loss()
         if self.replicas == 1:
             return local
         return self.comm.allreduce(local) / self.replicas
 
     def backward(self, scale=1.0, reduce=True):
-        """The model's backward on this rank's rows, then (``reduce``) the gradients summed
-        over the replicas: each rank's mean is 1/replicas of the global one. With gradient
+        """Every replica's backward on its rows, then (``reduce``) the gradients summed over
+        the replicas: each replica's mean is 1/replicas of the global one. With gradient
         accumulation, reduce on the last micro-batch only (DDP's no_sync)."""
-        self.model.backward(scale / self.replicas)
-        if not reduce or self.replicas == 1:
+        shares = self.replicas * (len(self.devices.models) if self.devices else 1)
+        for _, model in self._each():
+            model.backward(scale / shares)
+        if not reduce:
+            return
+        if self.devices is not None:
+            self.devices.sum_gradients()
+        if self.replicas == 1:
             return
         if self.sharding is not None:
             self.sharding.reduce_gradients(self._backward_order)
         else:
             allreduce_sum([p.grad for p in self._backward_order], self.bucket_bytes)
+
+    def zero_grad(self):
+        for _, model in self._each():
+            model.zero_grad()
+
+    def free_buffers(self):
+        for _, model in self._each():
+            model.free_buffers()
 
     def check(self):
         """Raise if a collective failed inside a task (after the step's tasks ran)."""

@@ -166,6 +166,22 @@ def scheduler(gpu_workers, cpu_workers):
     return Choice("dmdas", "nntile default for one GPU")
 
 
+def device_replicas(given, devices, owner_ranks):
+    """How many replicas of a model one process trains on its CUDA devices
+    (nntile.parallel.DeviceReplicas): one per device where there are several, unless turned
+    off or the ranks own tiles through StarPU-MPI. Otherwise (1) every GPU may run any
+    task: the tiles of the weights then follow the tasks from GPU to GPU, and a gradient
+    tile moves on every task that accumulates into it (docs/performance.md, "A node in one
+    process")."""
+    if devices < 2:
+        return Choice(1, "one device")
+    if owner_ranks > 1:
+        return Choice(1, "ranks own the tiles (StarPU-MPI)")
+    if given is not None:
+        return Choice(devices if given else 1, "given")
+    return Choice(devices, "nntile default: a replica per GPU")
+
+
 def past_gpu_memory(gpu_workers, run_bytes, gpu_bytes):
     """Whether the run (``run_bytes``; None: not known) is known not to fit the GPUs
     (``gpu_workers`` of ``gpu_bytes`` each; None: not known)."""

@@ -842,7 +842,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
     def evaluate():
         losses = [replicas.loss(x, y) for x, y in val_batches]
         if model.free_activations:  # no backward reads the last loss's activations
-            model.free_buffers()
+            replicas.free_buffers()
         return float(np.mean(losses))
 
     step = start_step
@@ -862,7 +862,7 @@ def _run(s, args, ctx, stop, echo, tqdm):
         while step < s.steps and not stop.agreed(ctx):
             sampler_state = sampler.state()
             stop.tell(echo)
-            model.zero_grad()
+            replicas.zero_grad()
             loss_sum = 0.0
             abandoned = False
             for micro in range(s.grad_accum):

@@ -43,8 +43,10 @@
 #   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
 #              configurations EMBDxBATCH in $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
 #   replicas   data parallelism: for each "SHAPE:PRECISION" of $NNTILE_REPLICA_RUNS (';'-separated),
-#              ours in one process on every GPU, ours with one rank per GPU (--distribution
-#              replicas, NCCL), PyTorch DDP and FSDP2; tokens/s side by side in replicas.txt
+#              the sides of $NNTILE_REPLICA_SIDES (default "one ranks ddp fsdp2"): ours in one
+#              process on every GPU (one: a replica per GPU; off: --device-replicas off), ours
+#              with one rank per GPU (--distribution replicas, NCCL), PyTorch DDP and FSDP2;
+#              tokens/s side by side in replicas.txt
 #   mixed      bf16-mixed at scale: the wide model on one GPU against PyTorch autocast
 #              (compare_torch.py), on every GPU, ours and FSDP MixedPrecision (fsdp_ref.py),
 #              and out of core on one GPU ($NNTILE_OOC_ARGS, default --batch 8: 1.23x an H100),
@@ -262,21 +264,26 @@ if want replicas && [ "$ngpu" -gt 1 ]; then
     # each run: ours in one process on every GPU, ours with one rank per GPU (replicas, NCCL),
     # then PyTorch DDP and FSDP2 under torchrun; same global batch, same call
     IFS=";" read -ra runs <<< "${NNTILE_REPLICA_RUNS:---n-embd 8192 --batch 16:bf16-mixed;--model llama-3.2-1b --seq 2048 --batch 16:bf16-mixed;--n-embd 8192 --batch 16:tf32}"
+    sides="${NNTILE_REPLICA_SIDES:-one ranks ddp fsdp2}"  # "off": one process, any GPU any task
     for i in "${!runs[@]}"; do
         shape="${runs[$i]%:*}" precision="${runs[$i]##*:}"
         echo "replicas-$i: $shape, $precision" | tee -a "$logs/replicas.txt"
-        step "replicas-$i-one" timeout "$run_limit" python3 bench/scale.py --ncuda "$ngpu" \
-            --steps 4 --precision "$precision" $shape
-        step "replicas-$i-ranks" timeout "$run_limit" "${mpi[@]}" -x NCCL_NVLS_ENABLE=0 \
-            -np "$ngpu" python3 bench/scale.py --ncuda 1 --steps 4 --precision "$precision" $shape
-        for scheme in ddp fsdp2; do
-            step "replicas-$i-$scheme" timeout "$run_limit" python3 -m torch.distributed.run \
+        for side in $sides; do
+            case $side in
+            one|off) step "replicas-$i-$side" timeout "$run_limit" python3 bench/scale.py \
+                --ncuda "$ngpu" --steps 4 --precision "$precision" $shape \
+                $([ "$side" = off ] && echo --device-replicas off) ;;
+            ranks) step "replicas-$i-ranks" timeout "$run_limit" "${mpi[@]}" -x NCCL_NVLS_ENABLE=0 \
+                -np "$ngpu" python3 bench/scale.py --ncuda 1 --steps 4 --precision "$precision" \
+                $shape ;;
+            ddp|fsdp2) step "replicas-$i-$side" timeout "$run_limit" python3 -m torch.distributed.run \
                 --standalone --nproc-per-node "$ngpu" bench/fsdp_ref.py --steps 4 \
-                --dtype "$precision" $shape $([ "$scheme" = ddp ] && echo --ddp)
+                --dtype "$precision" $shape $([ "$side" = ddp ] && echo --ddp) ;;
+            esac
         done
     done
     for i in "${!runs[@]}"; do
-        for side in one ranks ddp fsdp2; do
+        for side in one off ranks ddp fsdp2; do
             grep -h "^RESULT" "$logs/replicas-$i-$side.log" 2>/dev/null | sed "s/^RESULT/$i $side/"
         done
     done | python3 -c '
@@ -288,11 +295,12 @@ for line in sys.stdin:
     rows.setdefault(i, {})[side] = r.get("tokens_per_s") if r.get("status", "ok") == "ok" else None
 for i, r in sorted(rows.items()):
     best = max((r.get(s) or 0) for s in ("ddp", "fsdp2")) or None
-    ranks = r.get("ranks")
-    print("replicas-%s tokens/s: one process %s, ranks %s, DDP %s, FSDP2 %s; ranks/one %s, ranks/best peer %s"
-          % (i, r.get("one"), ranks, r.get("ddp"), r.get("fsdp2"),
-             "%.3f" % (ranks / r["one"]) if ranks and r.get("one") else "-",
-             "%.3f" % (ranks / best) if ranks and best else "-"))' | tee -a "$logs/replicas.txt"
+    ranks, one = r.get("ranks"), r.get("one")
+    ratio = lambda a, b: "%.3f" % (a / b) if a and b else "-"
+    print("replicas-%s tokens/s: one process %s (any GPU any task: %s), ranks %s, DDP %s, FSDP2 %s;"
+          " ranks/one %s, ranks/best peer %s, one/FSDP2 %s, one/any-GPU %s"
+          % (i, one, r.get("off"), ranks, r.get("ddp"), r.get("fsdp2"), ratio(ranks, one),
+             ratio(ranks, best), ratio(one, r.get("fsdp2")), ratio(one, r.get("off"))))' | tee -a "$logs/replicas.txt"
 fi
 if want node-table; then
     step node-table python3 bench/node_table.py --configs "${NNTILE_NODE_CONFIGS:-8192x4,8192x16,16384x4}" \

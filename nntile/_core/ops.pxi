@@ -47,6 +47,32 @@ def set_task_workers(kind):
     return previous
 
 
+def set_task_device(device):
+    """Run the tasks submitted after this call on the CUDA workers of ``device`` (an index
+    below ``cuda_devices()``; None: on the home of their first homed tile, or anywhere);
+    returns the previous device (None where none was set)."""
+    global _task_device
+    if device is not None and not 0 <= device < _device_count:
+        raise ValueError(f"task device {device!r}: the runtime drives {_device_count} CUDA "
+                         "devices")
+    previous = None if _task_device < 0 else _task_device
+    _task_device = -1 if device is None else device
+    return previous
+
+
+cdef inline int _task_home(int nbuf, starpu_data_handle_t *handles) noexcept:
+    """The device chosen for the task: the one set, else its first homed tile's, else -1."""
+    if _task_device >= 0 or _device_count == 0:
+        return _task_device
+    cdef int i
+    cdef void *home
+    for i in range(nbuf):
+        home = starpu_data_get_user_data(handles[i])
+        if home != NULL:
+            return <int> <intptr_t> home - 1
+    return -1
+
+
 cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles, const void *args,
                 size_t argsize, unsigned accumulate=0) except -1:
     """Submit one task of ``op`` on ``nbuf`` tiles; the only place tasks are created. Each
@@ -94,6 +120,10 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles, cons
     task.priority = _task_priority
     if _task_where:
         task.where = _task_where
+    cdef int device = -1 if _task_where == STARPU_CPU else _task_home(nbuf, handles)
+    if device >= 0:
+        task.workerids = _device_masks + device * _mask_words
+        task.workerids_len = _mask_words
     if _mpi_on:
         # owner computes: runs here only if this rank owns the written tiles, else this
         # rank just sends what it owns of the task's inputs (the call consumes the task)

@@ -9,9 +9,9 @@ import weakref
 import numpy as np
 
 from libc.errno cimport ENODEV
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
-from libc.stdint cimport intptr_t, int64_t
+from libc.stdint cimport intptr_t, int64_t, uint32_t
 
 
 class StarpuError(RuntimeError):
@@ -216,6 +216,7 @@ class Runtime:
             raise
         nntile_codelets_init()
         nntile_cuda_start()
+        _start_devices()
         _mpi_on = mpi
         _mpi_rank = nntile_mpi_rank() if mpi else 0
         _mpi_size = nntile_mpi_size() if mpi else 1
@@ -483,6 +484,7 @@ class Runtime:
         finally:
             _running_context = None
             _mpi_on = False
+            _stop_devices()
             with nogil:
                 nntile_cuda_stop()
                 nntile_collective_stop()  # its token tile before StarPU stops
@@ -577,3 +579,76 @@ def _host_arena_for_tests(str call, size_t value=0):
 def live_tensor_count():
     """How many tensors hold registered tiles right now (for leak checks)."""
     return len(_live_tensors)
+
+
+# GPU replicas in one process (nntile.parallel.DataParallel): the CUDA device the tasks
+# submitted from now on run on (-1: none chosen), and, per device, the bitmap of its CUDA
+# workers (starpu_task.workerids; StarPU reads it but does not own it). A task submitted
+# with no device chosen runs on the device that is home to its first tile that has one
+# (Tensor.set_homes): owner computes, as StarPU-MPI does between ranks, so an update runs
+# where its parameter tile, gradient and states live.
+cdef int _task_device = -1
+cdef int _device_count = 0
+cdef unsigned _mask_words = 0
+cdef uint32_t *_device_masks = NULL
+
+
+cdef int _start_devices() except -1:
+    """The workers of each CUDA device of the runtime that just started."""
+    global _device_count, _mask_words, _device_masks, _task_device
+    _stop_devices()
+    cdef int w, nworkers = starpu_worker_get_count()
+    cdef int devices = 0
+    for w in range(nworkers):
+        if starpu_worker_get_type(w) == STARPU_CUDA_WORKER:
+            devices = max(devices, starpu_worker_get_devid(w) + 1)
+    if devices == 0:
+        return 0
+    _mask_words = (nworkers + 31) // 32
+    _device_masks = <uint32_t *> calloc(devices * _mask_words, sizeof(uint32_t))
+    if _device_masks == NULL:
+        raise MemoryError()
+    for w in range(nworkers):
+        if starpu_worker_get_type(w) == STARPU_CUDA_WORKER:
+            _device_masks[starpu_worker_get_devid(w) * _mask_words + w // 32] |= 1u << (w % 32)
+    _device_count = devices
+    return 0
+
+
+cdef void _stop_devices() noexcept:
+    global _device_count, _mask_words, _device_masks, _task_device
+    free(_device_masks)
+    _device_masks = NULL
+    _device_count = 0
+    _mask_words = 0
+    _task_device = -1
+
+
+def cuda_devices():
+    """How many devices tasks can be sent to (ops.set_task_device): the CUDA devices of the
+    running runtime, or the groups of ``group_cpu_workers`` (0: none)."""
+    return _device_count
+
+
+def group_cpu_workers(int groups):
+    """On a runtime without CUDA devices, make ``groups`` devices of its CPU workers (equal
+    runs of them, in worker order), e.g. one per socket, to pin replicas to (ops.
+    set_task_device); returns their number."""
+    global _device_count, _mask_words, _device_masks
+    cdef int w, nworkers = starpu_worker_get_count(), ncpu = starpu_cpu_worker_get_count()
+    if _device_count and _mask_words and starpu_cuda_worker_get_count():
+        raise RuntimeError("group_cpu_workers: the runtime has CUDA devices")
+    if not 1 <= groups <= ncpu:
+        raise ValueError(f"group_cpu_workers({groups}): the runtime has {ncpu} CPU workers")
+    _stop_devices()
+    _mask_words = (nworkers + 31) // 32
+    _device_masks = <uint32_t *> calloc(groups * _mask_words, sizeof(uint32_t))
+    if _device_masks == NULL:
+        raise MemoryError()
+    cdef int seen = 0
+    for w in range(nworkers):
+        if starpu_worker_get_type(w) == STARPU_CPU_WORKER:
+            _device_masks[(seen * groups // ncpu) * _mask_words + w // 32] |= 1u << (w % 32)
+            seen += 1
+    _device_count = groups
+    return groups

@@ -69,6 +69,7 @@ cdef extern from "starpu.h" nogil:
     long starpu_memory_get_available(unsigned node)
     size_t starpu_memory_get_used(unsigned node)
     int starpu_worker_get_id()
+    int starpu_worker_get_devid(int id)
 
     # performance models
     enum starpu_perfmodel_type:
@@ -117,6 +118,8 @@ cdef extern from "starpu.h" nogil:
         unsigned detach
         int execute_on_a_specific_worker
         unsigned workerid
+        uint32_t *workerids
+        unsigned workerids_len
 
     starpu_task *starpu_task_create()
     int starpu_task_submit(starpu_task *task)
@@ -140,6 +143,8 @@ cdef extern from "starpu.h" nogil:
     void starpu_data_invalidate_submit(starpu_data_handle_t handle)
     size_t starpu_data_get_size(starpu_data_handle_t handle)
     void starpu_data_wont_use(starpu_data_handle_t handle)
+    void starpu_data_set_user_data(starpu_data_handle_t handle, void *user_data)
+    void *starpu_data_get_user_data(starpu_data_handle_t handle)
     void starpu_data_query_status(starpu_data_handle_t handle, int memory_node,
                                   int *is_allocated, int *is_valid, int *is_requested)
     int starpu_data_acquire(starpu_data_handle_t handle, starpu_data_access_mode mode)

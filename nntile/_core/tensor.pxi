@@ -349,6 +349,35 @@ cdef class Tensor:
             if self.is_local(i):
                 CHKERR(nntile_write_back(self.handles[i]), "starpu_data_acquire_on_node_cb")
 
+    def set_homes(self, homes):
+        """Give each tile (``homes``: one CUDA device per tile, in linear order; None for a
+        tile of no home) the device its tasks run on where the submitter chose none
+        (ops.set_task_device): the first homed tile of a task decides."""
+        self.check_usable("tensor")
+        homes = list(homes)
+        if len(homes) != self.traits.ntiles:
+            raise ValueError(f"set_homes: {len(homes)} homes for {self.traits.ntiles} tiles")
+        for home in homes:
+            if home is not None and not 0 <= home < _device_count:
+                raise ValueError(f"set_homes: device {home!r}, but the runtime drives "
+                                 f"{_device_count} CUDA devices")
+        cdef Py_ssize_t i
+        for i, home in enumerate(homes):
+            starpu_data_set_user_data(self.handles[i],
+                                      NULL if home is None else <void *> <intptr_t> (home + 1))
+
+    @property
+    def homes(self):
+        """The home device of each tile (None where it has none), see ``set_homes``."""
+        self.check_usable("tensor")
+        cdef Py_ssize_t i
+        cdef intptr_t home
+        result = []
+        for i in range(self.traits.ntiles):
+            home = <intptr_t> starpu_data_get_user_data(self.handles[i])
+            result.append(None if home == 0 else int(home - 1))
+        return result
+
     def invalidate(self, tiles=None):
         """Drop the contents (of the tiles ``tiles``, linear indices: default all), after the
         tasks submitted so far that use them: StarPU may free the tiles' buffers without

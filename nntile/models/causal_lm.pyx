@@ -139,9 +139,9 @@ cdef class CausalLM(Module):
         for name, param in self._params.items():
             yield prefix + name, param
 
-    def create(self):
-        """Create the parameters' tensors and the loss."""
-        Module.create(self)
+    def create(self, Module sharing=None):
+        """Create the parameters' tensors (``sharing``: see Module.create) and the loss."""
+        Module.create(self, sharing)
         self.loss_value = self._loss_spec.create()
 
     @staticmethod

@@ -48,6 +48,16 @@ cdef class Parameter:
         self.copy = tensors[2] if len(tensors) == 3 else None
         self.compute = self.value if self.copy is None else self.copy
 
+    def share(self, Parameter other):
+        """Hold ``other``'s value and compute copy, and a gradient of its own (created from
+        ``specs``): a replica of a model on another device of the same process, whose
+        gradients are summed into ``other``'s after backward (nntile.parallel)."""
+        if other.specs[0].shape != self.specs[0].shape or len(other.specs) != len(self.specs):
+            raise ValueError(f"parameter {self.specs[0].name} cannot share "
+                             f"{other.specs[0].name}: their declarations differ")
+        self.value, self.copy, self.compute = other.value, other.copy, other.compute
+        self.grad = self.specs[1].create()
+
     def refresh(self):
         """Bring the compute copy up to date with the value (one task per tile); to be
         called after writing the value directly (optimizers refresh it themselves)."""
@@ -128,11 +138,19 @@ cdef class Module:
         for name, child in self._children.items():
             yield from (<Module> child).named_parameters(f"{prefix}{name}.")
 
-    def create(self):
+    def create(self, Module sharing=None):
         """Create the tensors of every parameter and constant of this module and its
-        children."""
-        for _, param in self.named_parameters():
-            (<Parameter> param).create()
+        children; with ``sharing`` (a module built alike, already created), hold its
+        parameters' values instead and create only gradients (Parameter.share)."""
+        if sharing is None:
+            for _, param in self.named_parameters():
+                (<Parameter> param).create()
+        else:
+            theirs = dict(sharing.named_parameters())
+            for name, param in self.named_parameters():
+                if name not in theirs:
+                    raise ValueError(f"cannot share parameters: {name} has no counterpart")
+                (<Parameter> param).share(theirs[name])
         for _, module in self.named_modules():
             for entry in (<Module> module)._constants.values():
                 entry[2] = entry[0].create()
