@@ -414,11 +414,12 @@ def calibration_note(ctx, echo, verbose):
 
 
 def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=None,
-                  training=None):
+                  training=None, run_breakdown=None):
     """Start StarPU with the runtime flags (and StarPU-MPI under mpirun); print its workers
     and settings on stderr. ``run_bytes``: the pre-check's estimate, and ``training``: the
     precision a training run updates in, which some defaults depend on (nntile.Context);
-    ``tiles``: {key: Choice} of the run's tiles, for describe()."""
+    ``tiles``: {key: Choice} of the run's tiles, for describe(); ``run_breakdown``: the
+    estimate's bytes by category (whether a replica per GPU fits)."""
     import nntile
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
@@ -426,7 +427,7 @@ def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=N
     try:
         ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                              distribution=distribution, run_bytes=run_bytes,
-                             training=training)
+                             training=training, run_breakdown=run_breakdown)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CLIError(f"cannot start StarPU: {exc}") from None
     ctx.tiles = tiles

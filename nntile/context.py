@@ -92,7 +92,7 @@ class Context(Runtime):
                  distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
                  run_bytes=None, pinned_host_mem=None, history_max_error=None,
                  write_behind=None, cuda_pool=None, cpu_update=None, training=None,
-                 device_replicas=None):
+                 device_replicas=None, run_breakdown=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -114,6 +114,9 @@ class Context(Runtime):
             raise ValueError(f"Context(device_replicas={device_replicas!r}) must be True, "
                              "False or a number of CPU worker groups")
         self.given_device_replicas = device_replicas
+        # the run's bytes by category (nntile.memory.Estimate.breakdown), for the rule that
+        # keeps a replica per GPU where one fits (nntile.policy.device_replicas)
+        self.run_breakdown = run_breakdown
         self.device_replicas = 1  # replicas of a model on this process's GPUs, once started
         if cpu_update is not None and (isinstance(cpu_update, bool)
                                        or policy.share(cpu_update) is None):
@@ -244,7 +247,11 @@ class Context(Runtime):
             except BaseException:
                 self.shutdown()
                 raise
-        self.device_replicas = self._start_device_replicas()
+        try:
+            self.device_replicas = self._start_device_replicas()
+        except BaseException:
+            self.shutdown()
+            raise
         # nntile.optim reads it: each update's tiles copied to host memory after it
         self.writes_behind = str(settings["write_behind"].value).strip() == "1"
         # nntile.optim updates this share of the parameters on the CPU workers, which are
@@ -271,11 +278,16 @@ class Context(Runtime):
         if groups > 1 and not cuda_devices():
             group_cpu_workers(groups)
         elif groups > 1 and groups != cuda_devices():
-            self.shutdown()
             raise ValueError(f"Context(device_replicas={groups}): the process drives "
                              f"{cuda_devices()} GPUs, one replica each (give True)")
-        return policy.device_replicas(None if given is None else bool(given), cuda_devices(),
-                                      self.owner_ranks).value
+        devices = cuda_devices()
+        gpus = self.machine().gpus
+        need = (policy.device_replica_bytes(self.run_breakdown, devices)
+                if self.run_breakdown and devices > 1 else None)
+        self.device_replicas_choice = policy.device_replicas(
+            None if given is None else bool(given), devices, self.owner_ranks, need,
+            min(gpus) if gpus else None)
+        return self.device_replicas_choice.value
 
     def _gpus_of_local_rank(self):
         """Several ranks on one node would all take GPU 0: give each local rank its own

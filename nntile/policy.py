@@ -166,11 +166,29 @@ def scheduler(gpu_workers, cpu_workers):
     return Choice("dmdas", "nntile default for one GPU")
 
 
-def device_replicas(given, devices, owner_ranks):
+def device_replica_bytes(breakdown, devices):
+    """What one of ``devices`` GPUs holds when each trains a replica (nntile.parallel.
+    DeviceReplicas), from a run's bytes by category (nntile.memory.Estimate.breakdown): the
+    weights GEMMs read (compute copies, or the parameters themselves), its own gradients and
+    the summed tiles it is home to, its share of the masters and optimizer states, and its
+    share of the batch's activations and workspaces."""
+    shared = breakdown["parameters"] + breakdown["optimizer_states"]
+    weights = breakdown["compute_copies"] or breakdown["parameters"]
+    if not breakdown["compute_copies"]:
+        shared -= breakdown["parameters"]  # the weights GEMMs read, counted whole above
+    per_batch = breakdown["activations"] + breakdown["workspaces"] + breakdown["logits"]
+    return int(weights + breakdown["gradients"] * (2 * devices - 1) / devices
+               + (shared + per_batch) / devices)
+
+
+def device_replicas(given, devices, owner_ranks, replica_bytes=None, gpu_bytes=None):
     """How many replicas of a model one process trains on its CUDA devices
-    (nntile.parallel.DeviceReplicas): one per device where there are several, unless turned
-    off or the ranks own tiles through StarPU-MPI. Otherwise (1) every GPU may run any
-    task: the tiles of the weights then follow the tasks from GPU to GPU, and a gradient
+    (nntile.parallel.DeviceReplicas): one per device where there are several (1.39x on
+    Llama-3.2-1B's shape, 1.11x on the wide 4.05B model, bf16-mixed on two H200s), unless
+    turned off, the ranks own tiles through StarPU-MPI, or a replica per GPU would not fit
+    (``replica_bytes``, policy.device_replica_bytes, against ``gpu_bytes``: Llama-3.1-8B at
+    batch 8 on two H200s ran at 0.82x of any GPU running any task). With one (1) every GPU
+    may run any task: the weight tiles then follow the tasks from GPU to GPU, and a gradient
     tile moves on every task that accumulates into it (docs/performance.md, "A node in one
     process")."""
     if devices < 2:
@@ -179,6 +197,9 @@ def device_replicas(given, devices, owner_ranks):
         return Choice(1, "ranks own the tiles (StarPU-MPI)")
     if given is not None:
         return Choice(devices if given else 1, "given")
+    if replica_bytes is not None and gpu_bytes and replica_bytes > gpu_bytes:
+        return Choice(1, f"nntile default: a replica per GPU would need "
+                         f"{replica_bytes / 2**30:.1f} GiB of {gpu_bytes / 2**30:.1f} GiB a GPU")
     return Choice(devices, "nntile default: a replica per GPU")
 
 

@@ -297,8 +297,8 @@ def test_launcher_and_rank_cores():
 
 # int-returning functions of starpu.pxd whose result is a value, not an error code
 RETURNS_A_VALUE = {"starpu_is_initialized", "starpu_memory_node_get_name",
-                   "starpu_worker_get_id", "starpu_bus_get_count", "starpu_bus_get_src",
-                   "starpu_bus_get_dst"}
+                   "starpu_worker_get_id", "starpu_worker_get_devid", "starpu_bus_get_count",
+                   "starpu_bus_get_src", "starpu_bus_get_dst"}
 
 
 def _declared(path, pattern):

@@ -360,7 +360,7 @@ cdef class Tensor:
         for home in homes:
             if home is not None and not 0 <= home < _device_count:
                 raise ValueError(f"set_homes: device {home!r}, but the runtime drives "
-                                 f"{_device_count} CUDA devices")
+                                 f"{_device_count} devices")
         cdef Py_ssize_t i
         for i, home in enumerate(homes):
             starpu_data_set_user_data(self.handles[i],

@@ -1,0 +1,113 @@
+"""A replica of the model per device of one process (nntile.parallel.DeviceReplicas), on the
+CI's CPU workers grouped into devices (Context(device_replicas=2)): every task of a replica
+pinned to its device, gradients summed and updates run on each tile's home device. Losses and
+weights against one model trained on the same batches."""
+import numpy as np
+import pytest
+
+import nntile
+from nntile import ops, policy
+from nntile.models.gpt2 import GPT2LMHead
+from nntile.models.gpt2_config import GPT2Config
+from nntile.models.llama import LlamaLM
+from nntile.models.llama_config import LlamaConfig
+from nntile.optim import AdamW
+from nntile.parallel import DataParallel
+
+LLAMA = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+GPT2 = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+
+
+def _train(model_type, config, devices, steps=3, accumulate=1):
+    """(losses, summed gradients of the first step by name, homes of the first weight) of
+    ``steps`` AdamW steps on fixed batches of 4 x 16, ``accumulate`` micro-batches each.
+    (Weights after AdamW are no measure: a gradient that is zero but for rounding, GPT-2's
+    key bias's, gets a full step of either sign.)"""
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, 64, (4, 16)), rng.integers(0, 64, (4, 16)))
+               for _ in range(steps * accumulate)]
+    with nntile.Context(ncpu=2, ncuda=0, device_replicas=devices) as ctx:
+        model = model_type(config, tiling={"batch": 1, "embd": 16, "inner": 32,
+                                           "vocab": 32}, dtype="fp32")
+        model.init_weights(1)
+        replicas = DataParallel(model, ctx)
+        opt = AdamW(model.named_parameters(), lr=1e-2, max_grad_norm=1.0)
+        losses, grads = [], None
+        for step in range(steps):
+            replicas.zero_grad()
+            for micro in range(accumulate):
+                x, y = batches[step * accumulate + micro]
+                losses.append(replicas.loss(x, y))
+                replicas.backward(1.0 / accumulate, reduce=micro == accumulate - 1)
+            if grads is None:
+                grads = {name: p.grad.to_array() for name, p in model.named_parameters()}
+            opt.step()
+        homes = next(iter(model.named_parameters()))[1].value.homes
+        assert ctx.device_replicas == devices
+    return losses, grads, homes
+
+
+@pytest.mark.parametrize("model_type,config", [(LlamaLM, LLAMA), (GPT2LMHead, GPT2)])
+def test_replicas_per_device_train_as_one_model(model_type, config):
+    one, grads_one, homes_one = _train(model_type, config, 1)
+    two, grads_two, homes_two = _train(model_type, config, 2)
+    np.testing.assert_allclose(two, one, rtol=1e-6)
+    for name, value in grads_one.items():
+        np.testing.assert_allclose(grads_two[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    assert set(homes_one) == {None}
+    assert set(homes_two) <= {0, 1}
+
+
+def test_replicas_per_device_accumulate_micro_batches():
+    one, grads_one, _ = _train(LlamaLM, LLAMA, 1, steps=2, accumulate=2)
+    two, grads_two, _ = _train(LlamaLM, LLAMA, 2, steps=2, accumulate=2)
+    np.testing.assert_allclose(two, one, rtol=1e-6)
+    for name, value in grads_one.items():
+        np.testing.assert_allclose(grads_two[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_homes_share_the_bytes_and_bad_devices_are_refused():
+    with nntile.Context(ncpu=2, ncuda=0, device_replicas=2) as ctx:
+        model = LlamaLM(LLAMA, tiling={"batch": 1, "embd": 16, "inner": 32}, dtype="fp32")
+        DataParallel(model, ctx)
+        held = [0, 0]
+        for _, param in model.named_parameters():
+            sizes = param.specs[0].tile_bytes()
+            for home, size in zip(param.value.homes, sizes):
+                held[home] += size
+            assert param.grad.homes == param.value.homes
+        assert abs(held[0] - held[1]) <= max(max(p.specs[0].tile_bytes())
+                                              for _, p in model.named_parameters())
+        with pytest.raises(ValueError, match="2 CUDA devices|drives 2"):
+            ops.set_task_device(2)
+        with pytest.raises(ValueError, match="homes for"):
+            model.lm_head.value.set_homes([0])
+        with pytest.raises(ValueError, match="2 replicas|unequally"):
+            DataParallel(model, ctx)._split(np.zeros((3, 16), dtype=np.int64))
+
+
+def test_device_replicas_are_refused_past_the_cpu_workers():
+    with pytest.raises((ValueError, RuntimeError), match="3"):
+        nntile.Context(ncpu=2, ncuda=0, device_replicas=3)
+    with pytest.raises(ValueError, match="device_replicas"):
+        nntile.Context(ncpu=2, ncuda=0, device_replicas="yes", start=False)
+    assert nntile.current_context() is None
+
+
+def test_policy_keeps_a_replica_per_gpu_where_it_fits():
+    gib = 2**30
+    llama_8b_b8 = dict(parameters=32 * gib, gradients=32 * gib, optimizer_states=64 * gib,
+                       compute_copies=16 * gib, activations=60 * gib, workspaces=5 * gib,
+                       logits=8 * gib)
+    need = policy.device_replica_bytes(llama_8b_b8, 2)
+    # copies whole, gradients 1.5x, half of masters, states and the batch's tensors
+    assert need == int(16 * gib + 48 * gib + (96 + 73) * gib / 2)
+    assert policy.device_replicas(None, 2, 1, need, 136 * gib).value == 1
+    assert policy.device_replicas(None, 4, 1, policy.device_replica_bytes(llama_8b_b8, 4),
+                                  136 * gib).value == 4
+    assert policy.device_replicas(True, 2, 1, need, 136 * gib).value == 2
+    assert policy.device_replicas(None, 2, 2).value == 1  # StarPU-MPI owners
+    assert policy.device_replicas(None, 1, 1).value == 1
+    fp32 = dict(llama_8b_b8, compute_copies=0)
+    assert policy.device_replica_bytes(fp32, 2) == int(32 * gib + 48 * gib + (64 + 73) * gib / 2)
