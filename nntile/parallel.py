@@ -126,9 +126,6 @@ class DeviceReplicas:
             for tensor in (param.value, param.grad, param.copy):
                 if tensor is not None:
                     tensor.set_homes(homes[name])
-        # backward finishes the parameters in the reverse of the order forward reads them
-        self._backward_order = [[p for _, p in reversed(list(m.named_parameters()))]
-                                for m in self.models]
 
     def each(self):
         """(device, replica) pairs, with the tasks submitted meanwhile on that device."""
@@ -136,13 +133,42 @@ class DeviceReplicas:
             with ops.task_device(device):
                 yield device, model
 
-    def sum_gradients(self):
-        """Add every replica's gradients into the first's, on each tile's home device, in the
-        order backward finishes them."""
-        mine, *others = self._backward_order
+    def take_turns(self, pieces):
+        """Run ``pieces`` (one generator per replica, each submitting a piece of work per
+        ``next``) in turns, each on its replica's device, so that every device gets work from
+        the start of the step; yields what each turn's pieces yielded, one per replica."""
+        running = list(enumerate(pieces))
+        while running:
+            results = []
+            for device, piece in list(running):
+                with ops.task_device(device):
+                    try:
+                        results.append(next(piece))
+                    except StopIteration:
+                        running.remove((device, piece))
+            if results:
+                yield results
+
+    def submit_loss(self, shares):
+        """Every replica's forward and loss on its (input_ids, targets) share, in turns."""
+        for _ in self.take_turns([model.submit_loss_steps(*share)
+                                  for model, share in zip(self.models, shares)]):
+            pass
+
+    def backward(self, scale, reduce):
+        """Every replica's backward, in turns; with ``reduce``, each piece's gradients summed
+        into the first replica's as soon as every replica has submitted that piece."""
+        for finished in self.take_turns([model.backward_steps(scale) for model in self.models]):
+            if reduce:
+                self.sum_gradients(finished)
+
+    def sum_gradients(self, params):
+        """Add the gradients of ``params`` ([the same parameters of each replica]) into the
+        first replica's, on each tile's home device (the home of the first's tiles)."""
+        mine, *others = params
         for index, param in enumerate(mine):
-            for order in others:
-                ops.add(1.0, order[index].grad, 1.0, param.grad)
+            for theirs in others:
+                ops.add(1.0, theirs[index].grad, 1.0, param.grad)
 
     def unregister(self):
         for replica in self.models[1:]:
@@ -196,9 +222,10 @@ class DataParallel:
     def submit_loss(self, input_ids, targets):
         """Submit forward and loss on this process's rows (each replica's ``loss_value``: the
         mean over its share), without waiting."""
-        ids, labels = self._split(input_ids), self._split(targets)
-        for share, model in self._each():
-            model.submit_loss(ids[share], labels[share])
+        if self.devices is None:
+            self.model.submit_loss(self.shard(input_ids), self.shard(targets))
+        else:
+            self.devices.submit_loss(list(zip(self._split(input_ids), self._split(targets))))
 
     def submitted_loss(self):
         """The mean cross-entropy over this process's rows of the last ``submit_loss``
@@ -218,14 +245,11 @@ class DataParallel:
         """Every replica's backward on its rows, then (``reduce``) the gradients summed over
         the replicas: each replica's mean is 1/replicas of the global one. With gradient
         accumulation, reduce on the last micro-batch only (DDP's no_sync)."""
-        shares = self.replicas * (len(self.devices.models) if self.devices else 1)
-        for _, model in self._each():
-            model.backward(scale / shares)
-        if not reduce:
-            return
-        if self.devices is not None:
-            self.devices.sum_gradients()
-        if self.replicas == 1:
+        if self.devices is None:
+            self.model.backward(scale / self.replicas)
+        else:
+            self.devices.backward(scale / self.replicas / len(self.devices.models), reduce)
+        if not reduce or self.replicas == 1:
             return
         if self.sharding is not None:
             self.sharding.reduce_gradients(self._backward_order)

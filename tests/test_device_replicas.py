@@ -111,3 +111,16 @@ def test_policy_keeps_a_replica_per_gpu_where_it_fits():
     assert policy.device_replicas(None, 1, 1).value == 1
     fp32 = dict(llama_8b_b8, compute_copies=0)
     assert policy.device_replica_bytes(fp32, 2) == int(32 * gib + 48 * gib + (64 + 73) * gib / 2)
+
+
+@pytest.mark.parametrize("model_type,config", [(LlamaLM, LLAMA), (GPT2LMHead, GPT2)])
+def test_backward_pieces_hand_over_every_parameter_once(model_type, config):
+    with nntile.Context(ncpu=1, ncuda=0):
+        model = model_type(config, dtype="fp32")
+        model.init_weights(0)
+        ids = np.zeros((1, 8), dtype=np.int64)
+        model.submit_loss(ids, ids)
+        pieces = [[id(p) for p in piece] for piece in model.backward_steps()]
+    handed = [i for piece in pieces for i in piece]
+    assert sorted(handed) == sorted(id(p) for _, p in model.named_parameters())
+    assert len(pieces) == config.num_hidden_layers + 2

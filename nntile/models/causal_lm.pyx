@@ -339,6 +339,13 @@ cdef class CausalLM(Module):
             ops.set_task_priority(distance)
 
     cdef Tensor _forward(self, input_ids):
+        for _ in self._forward_steps(input_ids):
+            pass
+        return self._ws["logits"]
+
+    def _forward_steps(self, input_ids):
+        """Submit forward up to the logits, yielding after the embeddings and after each
+        block (see ``submit_loss_steps``)."""
         if self.loss_value is None:
             raise RuntimeError(f"{type(self).__name__}(create=False) declares its tensors but "
                                "holds none; call create() before running it")
@@ -350,16 +357,17 @@ cdef class CausalLM(Module):
         self._prioritize(2 * L + 3)
         cdef Tensor x = self._embed(ws), positions = ws["positions"]
         self._inputs = []
+        yield
         for i in range(L):
             self._prioritize(2 * L + 2 - i)
             self._inputs.append(x)
             x = self.blocks[i].forward(x, positions)
             if self.recompute:  # backward runs the block again from its input
                 self._drop([self.blocks[i]], (), False, x)
+            yield
         self._prioritize(L + 2)
         self._h = self.norm.forward(x)
         ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws["logits"])
-        return ws["logits"]
 
     def forward(self, input_ids):
         """Logits [batch, seq, vocab] as a numpy array."""
@@ -376,14 +384,21 @@ cdef class CausalLM(Module):
 
     def submit_loss(self, input_ids, targets):
         """Submit forward and loss without waiting; the loss lands in ``loss_value``."""
+        for _ in self.submit_loss_steps(input_ids, targets):
+            pass
+
+    def submit_loss_steps(self, input_ids, targets):
+        """``submit_loss`` in pieces: a generator that submits up to each block's end and
+        yields, so that replicas of the model on several devices of one process take turns
+        (nntile.parallel) and every device gets work from the start of the step."""
         input_ids = self._check_tokens(input_ids, "input_ids")
         targets = self._check_tokens(targets, "targets")
         if targets.shape != input_ids.shape:
             raise ValueError(f"targets have shape {targets.shape} but input_ids {input_ids.shape}")
-        cdef Tensor logits = self._forward(input_ids)
+        yield from self._forward_steps(input_ids)
         cdef dict ws = self._ws
         ws["labels"].write(targets)
-        ops.cross_entropy(logits, ws["labels"], ws["loss/stats"], ws["loss/lse"],
+        ops.cross_entropy(ws["logits"], ws["labels"], ws["loss/stats"], ws["loss/lse"],
                           ws["loss/picked"], self.loss_value, 1.0 / input_ids.size)
         self._prioritize(0)
         self._ready_for_backward = True
@@ -391,6 +406,14 @@ cdef class CausalLM(Module):
     def backward(self, double scale=1.0):
         """Accumulate every parameter's gradient of the last loss, times ``scale`` (for
         gradient accumulation over micro-batches, pass 1/number of micro-batches)."""
+        for _ in self.backward_steps(scale):
+            pass
+
+    def backward_steps(self, double scale=1.0):
+        """``backward`` in pieces: a generator that yields, after the head and after each
+        block, the parameters whose gradients it has then submitted in full (the head's and
+        final norm's, each block's, and last the embeddings', with a tied head), so that
+        replicas on several devices take turns and their sums start early (nntile.parallel)."""
         if not self._ready_for_backward:
             raise RuntimeError("backward() needs a loss() first (forward() alone keeps no loss)")
         self._ready_for_backward = False
@@ -407,6 +430,8 @@ cdef class CausalLM(Module):
         self.norm.backward(other, dx, 0.0)
         if self.free_activations:
             self._drop([self.norm], _HEAD_BUFFERS)
+        head = [] if self.config.tie_word_embeddings else [self.lm_head]
+        yield [p for _, p in self.norm.named_parameters()] + head
         for i in reversed(range(len(self.blocks))):
             self._prioritize(i + 1)
             if self.recompute:  # its buffers again, once block i+1's backward has read them
@@ -415,10 +440,22 @@ cdef class CausalLM(Module):
             if self.free_activations:  # block i's output was read by block i+1's backward
                 self._drop([self.blocks[i]], ())
             dx, other = other, dx
+            yield [p for _, p in self.blocks[i].named_parameters()]
         self._embed_backward(dx)
         if self.free_activations:
             self._drop([], _STREAM_BUFFERS, scratch=True)
         self._prioritize(0)
+        yield [p for _, p in self.embedding_parameters()]
+
+    def embedding_parameters(self):
+        """(name, parameter) of the embeddings: every parameter no block, final norm or
+        untied head holds."""
+        others = {id(p) for m in self.blocks + [self.norm] for _, p in m.named_parameters()}
+        if not self.config.tie_word_embeddings:
+            others.add(id(self.lm_head))
+        for name, param in self.named_parameters():
+            if id(param) not in others:
+                yield name, param
 
     def free_buffers(self):
         """Drop what the last forward kept for backward (activations, logits, the loss's
