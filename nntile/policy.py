@@ -170,14 +170,15 @@ def device_replica_bytes(breakdown, devices):
     """What one of ``devices`` GPUs holds when each trains a replica (nntile.parallel.
     DeviceReplicas), from a run's bytes by category (nntile.memory.Estimate.breakdown): the
     weights GEMMs read (compute copies, or the parameters themselves), its own gradients and
-    the summed tiles it is home to, its share of the masters and optimizer states, and its
-    share of the batch's activations and workspaces."""
+    the first replica's gradient tiles it is home to (the sums; the first GPU's own are its
+    sums), its share of the masters and optimizer states, and its share of the batch's
+    activations and workspaces."""
     shared = breakdown["parameters"] + breakdown["optimizer_states"]
     weights = breakdown["compute_copies"] or breakdown["parameters"]
     if not breakdown["compute_copies"]:
         shared -= breakdown["parameters"]  # the weights GEMMs read, counted whole above
     per_batch = breakdown["activations"] + breakdown["workspaces"] + breakdown["logits"]
-    return int(weights + breakdown["gradients"] * (2 * devices - 1) / devices
+    return int(weights + breakdown["gradients"] * (devices + 1) / devices
                + (shared + per_batch) / devices)
 
 

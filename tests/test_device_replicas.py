@@ -101,7 +101,7 @@ def test_policy_keeps_a_replica_per_gpu_where_it_fits():
                        compute_copies=16 * gib, activations=60 * gib, workspaces=5 * gib,
                        logits=8 * gib)
     need = policy.device_replica_bytes(llama_8b_b8, 2)
-    # copies whole, gradients 1.5x, half of masters, states and the batch's tensors
+    # copies whole, gradients 1 + 1/2 times, half of masters, states and the batch's tensors
     assert need == int(16 * gib + 48 * gib + (96 + 73) * gib / 2)
     assert policy.device_replicas(None, 2, 1, need, 136 * gib).value == 1
     assert policy.device_replicas(None, 4, 1, policy.device_replica_bytes(llama_8b_b8, 4),
