@@ -164,11 +164,15 @@ class DeviceReplicas:
 
     def sum_gradients(self, params):
         """Add the gradients of ``params`` ([the same parameters of each replica]) into the
-        first replica's, on each tile's home device (the home of the first's tiles)."""
+        first replica's, on each tile's home device (the home of the first's tiles), then
+        drop the other replicas' (Tensor.invalidate): StarPU may reuse their buffers for the
+        rest of backward, as FSDP frees a block's gradients once reduce-scattered; the next
+        ``zero_grad`` writes them again."""
         mine, *others = params
         for index, param in enumerate(mine):
             for theirs in others:
                 ops.add(1.0, theirs[index].grad, 1.0, param.grad)
+                theirs[index].grad.invalidate()
 
     def unregister(self):
         for replica in self.models[1:]:
