@@ -167,6 +167,8 @@ def test_flash_attention_bad_input(ctx):
         ((q, k, v, q, lse, 0.5), ValueError, "same tensor"),
         ((q, k, v, o, lse, float("nan")), ValueError, "finite"),
         ((q, k, v, o, lse, "1"), ValueError, "finite"),
+        ((q, k, v, o, lse, 0.5, True, -1), ValueError, "offset"),
+        ((q, k, v, o, lse, 0.5, True, 2), ValueError, "offset"),
     ]
     for args, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -192,6 +194,34 @@ def test_flash_attention_bad_input(ctx):
         ops.repeat_kv(t((2, 6, 3, 8), (1, 3, 1, 8)), q)
     with pytest.raises(ValueError, match="same tensor"):
         ops.sum_kv(q, q)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), T=st.integers(1, 9), offset=st.integers(0, 12),
+       tt=st.integers(1, 9), causal=st.booleans(), dtype=st.sampled_from(["fp64", "fp32"]))
+def test_flash_keys_longer_than_queries(ctx, seed, T, offset, tt, causal, dtype):
+    """flash_attention and its backward with ``offset`` keys before the queries (a prefill
+    after cached keys; T = 1: one new token), tiled, against the float64 reference; the key
+    tiles no query sees get no task, and their dk and dv are zero."""
+    rng = np.random.default_rng(seed)
+    B, H, Hkv, D = 2, 4, 2, 8
+    x = [rng.standard_normal(s) for s in ((B, T, H, D), (B, T + offset, Hkv, D),
+                                           (B, T + offset, Hkv, D), (B, T, H, D))]
+    tt = min(tt, T)
+    qt, kt = (1, tt, 2, D), (1, tt, 1, D)
+    q, k, v, do = (nntile.Tensor.from_array(a, b, dtype)
+                   for a, b in zip(x, (qt, kt, kt, qt)))
+    o, dq = t(q.shape, qt, dtype), t(q.shape, qt, dtype)
+    dk, dv, lse = t(k.shape, kt, dtype), t(k.shape, kt, dtype), t((B, T, H), qt[:3], dtype)
+    ops.flash_attention(q, k, v, o, lse, 0.5, causal, offset)
+    ops.flash_attention_backward(q, k, v, o, do, lse, dq, dk, dv, 0.5, causal, offset)
+    want_o, want_lse, _ = reference(*x[:3], 0.5, causal, offset=offset)
+    want = [want_o, want_lse, *reference_backward(*x, 0.5, causal, offset=offset)]
+    for name, got, w in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, dq, dk, dv), want):
+        np.testing.assert_allclose(got.to_array(), w, rtol=TOL[dtype], atol=TOL[dtype],
+                                   err_msg=name)
+    for tensor in (q, k, v, do, o, dq, dk, dv, lse):
+        tensor.unregister()
 
 
 def test_warm_up_runs_each_fused_attention_tile_shape_once(ctx):

@@ -5,11 +5,11 @@
  * cuDNN applies to a call that writes its outputs (accumulate == 0: the
  * first key tile of a forward, a backward that neither adds to dq nor to
  * dk/dv) with head dimensions a multiple of 8 up to 256, whose mask cuDNN can
- * state: none (not causal, or every key at or before every query), or the
- * diagonal band "key - query > right_bound" with right_bound = q_offset -
- * k_offset >= 0 (top-left alignment; q_offset == k_offset is the plain causal
- * mask).  A tile where some query sees no key at all (k_offset > q_offset)
- * and every merge of key tiles run our kernels.
+ * state: none (every key visible from every query: nntile_mask_whole), or the
+ * diagonal band "key - query > right_bound" with right_bound = q_offset +
+ * mask.offset - k_offset >= 0 (top-left alignment; 0 is the plain causal
+ * mask).  A tile where some query sees no key at all (right_bound < 0) and
+ * every merge of key tiles run our kernels.
  *
  * Graphs are built once per shape (every extent, the mask, the scale, the
  * direction) and kept per thread and device with that thread's cuDNN handle,
@@ -303,8 +303,9 @@ bool shape_of(const nntile_flash_args *a, bool backward,
         if ((uintptr_t)p % 16 != 0)
             return false;
     int64_t right_bound = -1;
-    if (a->causal && a->k_offset + a->tk - 1 > a->q_offset) {
-        right_bound = a->q_offset - a->k_offset;
+    if (!nntile_mask_whole(a->mask, a->q_offset, a->q_offset + a->tq, a->k_offset,
+                           a->k_offset + a->tk)) {
+        right_bound = a->q_offset + a->mask.offset - a->k_offset;
         if (right_bound < 0)
             return false; /* some queries see no key */
     }
@@ -419,11 +420,12 @@ bool cudnn_backward(const nntile_flash_args *a, cudaStream_t stream,
     do {                                                                       \
         using nntile_cuda::trace_on;                                           \
         CUDNN_TRACE("call %s: b %lld tq %lld tk %lld h %lld/%lld d %lld "      \
-                    "offsets %lld/%lld causal %d accumulate %d",               \
+                    "offsets %lld/%lld causal %d/%lld accumulate %d",          \
                     what, (long long)(a)->batch, (long long)(a)->tq,           \
                     (long long)(a)->tk, (long long)(a)->hq, (long long)(a)->hkv,\
                     (long long)(a)->d, (long long)(a)->q_offset,               \
-                    (long long)(a)->k_offset, (int)(a)->causal,                \
+                    (long long)(a)->k_offset, (int)(a)->mask.causal,           \
+                    (long long)(a)->mask.offset,                               \
                     (int)(a)->accumulate);                                     \
     } while (0)
 

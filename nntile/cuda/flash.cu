@@ -129,8 +129,8 @@ plain_forward_k(FlashParams p, int bt)
         mrow[r] = ninf<C>();
         lrow[r] = 0;
     }
-    const int64_t kb_end = flash_key_blocks(p, q0, nq, bt);
-    for (int64_t kb = 0; kb < kb_end; ++kb) {
+    const nntile_range kbs = flash_key_blocks(p, q0, nq, bt);
+    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
         const int64_t k0 = kb * bt, nk = p.tk - k0 < bt ? p.tk - k0 : bt;
         __syncthreads(); /* the previous tile's users are done */
         plain_load(Ks, rs, kg + k0 * kstride, kstride, nk, bt, d);
@@ -139,12 +139,10 @@ plain_forward_k(FlashParams p, int bt)
         block_gemm(bt, bt, d, Qs, rs, 1, Ks, 1, rs, Ss, lp, false);
         __syncthreads();
         for (int r = warp; r < bt; r += nwarp) { /* online softmax, a warp per row */
-            const int64_t qpos = p.q_offset + q0 + r;
             C mx = ninf<C>();
             for (int c = lane; c < bt; c += 32) {
                 const int64_t key = k0 + c;
-                const bool masked =
-                    key >= p.tk || (p.causal && p.k_offset + key > qpos);
+                const bool masked = key >= p.tk || !flash_visible(p, q0 + r, key);
                 const C s = masked ? ninf<C>() : Ss[r * lp + c] * scale;
                 Ss[r * lp + c] = s;
                 mx = s > mx ? s : mx;
@@ -242,9 +240,8 @@ __device__ void plain_scores_backward(const FlashParams &p, int bt, int64_t q0,
     const int d = (int)p.d;
     for (int i = threadIdx.x; i < bt * bt; i += blockDim.x) {
         const int r = i / bt, c = i - r * bt;
-        const bool masked = r >= nq || c >= nk
-                            || (p.causal && p.k_offset + k0 + c
-                                                > p.q_offset + q0 + r);
+        const bool masked =
+            r >= nq || c >= nk || !flash_visible(p, q0 + r, k0 + c);
         C s = 0, dp = 0;
         for (int e = 0; e < d; ++e) {
             s += Qs[r * rs + e] * Ks[c * rs + e];
@@ -277,10 +274,10 @@ plain_dkdv_k(FlashParams p, int bt)
     plain_load(Vs, rs, (const T *)p.v + koff, kstride, nk, bt, d);
     for (int i = threadIdx.x; i < bt * rs; i += blockDim.x)
         dKs[i] = dVs[i] = 0;
-    const int64_t nqb = cdiv(p.tq, bt);
+    const nntile_range qbs = flash_query_blocks(p, k0, nk, bt);
     for (int64_t hh = 0; hh < grp; ++hh) {
         const int64_t h = hk * grp + hh;
-        for (int64_t qb = flash_first_query_block(p, k0, bt); qb < nqb; ++qb) {
+        for (int64_t qb = qbs.lo; qb < qbs.hi; ++qb) {
             const int64_t q0 = qb * bt, nq = p.tq - q0 < bt ? p.tq - q0 : bt;
             const int64_t qoff = ((b * p.tq + q0) * p.hq + h) * p.d;
             __syncthreads(); /* the previous query tile's users are done */
@@ -333,8 +330,8 @@ plain_dq_k(FlashParams p, int bt)
         dQs[i] = 0;
     __syncthreads();
     plain_row_stats<T>(p, b, h, q0, nq, bt, dOs, rs, lrow, drow);
-    const int64_t kb_end = flash_key_blocks(p, q0, nq, bt);
-    for (int64_t kb = 0; kb < kb_end; ++kb) {
+    const nntile_range kbs = flash_key_blocks(p, q0, nq, bt);
+    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
         const int64_t k0 = kb * bt, nk = p.tk - k0 < bt ? p.tk - k0 : bt;
         __syncthreads();
         plain_load(Ks, rs, kg + k0 * kstride, kstride, nk, bt, d);
@@ -461,7 +458,7 @@ FlashParams flash_params(const nntile_flash_args *a)
     p.d = a->d;
     p.q_offset = a->q_offset;
     p.k_offset = a->k_offset;
-    p.causal = a->causal != 0;
+    p.mask = a->mask;
     p.accumulate = (int)a->accumulate;
     p.scale = a->scale;
     return p;

@@ -81,8 +81,7 @@ cdef class CoreAttention(Module):
                 k, v = buffers["k"], buffers["v"]
             self.p = buffers["p"]
             ops.attn_qk(self.scale, q, k, self.p, self.causal)
-            if self.causal:
-                ops.mask_causal(self.p)
+            ops.mask_scores(self.p, self.causal)
             ops.maxsumexp(self.p, buffers["stats"], 3)
             ops.softmax_inplace(buffers["stats"], self.p, 3)
             ops.attn_pv(1.0, self.p, v, o, self.causal)

@@ -51,7 +51,7 @@ def run_tiles(K, column, q, k, v, do, scale, causal, qtile, ktile, offset=0):
         ot, lt = tile(o, q0, q1), tile(lse, q0, q1)
         for n, (k0, k1) in enumerate(ks):
             args = dict(batch=B, tq=q1 - q0, tk=k1 - k0, hq=H, hkv=Hkv, d=D,
-                        q_offset=offset + q0, k_offset=k0, causal=int(causal),
+                        q_offset=q0, k_offset=k0, mask=dict(causal=int(causal), offset=offset),
                         accumulate=int(n > 0), scale=scale)
             K("flash_forward", column, args, tile(qb, q0, q1), tile(kb, k0, k1),
               tile(vb, k0, k1), ot, lt)
@@ -61,7 +61,7 @@ def run_tiles(K, column, q, k, v, do, scale, causal, qtile, ktile, offset=0):
         for n, (k0, k1) in enumerate(ks):
             dkt, dvt = tile(dk, k0, k1), tile(dv, k0, k1)
             args = dict(batch=B, tq=q1 - q0, tk=k1 - k0, hq=H, hkv=Hkv, d=D,
-                        q_offset=offset + q0, k_offset=k0, causal=int(causal),
+                        q_offset=q0, k_offset=k0, mask=dict(causal=int(causal), offset=offset),
                         accumulate=int(n > 0) | 2 * int(m > 0), scale=scale)
             K("flash_backward", column, args, tile(qb, q0, q1), tile(kb, k0, k1),
               tile(vb, k0, k1), tile(o, q0, q1), tile(dob, q0, q1), tile(lse, q0, q1), dqt,
@@ -82,7 +82,8 @@ def check(got, want, rtol):
 def case(K, rng, column, B, T, H, Hkv, D, causal, qtile, ktile, offset=0):
     g = H // Hkv
     q, do = rng.standard_normal((B, T, H, D)), rng.standard_normal((B, T, H, D))
-    k, v = rng.standard_normal((B, T, Hkv, D)), rng.standard_normal((B, T, Hkv, D))
+    Tk = T + offset  # query i sits at key position i + offset
+    k, v = rng.standard_normal((B, Tk, Hkv, D)), rng.standard_normal((B, Tk, Hkv, D))
     if column == "bf16_fp32":  # the reference gets the values the kernel reads
         q, k, v, do = (from_buf(bf16_ref_bits(x)) for x in (q, k, v, do))
     scale = 1.0 / np.sqrt(D)
@@ -104,8 +105,8 @@ RTOL = {"fp64": 1e-12, "fp32": 1e-5, "bf16_fp32": 3e-2}
        offset=st.integers(0, 3))
 def test_flash_tiles_against_reference(K, column, seed, B, T, hkv, g, D, causal, qtile, ktile,
                                        offset):
-    """Any tiling of the sequence, offsets that leave query rows without keys in a tile (the
-    merge of -inf rows), GQA groups of 1, 2 and 4."""
+    """Any tiling of the sequence, keys longer than queries (the mask's offset), tiles that
+    leave query rows without keys (the merge of -inf rows), GQA groups of 1, 2 and 4."""
     rng = np.random.default_rng(seed)
     got, want = case(K, rng, column, B, T, g * hkv, hkv, D, causal, qtile, ktile, offset)
     check(got, want, RTOL[column])
@@ -132,8 +133,8 @@ def test_flash_rows_without_keys(K):
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 3, 1, 4)) for _ in range(3))
     o, lse = np.full((1, 3, 1, 4), np.nan), np.full((1, 3, 1), np.nan)
-    args = dict(batch=1, tq=3, tk=3, hq=1, hkv=1, d=4, q_offset=0, k_offset=5, causal=1,
-                accumulate=0, scale=0.5)
+    args = dict(batch=1, tq=3, tk=3, hq=1, hkv=1, d=4, q_offset=0, k_offset=5,
+                mask=dict(causal=1), accumulate=0, scale=0.5)
     K("flash_forward", "fp64", args, q, k, v, o, lse)
     assert np.all(o == 0) and np.all(np.isneginf(lse))
     K("flash_forward", "fp64", dict(args, k_offset=1, accumulate=1), q, k, v, o, lse)
@@ -153,8 +154,8 @@ def test_flash_bf16_column_rounds_once(K):
     rng = np.random.default_rng(1)
     q, k, v = (from_buf(bf16_ref_bits(rng.standard_normal((2, 70, 4, 16)))) for _ in range(3))
     k, v = k[:, :, :2], v[:, :, :2]
-    args = dict(batch=2, tq=70, tk=70, hq=4, hkv=2, d=16, q_offset=0, k_offset=0, causal=1,
-                accumulate=0, scale=0.25)
+    args = dict(batch=2, tq=70, tk=70, hq=4, hkv=2, d=16, q_offset=0, k_offset=0,
+                mask=dict(causal=1), accumulate=0, scale=0.25)
     o32, l32 = np.empty(q.shape, np.float32), np.empty((2, 70, 4), np.float32)
     K("flash_forward", "fp32", args, *(np.ascontiguousarray(x, np.float32) for x in (q, k, v)),
       o32, l32)
