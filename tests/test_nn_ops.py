@@ -215,14 +215,14 @@ def test_softmax_masked_rows(ctx):
 
 @pytest.mark.parametrize("shape, tiles", [((2, 7, 9), (1, 3, 4)), ((5, 5), (5, 5)),
                                           ((3, 2, 6, 6), (2, 2, 4, 5)), ((4, 9), (3, 2))])
-@pytest.mark.parametrize("offset", [0, 3])
-def test_mask_scores(ctx, rng, shape, tiles, offset):
+@pytest.mark.parametrize("offset, window", [(0, 0), (3, 0), (0, 2), (1, 5)])
+def test_mask_scores(ctx, rng, shape, tiles, offset, window):
     x = rng.standard_normal(shape)
     X = T(x, tiles)
-    ops.mask_scores(X, offset=offset)
+    ops.mask_scores(X, offset=offset, window=window)
     q = np.arange(shape[-2])[:, None] + offset
     k = np.arange(shape[-1])[None, :]
-    ref = np.where(k > q, -np.inf, x)
+    ref = np.where((k > q) | (window > 0) & (k <= q - window), -np.inf, x)
     assert np.array_equal(X.to_array(), ref)
 
 

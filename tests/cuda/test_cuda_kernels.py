@@ -636,10 +636,12 @@ def test_exp_accuracy(env, dt, n):
     (1, 1, 1, 0, 0, 1, 0), (2, 4, 4, 0, 0, 1, 0), (3, 5, 7, 4, 0, 1, 0), (1, 6, 3, 0, 3, 1, 0),
     (2, 3, 8, 10, 2, 1, 0), (1, 4, 4, 0, 8, 1, 0), (2, 70, 600, 100, 0, 1, 0),
     (2, 9, 40, 0, 0, 1, 31), (1, 5, 5, 0, 0, 0, 0)])
-def test_mask_scores(env, dt, batch, tq, tk, qo, ko, causal, offset):
+@pytest.mark.parametrize("window", [0, 3])
+def test_mask_scores(env, dt, batch, tq, tk, qo, ko, causal, offset, window):
     rng = np.random.default_rng(tk)
+    mask = dict(causal=causal, offset=offset, window=window if causal else 0)
     c, g = run(env, "mask_scores", dt, dict(batch=batch, tq=tq, tk=tk, q_offset=qo,
-                                            k_offset=ko, mask=dict(causal=causal, offset=offset)),
+                                            k_offset=ko, mask=mask),
                [R(rng, batch, tq, tk)])
     np.testing.assert_array_equal(g[0], c[0])
 

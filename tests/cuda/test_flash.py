@@ -68,10 +68,11 @@ def value(a):
 
 
 def flash_args(batch, tq, tk, hq, hkv, d, q_offset, k_offset, causal, accumulate, scale,
-               offset=0):
+               offset=0, window=0):
     return K.make_args("flash", dict(batch=batch, tq=tq, tk=tk, hq=hq, hkv=hkv, d=d,
                                      q_offset=q_offset, k_offset=k_offset,
-                                     mask=dict(causal=int(causal), offset=offset),
+                                     mask=dict(causal=int(causal), offset=offset,
+                                               window=window),
                                      accumulate=accumulate, scale=scale))
 
 
@@ -80,13 +81,13 @@ def case_args(case, bs, hs, ks_h, qs, ks, accumulate):
     return flash_args(bs[1] - bs[0], qs[1] - qs[0], ks[1] - ks[0], hs[1] - hs[0],
                       ks_h[1] - ks_h[0], case["D"], case["q_off"] + qs[0],
                       case["k_off"] + ks[0], case["causal"], accumulate, case["scale"],
-                      case["offset"])
+                      case["offset"], case["window"])
 
 
 def case_visible(case):
     """The case's mask over its whole queries and keys (tests/attention_refs.py)."""
     return visible(case["T"], case["Tk"], case["causal"], case["q_off"], case["k_off"],
-                   case["offset"])
+                   case["offset"], case["window"])
 
 
 def call(env, op, col, args, bufs, stream=None):
@@ -173,7 +174,6 @@ def run_backward(env, col, case, q, k, v, o, do, lse):
     dk = stored(np.full(k.shape, np.nan), dt)
     dv = stored(np.full(v.shape, np.nan), dt)
     seen_q, seen_k = set(), set()
-    D = q.shape[3]
     for bs, hs, ks_h, qs, ks in tile_calls(case):
         kq, kk = (bs, hs, qs), (bs, ks_h, ks)
         acc = int(kq in seen_q) | 2 * int(kk in seen_k)
@@ -233,6 +233,7 @@ def assert_close(got, ref, tol, what, floor=0.0):
 def case(B, T, Tk, H, Hkv, D, causal=True, **kw):
     return dict(B=B, T=T, Tk=Tk, H=H, Hkv=Hkv, D=D, causal=causal,
                 q_off=kw.pop("q_off", 0), k_off=kw.pop("k_off", 0), offset=kw.pop("offset", 0),
+                window=kw.pop("window", 0),
                 scale=kw.pop("scale", D ** -0.5), **kw)
 
 
@@ -255,6 +256,12 @@ CASES = {
     "offset-prefill": case(1, 24, 64, 4, 2, 64, offset=40, tt=16, kt=32),
     # one new query against a cache of 77 keys
     "offset-one-query": case(2, 1, 77, 4, 1, 64, offset=76),
+    # sliding windows: in one call (cuDNN's left bound), tiled with key tiles skipped, a
+    # window not a multiple of the tiles or the kernels' blocks, and with an offset
+    "window-one-call": case(2, 130, 130, 2, 1, 128, window=17),
+    "window-tiled": case(1, 200, 200, 4, 2, 64, window=70, tt=64, kt=64),
+    "window-plain-d20": case(1, 90, 90, 3, 3, 20, window=33, tt=45, kt=30),
+    "window-offset": case(1, 24, 100, 4, 2, 64, offset=76, window=50, tt=16, kt=32),
 }
 
 
@@ -265,7 +272,7 @@ def test_flash_forward(env, col, name):
     q, k, v, _ = inputs(c, col, seed=len(name))
     o, lse = run_forward(env, col, c, q, k, v)
     ref_o, ref_lse, _ = reference(value(q), value(k), value(v), c["scale"], c["causal"],
-                                  c["q_off"], c["k_off"], c["offset"])
+                                  c["q_off"], c["k_off"], c["offset"], c["window"])
     assert_close(o, ref_o, TOL_FWD[col], f"{name} {col} o")
     assert_close(lse, ref_lse, TOL_FWD[col], f"{name} {col} lse")
     if name == "no-key-rows":
@@ -278,7 +285,7 @@ def test_flash_backward(env, col, name):
     c = CASES[name]
     q, k, v, do = inputs(c, col, seed=len(name) + 1)
     ref_o, ref_lse, _ = reference(value(q), value(k), value(v), c["scale"], c["causal"],
-                                  c["q_off"], c["k_off"], c["offset"])
+                                  c["q_off"], c["k_off"], c["offset"], c["window"])
     o, lse = stored(ref_o, data_dtype(col)), stored(ref_lse, lse_dtype(col))
     dq, dk, dv = run_backward(env, col, c, q, k, v, o, do, lse)
     refs = backward_given(value(q), value(k), value(v), value(o), value(do), value(lse),

@@ -356,10 +356,12 @@ def test_softmax_backward(K, dt, m, k, n, seed):
 
 
 @pytest.mark.parametrize("dt", DT)
-@pytest.mark.parametrize("batch,tq,tk,qo,ko,causal,offset", [
-    (1, 1, 1, 0, 0, 1, 0), (2, 4, 4, 0, 0, 1, 0), (3, 5, 7, 4, 0, 1, 0), (1, 6, 3, 0, 3, 1, 0),
-    (2, 3, 8, 10, 2, 1, 0), (1, 4, 4, 0, 8, 1, 0), (2, 3, 9, 0, 0, 1, 5), (1, 4, 4, 0, 0, 0, 0)])
-def test_mask_scores(K, dt, batch, tq, tk, qo, ko, causal, offset):
+@pytest.mark.parametrize("batch,tq,tk,qo,ko,causal,offset,window", [
+    (1, 1, 1, 0, 0, 1, 0, 0), (2, 4, 4, 0, 0, 1, 0, 0), (3, 5, 7, 4, 0, 1, 0, 0),
+    (1, 6, 3, 0, 3, 1, 0, 0), (2, 3, 8, 10, 2, 1, 0, 0), (1, 4, 4, 0, 8, 1, 0, 0),
+    (2, 3, 9, 0, 0, 1, 5, 0), (1, 4, 4, 0, 0, 0, 0, 0), (2, 7, 9, 3, 1, 1, 2, 3),
+    (1, 5, 12, 0, 0, 1, 6, 1)])
+def test_mask_scores(K, dt, batch, tq, tk, qo, ko, causal, offset, window):
     rng = np.random.default_rng(0)
     x = rnd(rng, (batch, tq, tk), dt)
     ref = x.copy()
@@ -367,8 +369,10 @@ def test_mask_scores(K, dt, batch, tq, tk, qo, ko, causal, offset):
     kj = ko + np.arange(tk)[None, :]
     if causal:
         ref[:, kj > qi] = -np.inf
+    if window:
+        ref[:, kj <= qi - window] = -np.inf
     K("mask_scores", dt, dict(batch=batch, tq=tq, tk=tk, q_offset=qo, k_offset=ko,
-                              mask=dict(causal=causal, offset=offset)), x)
+                              mask=dict(causal=causal, offset=offset, window=window)), x)
     np.testing.assert_array_equal(x, ref)
 
 

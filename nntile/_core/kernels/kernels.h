@@ -61,6 +61,8 @@ struct nntile_softmax_backward_args { int64_t m, k, n; double alpha; };
  * queries: a prefill after `offset` cached keys; 0 in training). */
 struct nntile_mask {
     int64_t causal; /* 1: a query sees no key after its own position */
+    int64_t window; /* > 0 (with causal): nor keys `window` or more before it
+                       (transformers' sliding_window); 0: no window */
     int64_t offset; /* the key position of query 0 */
 };
 
@@ -74,7 +76,8 @@ struct nntile_mask {
 static inline NNTILE_HOST_DEVICE int nntile_mask_visible(struct nntile_mask m, int64_t i,
                                                          int64_t j)
 {
-    return !m.causal || j <= i + m.offset;
+    const int64_t at = i + m.offset;
+    return (!m.causal || j <= at) && (m.window <= 0 || j > at - m.window);
 }
 
 /* The keys [lo, hi) that some query of [q0, q1) sees, among keys [0, nk):
@@ -84,9 +87,10 @@ static inline NNTILE_HOST_DEVICE struct nntile_range nntile_mask_keys(
     struct nntile_mask m, int64_t q0, int64_t q1, int64_t nk)
 {
     struct nntile_range r = {0, nk};
-    (void)q0;
     if (m.causal && q1 + m.offset < nk)
         r.hi = q1 + m.offset;
+    if (m.window > 0 && q0 + m.offset - m.window + 1 > 0)
+        r.lo = q0 + m.offset - m.window + 1;
     return r;
 }
 
@@ -103,9 +107,10 @@ static inline NNTILE_HOST_DEVICE struct nntile_range nntile_mask_queries(
     struct nntile_mask m, int64_t k0, int64_t k1, int64_t nq)
 {
     struct nntile_range r = {0, nq};
-    (void)k1;
     if (m.causal && k0 - m.offset > 0)
         r.lo = k0 - m.offset < nq ? k0 - m.offset : nq;
+    if (m.window > 0 && k1 - 1 - m.offset + m.window < nq)
+        r.hi = k1 - 1 - m.offset + m.window;
     return r;
 }
 
