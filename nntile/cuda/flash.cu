@@ -117,8 +117,7 @@ plain_forward_k(FlashParams p, int bt)
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0, nq = tile.nq;
     const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
     const T *qg = (const T *)p.q + tile.offset(p);
-    const T *kg = (const T *)p.k + tile.kv_offset(p);
-    const T *vg = (const T *)p.v + tile.kv_offset(p);
+    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nwarp = blockDim.x >> 5;
     const C scale = (C)p.scale;
@@ -253,6 +252,20 @@ __device__ void plain_scores_backward(const FlashParams &p, int bt, int64_t q0,
     }
 }
 
+/* dst rows [0, n) (row stride `stride`) = scale * src (row stride rs), or
+ * += when acc: a gradient tile written out by the whole block. */
+template <typename T, typename C>
+__device__ void plain_store(T *dst, int64_t stride, const C *src, int rs,
+                            int64_t n, int d, C scale, bool acc)
+{
+    for (int i = threadIdx.x; i < n * d; i += blockDim.x) {
+        const int r = i / d, c = i - r * d;
+        const int64_t at = r * stride + c;
+        const C g = scale * src[r * rs + c];
+        dst[at] = st<T>(acc ? g + (C)ld(dst[at]) : g);
+    }
+}
+
 /* dk, dv: a block per (key tile, kv head, batch), over every query tile of
  * every query head of the group. */
 template <typename T, typename C>
@@ -295,16 +308,9 @@ plain_dkdv_k(FlashParams p, int bt)
         }
     }
     __syncthreads();
-    const C scale = (C)p.scale;
     const bool acc = (p.accumulate & 2) != 0;
-    T *dk = (T *)p.dk + koff, *dv = (T *)p.dv + koff;
-    for (int i = threadIdx.x; i < nk * d; i += blockDim.x) {
-        const int j = i / d, c = i - j * d;
-        const int64_t at = j * kstride + c;
-        const C gk = scale * dKs[j * rs + c], gv = dVs[j * rs + c];
-        dk[at] = st<T>(acc ? gk + (C)ld(dk[at]) : gk);
-        dv[at] = st<T>(acc ? gv + (C)ld(dv[at]) : gv);
-    }
+    plain_store((T *)p.dk + koff, kstride, dKs, rs, nk, d, (C)p.scale, acc);
+    plain_store((T *)p.dv + koff, kstride, dVs, rs, nk, d, (C)1, acc);
 }
 
 /* dq: a block per (query tile, head, batch), over the key tiles. */
@@ -322,8 +328,7 @@ plain_dq_k(FlashParams p, int bt)
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0, nq = tile.nq;
     const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
     const int64_t qoff = tile.offset(p);
-    const T *kg = (const T *)p.k + tile.kv_offset(p);
-    const T *vg = (const T *)p.v + tile.kv_offset(p);
+    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
     plain_load(Qs, rs, (const T *)p.q + qoff, qstride, nq, bt, d);
     plain_load(dOs, rs, (const T *)p.dout + qoff, qstride, nq, bt, d);
     for (int i = threadIdx.x; i < bt * rs; i += blockDim.x)
@@ -343,15 +348,8 @@ plain_dq_k(FlashParams p, int bt)
         block_gemm(bt, d, bt, dSs, lp, 1, Ks, rs, 1, dQs, rs, true);
     }
     __syncthreads();
-    const C scale = (C)p.scale;
-    const bool acc = (p.accumulate & 1) != 0;
-    T *dq = (T *)p.dq + qoff;
-    for (int i = threadIdx.x; i < nq * d; i += blockDim.x) {
-        const int r = i / d, c = i - r * d;
-        const int64_t at = r * qstride + c;
-        const C g = scale * dQs[r * rs + c];
-        dq[at] = st<T>(acc ? g + (C)ld(dq[at]) : g);
-    }
+    plain_store((T *)p.dq + qoff, qstride, dQs, rs, nq, d, (C)p.scale,
+                (p.accumulate & 1) != 0);
 }
 
 /* The tile size of the plain kernels: the largest of 32, 16, 8, 4 rows whose
@@ -379,54 +377,55 @@ template <typename C> int plain_tile(int64_t d, size_t *bytes_max)
     return 0;
 }
 
-template <typename T, typename C>
-void plain_forward(const FlashParams &p, cudaStream_t s)
+/* plain_tile's size, or 0 after saying that the head dimension does not
+ * fit. */
+template <typename C> int plain_tile_of(const FlashParams &p, const char *what)
 {
     size_t unused;
     const int bt = plain_tile<C>(p.d, &unused);
-    if (bt == 0) {
-        fprintf(stderr, "nntile cuda flash_forward: head dimension %lld does "
-                        "not fit in shared memory\n", (long long)p.d);
-        return;
-    }
-    const size_t bytes = plain_smem_forward(bt, p.d) * sizeof(C);
-    if (!flash_smem((const void *)plain_forward_k<T, C>, bytes,
-                    "flash_forward"))
-        return;
-    plain_forward_k<T, C><<<(unsigned)(cdiv(p.tq, bt) * p.hq * p.batch),
-                            kPlainThreads, bytes, s>>>(p, bt);
-    flash_launched("flash_forward");
+    if (bt == 0)
+        fprintf(stderr, "nntile cuda %s: head dimension %lld does not fit in "
+                        "shared memory\n", what, (long long)p.d);
+    return bt;
+}
+
+/* Launches a plain kernel of tile size bt on `blocks` blocks, with `smem`
+ * elements of C of shared memory; false (said) when it did not start. */
+template <typename C>
+bool plain_launch(void (*kernel)(FlashParams, int), int64_t blocks,
+                  size_t smem, const FlashParams &p, int bt, cudaStream_t s,
+                  const char *what)
+{
+    const size_t bytes = smem * sizeof(C);
+    if (!flash_smem((const void *)kernel, bytes, what))
+        return false;
+    kernel<<<(unsigned)blocks, kPlainThreads, bytes, s>>>(p, bt);
+    return flash_launched(what);
+}
+
+template <typename T, typename C>
+void plain_forward(const FlashParams &p, cudaStream_t s)
+{
+    const int bt = plain_tile_of<C>(p, "flash_forward");
+    if (bt > 0)
+        plain_launch<C>(plain_forward_k<T, C>, cdiv(p.tq, bt) * p.hq * p.batch,
+                        plain_smem_forward(bt, p.d), p, bt, s, "flash_forward");
 }
 
 template <typename T, typename C>
 void plain_backward(const FlashParams &p, cudaStream_t s)
 {
-    size_t unused;
-    const int bt = plain_tile<C>(p.d, &unused);
-    if (bt == 0) {
-        fprintf(stderr, "nntile cuda flash_backward: head dimension %lld does "
-                        "not fit in shared memory\n", (long long)p.d);
+    const char *what = "flash_backward";
+    const int bt = plain_tile_of<C>(p, what);
+    if (bt == 0)
         return;
-    }
-    if (p.tq > 0) {
-        const size_t bytes = plain_smem_dq(bt, p.d) * sizeof(C);
-        if (!flash_smem((const void *)plain_dq_k<T, C>, bytes,
-                        "flash_backward"))
-            return;
-        plain_dq_k<T, C><<<(unsigned)(cdiv(p.tq, bt) * p.hq * p.batch),
-                           kPlainThreads, bytes, s>>>(p, bt);
-        if (!flash_launched("flash_backward"))
-            return;
-    }
-    if (p.tk > 0) {
-        const size_t bytes = plain_smem_dkdv(bt, p.d) * sizeof(C);
-        if (!flash_smem((const void *)plain_dkdv_k<T, C>, bytes,
-                        "flash_backward"))
-            return;
-        plain_dkdv_k<T, C><<<(unsigned)(cdiv(p.tk, bt) * p.hkv * p.batch),
-                             kPlainThreads, bytes, s>>>(p, bt);
-        flash_launched("flash_backward");
-    }
+    if (p.tq > 0
+        && !plain_launch<C>(plain_dq_k<T, C>, cdiv(p.tq, bt) * p.hq * p.batch,
+                            plain_smem_dq(bt, p.d), p, bt, s, what))
+        return;
+    if (p.tk > 0)
+        plain_launch<C>(plain_dkdv_k<T, C>, cdiv(p.tk, bt) * p.hkv * p.batch,
+                        plain_smem_dkdv(bt, p.d), p, bt, s, what);
 }
 
 /* ---------------------------------------------------------------- dispatch */
@@ -583,61 +582,28 @@ NNTILE_CUDA_END
 /* ---------------------------------------------------------------- exports
  * (bf16_fp32: cudnn_attention.cpp; tf32: the op table's X_TF32) */
 
-using nntile_cuda::bf16;
 using nntile_cuda::storage;
 
-extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, float, float, fp32,
-                                  NNTILE_BUFFERS_flash_forward)
-{
-    nntile_cuda::forward<float, float, false>(args, stream, q, k, v, o, lse, 0);
-}
+/* forward and backward of a column S (ABI types A, ACC): the plain kernels in
+ * C, or the tensor cores first (MMA); LSE_BF16: lse is stored in bf16 */
+#define NNTILE_FLASH_EXPORTS(S, A, ACC, C, MMA, LSE_BF16)                     \
+    extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, A, ACC, S,               \
+                                      NNTILE_BUFFERS_flash_forward)          \
+    {                                                                        \
+        nntile_cuda::forward<nntile_cuda::Storage<A>::type, C, MMA>(         \
+            args, stream, storage(q), storage(k), storage(v), storage(o),    \
+            lse, LSE_BF16);                                                  \
+    }                                                                        \
+    extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, A, ACC, S,              \
+                                      NNTILE_BUFFERS_flash_backward)         \
+    {                                                                        \
+        nntile_cuda::backward<nntile_cuda::Storage<A>::type, C, MMA>(        \
+            args, stream, storage(q), storage(k), storage(v), storage(o),    \
+            storage(dout), lse, LSE_BF16, storage(dq), storage(dk),          \
+            storage(dv));                                                    \
+    }
 
-extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, float, float, tf32,
-                                  NNTILE_BUFFERS_flash_forward)
-{
-    nntile_cuda::forward<float, float, true>(args, stream, q, k, v, o, lse, 0);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, double, double, fp64,
-                                  NNTILE_BUFFERS_flash_forward)
-{
-    nntile_cuda::forward<double, double, false>(args, stream, q, k, v, o, lse,
-                                                0);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, uint16_t, uint16_t, bf16,
-                                  NNTILE_BUFFERS_flash_forward)
-{
-    nntile_cuda::forward<bf16, float, true>(args, stream, storage(q),
-                                            storage(k), storage(v), storage(o),
-                                            lse, 1);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, float, float, fp32,
-                                  NNTILE_BUFFERS_flash_backward)
-{
-    nntile_cuda::backward<float, float, false>(args, stream, q, k, v, o, dout,
-                                               lse, 0, dq, dk, dv);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, float, float, tf32,
-                                  NNTILE_BUFFERS_flash_backward)
-{
-    nntile_cuda::backward<float, float, true>(args, stream, q, k, v, o, dout,
-                                              lse, 0, dq, dk, dv);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, double, double, fp64,
-                                  NNTILE_BUFFERS_flash_backward)
-{
-    nntile_cuda::backward<double, double, false>(args, stream, q, k, v, o,
-                                                 dout, lse, 0, dq, dk, dv);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, uint16_t, uint16_t, bf16,
-                                  NNTILE_BUFFERS_flash_backward)
-{
-    nntile_cuda::backward<bf16, float, true>(
-        args, stream, storage(q), storage(k), storage(v), storage(o),
-        storage(dout), lse, 1, storage(dq), storage(dk), storage(dv));
-}
+NNTILE_FLASH_EXPORTS(fp32, float, float, float, false, 0)
+NNTILE_FLASH_EXPORTS(tf32, float, float, float, true, 0)
+NNTILE_FLASH_EXPORTS(fp64, double, double, double, false, 0)
+NNTILE_FLASH_EXPORTS(bf16, uint16_t, uint16_t, float, true, 1)

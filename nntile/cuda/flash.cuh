@@ -110,10 +110,11 @@ struct QueryTile {
     {
         return ((b * p.tq + q0) * p.hq + h) * p.d;
     }
-    /* offset of key 0 of this tile's kv head in k, v */
-    __device__ int64_t kv_offset(const FlashParams &p) const
+    /* key 0 of this tile's kv head in k or v (`base`) */
+    template <typename T>
+    __device__ const T *kv(const FlashParams &p, const void *base) const
     {
-        return (b * p.tk * p.hkv + hk) * p.d;
+        return (const T *)base + (b * p.tk * p.hkv + hk) * p.d;
     }
 };
 

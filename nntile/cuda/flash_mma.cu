@@ -422,8 +422,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
     const QueryTile tile(p, kRows);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0;
     const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const T *kg = (const T *)p.k + tile.kv_offset(p);
-    const T *vg = (const T *)p.v + tile.kv_offset(p);
+    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
     const nntile_range kbs = flash_key_blocks(p, q0, tile.nq, BK);
 
     zero_pad<T, DP, LD>(Qs, kRows, d);
@@ -697,8 +696,7 @@ __global__ void __launch_bounds__(kThreads) mma_dq_k(FlashParams p, int nstage)
     const QueryTile tile(p, kRows);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0;
     const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const T *kg = (const T *)p.k + tile.kv_offset(p);
-    const T *vg = (const T *)p.v + tile.kv_offset(p);
+    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
     const nntile_range kbs = flash_key_blocks(p, q0, tile.nq, BK);
 
     zero_pad<T, DP, LD>(Qs, kRows, d);
