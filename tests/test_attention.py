@@ -249,8 +249,15 @@ def test_warm_up_runs_each_fused_attention_tile_shape_once(ctx):
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
     model = GPT2LMHead(config, dict(batch=2, seq=8, head=2), "bf16-mixed")
     shapes = attention_tile_shapes(model, 4, 16)
-    assert shapes == [(2, 8, 2, 2, 8, "bf16", True, 1 / math.sqrt(8), 2)]  # both layers alike
+    assert shapes == [(2, 8, 2, 2, 8, "bf16", True, 0, 1 / math.sqrt(8), 2)]  # layers alike
     assert attention_tile_shapes(model, 4, 8)[0][-1] == 1  # one seq tile: the diagonal only
+    from nntile.models.mistral_config import MistralConfig, MistralForCausalLM
+    mistral = MistralForCausalLM(MistralConfig(  # a window reaching 2 seq tiles back
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=13),
+        dict(batch=2, seq=8, head=2), "bf16-mixed", create=False)
+    assert attention_tile_shapes(mistral, 4, 40) == [(2, 8, 2, 1, 8, "bf16", True, 13,
+                                                      1 / math.sqrt(8), 3)]
     assert attention_tile_shapes(GPT2LMHead(config, dict(batch=2), "fp32"), 4, 16) == []
     before = live_tensor_count()
     run_attention_tiles(shapes)
