@@ -10,7 +10,8 @@
  *   bf16_fp32 (bf16 data buffers, float accumulator buffers: mixed
  *   precision; NNTILE_BUFFERS_<op> says which buffers are which).
  * - every buffer is one contiguous row-major tile; buffers never alias.
- * - struct fields: int64_t for sizes/offsets/flags, double for scalars.
+ * - struct fields: int64_t for sizes/offsets/flags, double for scalars, or
+ *   a struct of those held by value (struct nntile_mask).
  * - "axis layout [m, k, n]": element (i,j,l) at (i*k + j)*n + l; k is the
  *   reduced/broadcast axis, slices are [m, n], fibers are [k].
  * - a kernel with beta never reads its destination when beta == 0.
