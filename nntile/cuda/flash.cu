@@ -102,6 +102,68 @@ inline size_t plain_smem_dq(int bt, int64_t d)
     return (size_t)(5 * bt * (d + 1) + bt * (bt + 1) + 2 * bt);
 }
 
+/* The online softmax of a (query tile at q0, key block at k0) pair, a warp per
+ * row: Ss (row stride lp) holds the raw scores and gets exp(s - m), Os (row
+ * stride rs) and the running max mrow and sum lrow are rescaled. */
+template <typename C>
+__device__ void plain_online_softmax(const FlashParams &p, int bt, int64_t q0,
+                                     int64_t k0, C *Ss, int lp, C *Os, int rs,
+                                     C *mrow, C *lrow)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarp = blockDim.x >> 5, d = (int)p.d;
+    const C scale = (C)p.scale;
+    for (int r = warp; r < bt; r += nwarp) {
+        C mx = ninf<C>();
+        for (int c = lane; c < bt; c += 32) {
+            const int64_t key = k0 + c;
+            const bool masked = key >= p.tk || !flash_visible(p, q0 + r, key);
+            const C s = masked ? ninf<C>() : Ss[r * lp + c] * scale;
+            Ss[r * lp + c] = s;
+            mx = s > mx ? s : mx;
+        }
+        mx = warp_allreduce(mx, MaxOp());
+        const C m_old = mrow[r];
+        const C m_new = m_old > mx ? m_old : mx;
+        const C shift = exp_shift(m_new);
+        C sum = 0;
+        for (int c = lane; c < bt; c += 32) {
+            const C e = m_exp(Ss[r * lp + c] - shift);
+            Ss[r * lp + c] = e;
+            sum += e;
+        }
+        sum = warp_allreduce(sum, SumOp());
+        const C alpha = m_exp(m_old - shift); /* 0 while nothing was seen */
+        for (int c = lane; c < d; c += 32)
+            Os[r * rs + c] *= alpha;
+        __syncwarp(); /* every lane has read mrow[r] and lrow[r] */
+        if (lane == 0) {
+            lrow[r] = lrow[r] * alpha + sum;
+            mrow[r] = m_new;
+        }
+    }
+}
+
+/* For each key block of bt keys that the query tile sees: the block's K and
+ * V loaded into Ks and Vs (row stride rs), then body(k0, nk), every thread
+ * of the block together. */
+template <typename T, typename C, typename Body>
+__device__ void plain_key_blocks(const FlashParams &p, const QueryTile &tile,
+                                 int bt, C *Ks, C *Vs, int rs, Body body)
+{
+    const int64_t kstride = p.hkv * p.d;
+    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
+    const nntile_range kbs = flash_key_blocks(p, tile.q0, tile.nq, bt);
+    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
+        const int64_t k0 = kb * bt, nk = p.tk - k0 < bt ? p.tk - k0 : bt;
+        __syncthreads(); /* the previous block's users are done */
+        plain_load(Ks, rs, kg + k0 * kstride, kstride, nk, bt, (int)p.d);
+        plain_load(Vs, rs, vg + k0 * kstride, kstride, nk, bt, (int)p.d);
+        __syncthreads();
+        body(k0, nk);
+    }
+}
+
 /* Forward: a block per (query tile, head, batch); the query tiles of a
  * (batch, head) in reverse, so that the longest causal rows start first. */
 template <typename T, typename C>
@@ -115,60 +177,23 @@ plain_forward_k(FlashParams p, int bt)
       *lrow = mrow + bt;
     const QueryTile tile(p, bt);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0, nq = tile.nq;
-    const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const T *qg = (const T *)p.q + tile.offset(p);
-    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
+    const int64_t qstride = p.hq * p.d;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nwarp = blockDim.x >> 5;
-    const C scale = (C)p.scale;
-    plain_load(Qs, rs, qg, qstride, nq, bt, d);
+    plain_load(Qs, rs, (const T *)p.q + tile.offset(p), qstride, nq, bt, d);
     for (int i = threadIdx.x; i < bt * rs; i += blockDim.x)
         Os[i] = 0;
     for (int r = threadIdx.x; r < bt; r += blockDim.x) {
         mrow[r] = ninf<C>();
         lrow[r] = 0;
     }
-    const nntile_range kbs = flash_key_blocks(p, q0, nq, bt);
-    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
-        const int64_t k0 = kb * bt, nk = p.tk - k0 < bt ? p.tk - k0 : bt;
-        __syncthreads(); /* the previous tile's users are done */
-        plain_load(Ks, rs, kg + k0 * kstride, kstride, nk, bt, d);
-        plain_load(Vs, rs, vg + k0 * kstride, kstride, nk, bt, d);
-        __syncthreads();
+    plain_key_blocks<T>(p, tile, bt, Ks, Vs, rs, [&](int64_t k0, int64_t) {
         block_gemm(bt, bt, d, Qs, rs, 1, Ks, 1, rs, Ss, lp, false);
         __syncthreads();
-        for (int r = warp; r < bt; r += nwarp) { /* online softmax, a warp per row */
-            C mx = ninf<C>();
-            for (int c = lane; c < bt; c += 32) {
-                const int64_t key = k0 + c;
-                const bool masked = key >= p.tk || !flash_visible(p, q0 + r, key);
-                const C s = masked ? ninf<C>() : Ss[r * lp + c] * scale;
-                Ss[r * lp + c] = s;
-                mx = s > mx ? s : mx;
-            }
-            mx = warp_allreduce(mx, MaxOp());
-            const C m_old = mrow[r];
-            const C m_new = m_old > mx ? m_old : mx;
-            const C shift = exp_shift(m_new);
-            C sum = 0;
-            for (int c = lane; c < bt; c += 32) {
-                const C e = m_exp(Ss[r * lp + c] - shift);
-                Ss[r * lp + c] = e;
-                sum += e;
-            }
-            sum = warp_allreduce(sum, SumOp());
-            const C alpha = m_exp(m_old - shift); /* 0 while nothing was seen */
-            for (int c = lane; c < d; c += 32)
-                Os[r * rs + c] *= alpha;
-            __syncwarp(); /* every lane has read mrow[r] and lrow[r] */
-            if (lane == 0) {
-                lrow[r] = lrow[r] * alpha + sum;
-                mrow[r] = m_new;
-            }
-        }
+        plain_online_softmax(p, bt, q0, k0, Ss, lp, Os, rs, mrow, lrow);
         __syncthreads();
         block_gemm(bt, d, bt, Ss, lp, 1, Vs, rs, 1, Os, rs, true);
-    }
+    });
     __syncthreads();
     for (int r = warp; r < nq; r += nwarp) {
         const C l = lrow[r];
@@ -326,27 +351,19 @@ plain_dq_k(FlashParams p, int bt)
     /* the probabilities are not needed past dS: Ps and dSs share */
     const QueryTile tile(p, bt);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0, nq = tile.nq;
-    const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const int64_t qoff = tile.offset(p);
-    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
+    const int64_t qstride = p.hq * p.d, qoff = tile.offset(p);
     plain_load(Qs, rs, (const T *)p.q + qoff, qstride, nq, bt, d);
     plain_load(dOs, rs, (const T *)p.dout + qoff, qstride, nq, bt, d);
     for (int i = threadIdx.x; i < bt * rs; i += blockDim.x)
         dQs[i] = 0;
     __syncthreads();
     plain_row_stats<T>(p, b, h, q0, nq, bt, dOs, rs, lrow, drow);
-    const nntile_range kbs = flash_key_blocks(p, q0, nq, bt);
-    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
-        const int64_t k0 = kb * bt, nk = p.tk - k0 < bt ? p.tk - k0 : bt;
-        __syncthreads();
-        plain_load(Ks, rs, kg + k0 * kstride, kstride, nk, bt, d);
-        plain_load(Vs, rs, vg + k0 * kstride, kstride, nk, bt, d);
-        __syncthreads();
+    plain_key_blocks<T>(p, tile, bt, Ks, Vs, rs, [&](int64_t k0, int64_t nk) {
         plain_scores_backward(p, bt, q0, nq, k0, nk, Qs, dOs, Ks, Vs, rs, lrow,
                               drow, dSs, dSs, lp);
         __syncthreads();
         block_gemm(bt, d, bt, dSs, lp, 1, Ks, rs, 1, dQs, rs, true);
-    }
+    });
     __syncthreads();
     plain_store((T *)p.dq + qoff, qstride, dQs, rs, nq, d, (C)p.scale,
                 (p.accumulate & 1) != 0);
