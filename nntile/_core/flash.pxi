@@ -54,7 +54,8 @@ cdef _flash_tasks(int op, int column, Tensor q, Tensor k, list tiles, double sca
     cdef Py_ssize_t c[4]
     cdef Py_ssize_t kc[4]
     cdef Py_ssize_t lc[3]
-    cdef Py_ssize_t qi, ki
+    cdef Py_ssize_t i, qi, ki
+    cdef (Py_ssize_t, Py_ssize_t) keys
     cdef nntile_flash_args args
     cdef list kv_seen
     args.d = qt._shape[3]
@@ -89,7 +90,7 @@ cdef _flash_tasks(int op, int column, Tensor q, Tensor k, list tiles, double sca
                 _flash_submit(op, column, tiles, qt.tile_linear(c), kt.tile_linear(kc),
                               lc, &args, backward)
         if backward:
-            _zero_unseen_keys(tiles[-2:], kt, kc, kv_seen)
+            _zero_unseen_keys(tiles[len(tiles) - 2:], kt, kc, kv_seen)
         c[1] = 0
 
 
@@ -111,6 +112,7 @@ cdef _zero_unseen_keys(list dkv, TensorTraits kt, Py_ssize_t *kc, list kv_seen):
     """dk and dv are 0 on the key tiles of kc's (batch, head) tile that no query sees."""
     cdef nntile_fill_args fargs
     cdef starpu_data_handle_t h[1]
+    cdef Py_ssize_t ki
     fargs.value = 0.0
     for ki in range(kt._grid[1]):
         if kv_seen[ki]:
