@@ -20,6 +20,7 @@ kernel_header = _load("kernel_header")
 find_blas = _load("find_blas")
 
 args_structs = kernel_header.args_structs
+value_structs = kernel_header.value_structs
 op_table = kernel_header.op_table
 op_buffers = kernel_header.op_buffers
 activations = kernel_header.activations

@@ -24,12 +24,12 @@ def bf16_values(x):
     return nntile.Tensor.from_array(x, None, "bf16").to_array().astype(np.float64)
 
 
-def run_core(dtype, fused, causal, B, T, H, Hkv, D, tiles, seed):
+def run_core(dtype, fused, causal, B, T, H, Hkv, D, tiles, seed, window=0):
     """(inputs, [o, dq, dk, dv]) of the core on random q, k, v, do; ``tiles`` = (batch, seq,
     query heads) per tile."""
     rng = np.random.default_rng(seed)
     x = [rng.standard_normal((B, T, n, D)) for n in (H, Hkv, Hkv, H)]
-    core = CoreAttention(H, Hkv, D, tiles[2], dtype, fused, causal=causal)
+    core = CoreAttention(H, Hkv, D, tiles[2], dtype, fused, causal=causal, window=window)
     g = H // Hkv
     qt, kt = tiles + (D,), (tiles[0], tiles[1], tiles[2] // g, D)
     data = core.compute
@@ -54,14 +54,14 @@ def check(got, want, magnitudes, tol, what):
         assert err < tol, f"{what}: {name} relative error {err:.3g} >= {tol}"
 
 
-def fused_unfused_reference(dtype, causal, B, T, H, Hkv, D, tiles, seed=0):
+def fused_unfused_reference(dtype, causal, B, T, H, Hkv, D, tiles, seed=0, window=0):
     """Both paths of the core against the reference and against each other."""
-    inputs, fused = run_core(dtype, True, causal, B, T, H, Hkv, D, tiles, seed)
-    _, unfused = run_core(dtype, False, causal, B, T, H, Hkv, D, tiles, seed)
+    inputs, fused = run_core(dtype, True, causal, B, T, H, Hkv, D, tiles, seed, window)
+    _, unfused = run_core(dtype, False, causal, B, T, H, Hkv, D, tiles, seed, window)
     q, k, v, do = inputs
     scale = 1 / np.sqrt(D)
-    want = [reference(q, k, v, scale, causal)[0],
-            *reference_backward(q, k, v, do, scale, causal)]
+    want = [reference(q, k, v, scale, causal, window=window)[0],
+            *reference_backward(q, k, v, do, scale, causal, window=window)]
     top = {name: np.abs(x).max() for name, x in zip("qkvd", inputs)}
     magnitudes = (top["v"], scale * top["d"] * top["v"] * top["k"],
                   scale * top["d"] * top["v"] * top["q"], top["d"])
@@ -71,34 +71,40 @@ def fused_unfused_reference(dtype, causal, B, T, H, Hkv, D, tiles, seed=0):
     check(fused, unfused, magnitudes, 2 * tol, "fused vs unfused")
 
 
-@pytest.mark.parametrize("dtype, causal, B, T, H, Hkv, D, tiles", [
+@pytest.mark.parametrize("dtype, causal, B, T, H, Hkv, D, tiles, window", [
     # head dims of real models; partial tiles in every dimension, uneven sequence tiles
-    ("fp64", True, 3, 13, 3, 3, 64, (2, 5, 2)),
-    ("fp64", False, 2, 11, 8, 2, 80, (1, 4, 4)),     # 4:1, a kv head per tile
-    ("fp64", True, 1, 9, 8, 1, 96, (1, 9, 8)),       # 8:1, one sequence tile
-    ("fp64", True, 2, 10, 6, 3, 128, (2, 3, 4)),     # 2:1, head tiles of 4 and 2 (kv: 2, 1)
-    ("fp32", True, 2, 12, 8, 2, 64, (1, 5, 4)),
-    ("fp32", False, 1, 7, 4, 4, 80, (1, 3, 3)),
-    ("tf32", True, 2, 6, 8, 1, 96, (1, 4, 8)),
-    ("bf16", True, 2, 9, 4, 1, 64, (1, 4, 4)),
-    ("bf16-mixed", True, 2, 9, 4, 2, 128, (2, 5, 2)),
-    ("bf16-mixed", False, 1, 6, 2, 2, 64, (1, 6, 1)),
+    ("fp64", True, 3, 13, 3, 3, 64, (2, 5, 2), 0),
+    ("fp64", False, 2, 11, 8, 2, 80, (1, 4, 4), 0),     # 4:1, a kv head per tile
+    ("fp64", True, 1, 9, 8, 1, 96, (1, 9, 8), 0),       # 8:1, one sequence tile
+    ("fp64", True, 2, 10, 6, 3, 128, (2, 3, 4), 0),     # 2:1, head tiles of 4 and 2 (kv: 2, 1)
+    ("fp32", True, 2, 12, 8, 2, 64, (1, 5, 4), 0),
+    ("fp32", False, 1, 7, 4, 4, 80, (1, 3, 3), 0),
+    ("tf32", True, 2, 6, 8, 1, 96, (1, 4, 8), 0),
+    ("bf16", True, 2, 9, 4, 1, 64, (1, 4, 4), 0),
+    ("bf16-mixed", True, 2, 9, 4, 2, 128, (2, 5, 2), 0),
+    ("bf16-mixed", False, 1, 6, 2, 2, 64, (1, 6, 1), 0),
+    # sliding windows: shorter than a tile, longer, and not a multiple of the tile
+    ("fp64", True, 2, 13, 4, 2, 64, (1, 4, 2), 3),
+    ("fp32", True, 1, 16, 4, 1, 64, (1, 5, 4), 7),
+    ("bf16-mixed", True, 2, 12, 4, 2, 64, (1, 4, 2), 5),
 ])
-def test_core_fused_unfused_reference(ctx, dtype, causal, B, T, H, Hkv, D, tiles):
-    fused_unfused_reference(dtype, causal, B, T, H, Hkv, D, tiles)
+def test_core_fused_unfused_reference(ctx, dtype, causal, B, T, H, Hkv, D, tiles, window):
+    fused_unfused_reference(dtype, causal, B, T, H, Hkv, D, tiles, window=window)
 
 
 @settings(max_examples=12, deadline=None)
 @given(st.data())
 def test_core_any_tiling(ctx, data):
-    """Random shapes, groups and tilings (small head dims), in fp64."""
+    """Random shapes, groups, tilings (small head dims) and sliding windows, in fp64."""
     draw = data.draw
     hkv, g = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 4]))
     B, T, D = draw(st.integers(1, 3)), draw(st.integers(1, 12)), draw(st.integers(1, 8))
     tiles = (draw(st.integers(1, B)), draw(st.integers(1, T)),
              g * draw(st.integers(1, hkv)))
-    fused_unfused_reference("fp64", draw(st.booleans()), B, T, g * hkv, hkv, D, tiles,
-                            draw(st.integers(0, 2**32 - 1)))
+    causal = draw(st.booleans())
+    window = draw(st.integers(0, T + 1)) if causal else 0
+    fused_unfused_reference("fp64", causal, B, T, g * hkv, hkv, D, tiles,
+                            draw(st.integers(0, 2**32 - 1)), window)
 
 
 def test_core_drops_its_buffers(ctx):
@@ -130,6 +136,10 @@ def test_core_bad_arguments():
         CoreAttention(8, 2, 8, 2, "fp32")
     with pytest.raises(ValueError, match="precision"):
         CoreAttention(8, 2, 8, 4, "fp16")
+    with pytest.raises(ValueError, match="window"):
+        CoreAttention(8, 2, 8, 4, "fp32", causal=False, window=4)
+    with pytest.raises(ValueError, match="window"):
+        CoreAttention(8, 2, 8, 4, "fp32", window=-1)
 
 
 # ---- the tensor ops ------------------------------------------------------------------------
@@ -167,6 +177,10 @@ def test_flash_attention_bad_input(ctx):
         ((q, k, v, q, lse, 0.5), ValueError, "same tensor"),
         ((q, k, v, o, lse, float("nan")), ValueError, "finite"),
         ((q, k, v, o, lse, "1"), ValueError, "finite"),
+        ((q, k, v, o, lse, 0.5, True, -1), ValueError, "offset"),
+        ((q, k, v, o, lse, 0.5, True, 2), ValueError, "offset"),
+        ((q, k, v, o, lse, 0.5, False, 0, 3), ValueError, "window"),
+        ((q, k, v, o, lse, 0.5, True, 0, -3), ValueError, "window"),
     ]
     for args, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -194,6 +208,37 @@ def test_flash_attention_bad_input(ctx):
         ops.sum_kv(q, q)
 
 
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), T=st.integers(1, 9), offset=st.integers(0, 12),
+       tt=st.integers(1, 9), causal=st.booleans(), window=st.integers(0, 8),
+       dtype=st.sampled_from(["fp64", "fp32"]))
+def test_flash_keys_longer_than_queries(ctx, seed, T, offset, tt, causal, window, dtype):
+    """flash_attention and its backward with ``offset`` keys before the queries (a prefill
+    after cached keys; T = 1: one new token) and a sliding window, tiled, against the float64
+    reference; the key tiles no query sees get no task, and their dk and dv are zero."""
+    rng = np.random.default_rng(seed)
+    window = window if causal else 0
+    B, H, Hkv, D = 2, 4, 2, 8
+    x = [rng.standard_normal(s) for s in ((B, T, H, D), (B, T + offset, Hkv, D),
+                                           (B, T + offset, Hkv, D), (B, T, H, D))]
+    tt = min(tt, T)
+    qt, kt = (1, tt, 2, D), (1, tt, 1, D)
+    q, k, v, do = (nntile.Tensor.from_array(a, b, dtype)
+                   for a, b in zip(x, (qt, kt, kt, qt)))
+    o, dq = t(q.shape, qt, dtype), t(q.shape, qt, dtype)
+    dk, dv, lse = t(k.shape, kt, dtype), t(k.shape, kt, dtype), t((B, T, H), qt[:3], dtype)
+    ops.flash_attention(q, k, v, o, lse, 0.5, causal, offset, window)
+    ops.flash_attention_backward(q, k, v, o, do, lse, dq, dk, dv, 0.5, causal, offset, window)
+    want_o, want_lse, _ = reference(*x[:3], 0.5, causal, offset=offset, window=window)
+    want = [want_o, want_lse, *reference_backward(*x, 0.5, causal, offset=offset,
+                                                  window=window)]
+    for name, got, w in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, dq, dk, dv), want):
+        np.testing.assert_allclose(got.to_array(), w, rtol=TOL[dtype], atol=TOL[dtype],
+                                   err_msg=name)
+    for tensor in (q, k, v, do, o, dq, dk, dv, lse):
+        tensor.unregister()
+
+
 def test_warm_up_runs_each_fused_attention_tile_shape_once(ctx):
     """nntile.nn.warm_up: the fused-attention calls of a bf16 model's input, one per shape (a
     second seq tile adds the tiles off the diagonal), run forward and backward on tensors of
@@ -204,8 +249,15 @@ def test_warm_up_runs_each_fused_attention_tile_shape_once(ctx):
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
     model = GPT2LMHead(config, dict(batch=2, seq=8, head=2), "bf16-mixed")
     shapes = attention_tile_shapes(model, 4, 16)
-    assert shapes == [(2, 8, 2, 2, 8, "bf16", True, 1 / math.sqrt(8), 2)]  # both layers alike
+    assert shapes == [(2, 8, 2, 2, 8, "bf16", True, 0, 1 / math.sqrt(8), 2)]  # layers alike
     assert attention_tile_shapes(model, 4, 8)[0][-1] == 1  # one seq tile: the diagonal only
+    from nntile.models.mistral_config import MistralConfig, MistralForCausalLM
+    mistral = MistralForCausalLM(MistralConfig(  # a window reaching 2 seq tiles back
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=13),
+        dict(batch=2, seq=8, head=2), "bf16-mixed", create=False)
+    assert attention_tile_shapes(mistral, 4, 40) == [(2, 8, 2, 1, 8, "bf16", True, 13,
+                                                      1 / math.sqrt(8), 3)]
     assert attention_tile_shapes(GPT2LMHead(config, dict(batch=2), "fp32"), 4, 16) == []
     before = live_tensor_count()
     run_attention_tiles(shapes)

@@ -232,7 +232,7 @@ def test_grouped_heads_are_tiled_by_whole_groups():
 
 
 def test_registry():
-    assert set(FAMILIES) == {"gpt2", "llama"}
+    assert set(FAMILIES) == {"gpt2", "llama", "mistral"}
     assert type(config_from_dict({"n_embd": 12, "n_head": 3})) is GPT2Config  # old checkpoints
     assert config_from_dict(GPT2Config().to_dict()) == GPT2Config()
     assert model_class("gpt2") is GPT2LMHead
@@ -240,7 +240,7 @@ def test_registry():
         config_from_dict({"model_type": "bert"})
     with pytest.raises(ValueError, match="is not llama"):
         LlamaConfig.from_dict({"model_type": "gpt2"})
-    assert model_class("llama") is LlamaLM and trainable() == ["gpt2", "llama"]
+    assert model_class("llama") is LlamaLM and trainable() == ["gpt2", "llama", "mistral"]
     config = LlamaConfig.small(256, 16)
     assert len(LlamaLM(config, create=False).blocks) == 4
     with pytest.raises(TypeError, match="GPT2LMHead needs a GPT2Config, got LlamaConfig"):

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-from nntile.models import LlamaConfig, LlamaLM
+from nntile.models import LlamaConfig, LlamaLM, config_from_dict
 from nntile.nn.rope import rope_inv_freq
 from nntile.optim import AdamW
 from tests.test_gpt2 import (adamw_like_torch, batches_of_two_shapes, check_against,
@@ -62,7 +62,7 @@ def in_float64(hf):
     """Make the float64 reference compute its rotary cos and sin and its RMSNorms in float64
     (see the module's docstring), patching those modules of this model only."""
     emb = hf.model.rotary_emb
-    config = LlamaConfig.from_transformers(hf.config)
+    config = config_from_dict(hf.config.to_dict())  # Llama's, or a family built on it
     inv_freq, scale = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
     # the same frequencies as transformers' own, to its fp32 rounding
     np.testing.assert_allclose(inv_freq, emb.inv_freq.double().numpy(), rtol=1e-6)
@@ -78,14 +78,21 @@ def in_float64(hf):
                                              + self.variance_epsilon)
     emb.forward = types.MethodType(rotary, emb)
     for module in hf.modules():
-        if isinstance(module, transformers.models.llama.modeling_llama.LlamaRMSNorm):
+        if isinstance(module, type(hf.model.norm)):  # the family's RMSNorm
             module.forward = types.MethodType(rmsnorm, module)
 
 
 def hf_model(case, dtype):
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(hf_config(case)).to(dtype)
-    with torch.no_grad():  # larger-than-default weights so every path carries signal
+    return reference_model(transformers.LlamaForCausalLM(hf_config(case)), dtype)
+
+
+def reference_model(model, dtype):
+    """A freshly built transformers model of the Llama kind in ``dtype``, with
+    larger-than-default weights so every path carries signal, in eval mode (and float64
+    throughout for fp64)."""
+    model = model.to(dtype)
+    with torch.no_grad():
         for name, p in model.named_parameters():
             p.add_((0.1 if "norm" in name else 0.05) * torch.randn_like(p))
     if dtype == torch.float64:

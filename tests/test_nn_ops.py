@@ -215,13 +215,14 @@ def test_softmax_masked_rows(ctx):
 
 @pytest.mark.parametrize("shape, tiles", [((2, 7, 9), (1, 3, 4)), ((5, 5), (5, 5)),
                                           ((3, 2, 6, 6), (2, 2, 4, 5)), ((4, 9), (3, 2))])
-def test_mask_causal(ctx, rng, shape, tiles):
+@pytest.mark.parametrize("offset, window", [(0, 0), (3, 0), (0, 2), (1, 5)])
+def test_mask_scores(ctx, rng, shape, tiles, offset, window):
     x = rng.standard_normal(shape)
     X = T(x, tiles)
-    ops.mask_causal(X)
-    q = np.arange(shape[-2])[:, None]
+    ops.mask_scores(X, offset=offset, window=window)
+    q = np.arange(shape[-2])[:, None] + offset
     k = np.arange(shape[-1])[None, :]
-    ref = np.where(k > q, -np.inf, x)
+    ref = np.where((k > q) | (window > 0) & (k <= q - window), -np.inf, x)
     assert np.array_equal(X.to_array(), ref)
 
 
@@ -469,7 +470,9 @@ def test_bad_misc(ctx):
     with pytest.raises(TypeError, match="None"):
         ops.gelu(None, a)
     with pytest.raises(ValueError, match="at least 2"):
-        ops.mask_causal(a)
+        ops.mask_scores(a)
+    with pytest.raises(ValueError, match="offset"):
+        ops.mask_scores(t((3, 3), (3, 3)), offset=-1)
     with pytest.raises(ValueError, match="layernorm_forward: gamma"):
         ops.layernorm_forward(t((4, 6), (2, 3)), t((6,), (2,)), t((6,), (3,)), 1e-5,
                               t((4, 2), (2, 2)), t((4, 6), (2, 3)))

@@ -85,7 +85,7 @@ def _scenarios():
         ops.attn_qk(1.0, X, T((2, 4, 2, 3), (1, 2, 2, 3)), S)
         ops.attn_pv(1.0, S, X, T((2, 4, 2, 3), (1, 2, 2, 3)))
         ops.attn_ptv(1.0, S, X, T((2, 4, 2, 3), (1, 2, 2, 3)))
-        ops.mask_causal(S)
+        ops.mask_scores(S)
         ops.add_bias(1.0, T((2, 3), (2, 3)), 0.0, X)
         ops.add_bias(1.0, T((2, 3), (2, 3)), 1.0, X)
         ops.sum_bias(1.0, X, 0.0, T((2, 3), (2, 3)))
@@ -267,7 +267,7 @@ EXPECTED = {
         ('fill', ('W',)),
         ('gemm', ('R', 'R', 'W')),
         ('gemm', ('R', 'R', 'RW')),
-        ('mask_causal', ('RW',)),
+        ('mask_scores', ('RW',)),
         ('add_fiber', ('R', 'W')),
         ('add_fiber', ('R', 'RW')),
         ('sum_fiber', ('R', 'W')),

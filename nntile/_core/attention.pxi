@@ -86,9 +86,70 @@ cdef int _check_heads(str op, Tensor X, str xname, Tensor S, str sname, int seq_
     return 0
 
 
-cdef inline bint _masked_out(TensorTraits st, Py_ssize_t qi, Py_ssize_t ki):
-    """True when every key of tile ki comes after every query of tile qi."""
-    return ki * st._basetile[3] > qi * st._basetile[2] + st.tile_dim(2, qi) - 1
+cdef extern from "kernels/kernels.h" nogil:
+    nntile_range nntile_mask_keys(nntile_mask m, int64_t q0, int64_t q1, int64_t nk)
+    bint nntile_mask_whole(nntile_mask m, int64_t q0, int64_t q1, int64_t k0, int64_t k1)
+
+
+cdef nntile_mask _mask(str op, bint causal, offset, window) except *:
+    """The attention mask of an op's arguments (kernels.h, nntile_mask), checked."""
+    for name, value in (("offset (the key position of query 0)", offset), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{op}: {name} must be an int >= 0, got {value!r}")
+    if window and not causal:
+        raise ValueError(f"{op}: a window (sliding-window attention) needs causal attention")
+    cdef nntile_mask m
+    m.causal = causal
+    m.window = window
+    m.offset = offset
+    return m
+
+
+cdef (Py_ssize_t, Py_ssize_t) _key_tiles(nntile_mask m, Py_ssize_t q0, Py_ssize_t q1,
+                                         Py_ssize_t nk, Py_ssize_t tile):
+    """The key tiles [first, end) of size ``tile`` (of nk keys) that queries [q0, q1) see."""
+    cdef nntile_range r = nntile_mask_keys(m, q0, q1, nk)
+    if r.hi <= r.lo:
+        return 0, 0
+    return r.lo // tile, (r.hi + tile - 1) // tile
+
+
+cdef inline bint _masked_out(TensorTraits st, nntile_mask m, Py_ssize_t qi, Py_ssize_t ki):
+    """True when no query of score tile row qi sees a key of tile column ki."""
+    cdef Py_ssize_t q0 = qi * st._basetile[2]
+    cdef (Py_ssize_t, Py_ssize_t) keys = _key_tiles(m, q0, q0 + st.tile_dim(2, qi),
+                                                    st._shape[3], st._basetile[3])
+    return not keys[0] <= ki < keys[1]
+
+
+def mask_scores(Tensor dst, bint causal=True, offset=0, window=0):
+    """Set dst[..., q, k] = -inf where the mask (``causal``, ``offset``, ``window``:
+    kernels.h, nntile_mask) hides key k from query q (queries on axis -2, keys on axis -1)."""
+    _float_same("mask_scores", [(dst, "dst")])
+    cdef Py_ssize_t nd = dst.traits.ndim
+    if nd < 2:
+        raise ValueError(f"mask_scores: dst must have at least 2 dimensions (queries, keys), "
+                         f"got shape {dst.traits.shape}")
+    cdef nntile_mask_scores_args args
+    args.mask = _mask("mask_scores", causal, offset, window)
+    cdef starpu_data_handle_t h[1]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, d, batch
+    for i in range(dst.traits.ntiles):
+        dst.traits.tile_coords(i, coords)
+        args.tq = dst.traits.tile_dim(nd - 2, coords[nd - 2])
+        args.tk = dst.traits.tile_dim(nd - 1, coords[nd - 1])
+        args.q_offset = coords[nd - 2] * dst.traits._basetile[nd - 2]
+        args.k_offset = coords[nd - 1] * dst.traits._basetile[nd - 1]
+        if nntile_mask_whole(args.mask, args.q_offset, args.q_offset + args.tq, args.k_offset,
+                             args.k_offset + args.tk):
+            continue  # every key of this tile is visible from every query: nothing to mask
+        batch = 1
+        for d in range(nd - 2):
+            batch *= dst.traits.tile_dim(d, coords[d])
+        args.batch = batch
+        h[0] = dst.handles[i]
+        submit(NNTILE_OP_mask_scores, dst.dtype_id, 1, h, &args, sizeof(args))
 
 
 cdef _head_gemm(Tensor A, Py_ssize_t a_lin, Tensor B, Py_ssize_t b_lin, Tensor C,
@@ -100,13 +161,17 @@ cdef _head_gemm(Tensor A, Py_ssize_t a_lin, Tensor B, Py_ssize_t b_lin, Tensor C
     submit(NNTILE_OP_gemm, C.dtype_id, 3, h, args, sizeof(nntile_gemm_args), args.beta != 0)
 
 
-def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=float("-inf")):
+def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=float("-inf"),
+            offset=0, window=0):
     """S[b, h, q, k] = alpha * sum_d X[b, q, h, d] * Y[b, k, h, d].
 
-    With ``causal``, score tiles whose keys all follow their queries are filled with
-    ``masked_value`` instead of computed: -inf for scores (the mask inside the other tiles is
-    applied by mask_causal), 0 for gradients of probabilities that are zero there.
+    Score tiles that the mask (``causal``, ``offset``, ``window``: kernels.h, nntile_mask)
+    hides wholly
+    are filled with ``masked_value`` instead of computed: -inf for scores (the mask inside
+    the other tiles is applied by mask_scores), 0 for gradients of probabilities that are
+    zero there.
     """
+    cdef nntile_mask m = _mask("attn_qk", causal, offset, window)
     _usable(S, "S")
     _check_heads("attn_qk", X, "X", S, "S", 2)
     _check_heads("attn_qk", Y, "Y", S, "S", 3)
@@ -131,7 +196,7 @@ def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=
         ht = st.tile_dim(1, c[1])
         tq = st.tile_dim(2, c[2])
         tk = st.tile_dim(3, c[3])
-        if causal and _masked_out(st, c[2], c[3]):
+        if _masked_out(st, m, c[2], c[3]):
             fargs.n = bt * ht * tq * tk
             h[0] = S.handles[i]
             submit(NNTILE_OP_fill, S.dtype_id, 1, h, &fargs, sizeof(fargs))
@@ -155,29 +220,33 @@ def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=
         _head_gemm(X, X.traits.tile_linear(xc), Y, Y.traits.tile_linear(yc), S, i, &args)
 
 
-def attn_pv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True):
-    """O[b, q, h, :] = alpha * sum_k P[b, h, q, k] * Y[b, k, h, :]  (overwrites O)."""
+def attn_pv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True, offset=0, window=0):
+    """O[b, q, h, :] = alpha * sum_k P[b, h, q, k] * Y[b, k, h, :]  (overwrites O); the
+    tiles of P that the mask hides wholly (attn_qk) are left out."""
+    cdef nntile_mask m = _mask("attn_pv", causal, offset, window)
     _usable(P, "P")
     _usable(O, "O")
     _check_heads("attn_pv", Y, "Y", P, "P", 3)
     _check_heads("attn_pv", O, "O", P, "P", 2)
     _distinct("attn_pv", [(P, "P"), (O, "O")])
     _distinct("attn_pv", [(Y, "Y"), (O, "O")])
-    _attn_sum(alpha, P, Y, O, causal, False)
+    _attn_sum(alpha, P, Y, O, m, False)
 
 
-def attn_ptv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True):
-    """O[b, k, h, :] = alpha * sum_q P[b, h, q, k] * Y[b, q, h, :]  (overwrites O)."""
+def attn_ptv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True, offset=0, window=0):
+    """O[b, k, h, :] = alpha * sum_q P[b, h, q, k] * Y[b, q, h, :]  (overwrites O); the
+    tiles of P that the mask hides wholly (attn_qk) are left out."""
+    cdef nntile_mask m = _mask("attn_ptv", causal, offset, window)
     _usable(P, "P")
     _usable(O, "O")
     _check_heads("attn_ptv", Y, "Y", P, "P", 2)
     _check_heads("attn_ptv", O, "O", P, "P", 3)
     _distinct("attn_ptv", [(P, "P"), (O, "O")])
     _distinct("attn_ptv", [(Y, "Y"), (O, "O")])
-    _attn_sum(alpha, P, Y, O, causal, True)
+    _attn_sum(alpha, P, Y, O, m, True)
 
 
-cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, bint causal, bint transposed):
+cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, nntile_mask m, bint transposed):
     cdef TensorTraits pt = P.traits
     cdef TensorTraits ot = O.traits
     cdef Py_ssize_t oc[4]
@@ -188,6 +257,8 @@ cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, bint causal, bint tra
     cdef int sum_axis = 2 if transposed else 3
     cdef int out_axis = 3 if transposed else 2
     cdef nntile_gemm_args args
+    cdef nntile_fill_args fargs
+    cdef starpu_data_handle_t h[1]
     cdef bint first
     args.transA = transposed
     args.transB = 0
@@ -203,7 +274,7 @@ cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, bint causal, bint tra
             pc[1] = oc[2]
             pc[out_axis] = oc[1]
             pc[sum_axis] = r
-            if causal and _masked_out(pt, pc[2], pc[3]):
+            if _masked_out(pt, m, pc[2], pc[3]):
                 continue
             tr = pt.tile_dim(sum_axis, r)
             yc[0] = oc[0]; yc[1] = r; yc[2] = oc[2]; yc[3] = 0
@@ -224,14 +295,18 @@ cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, bint causal, bint tra
             args.beta = 0.0 if first else 1.0
             first = False
             _head_gemm(P, pt.tile_linear(pc), Y, Y.traits.tile_linear(yc), O, i, &args)
-        if first:
-            raise AssertionError("causal attention left an output tile without contributions")
+        if first:  # the mask hides every pair of this output tile
+            fargs.n = bt * to * ht * D
+            fargs.value = 0.0
+            h[0] = O.handles[i]
+            submit(NNTILE_OP_fill, O.dtype_id, 1, h, &fargs, sizeof(fargs))
 
 
-cdef Py_ssize_t _check_groups(str op, Tensor q, str qrole, Tensor k, str krole) except -1:
-    """q [B, T, H, D] tiled (bt, tt, ht, D) and k [B, T, Hkv, D] tiled (bt, tt, ht / g, D),
-    g = H / Hkv query heads sharing each kv head (grouped-query attention), a head tile of q
-    covering whole groups; returns g."""
+cdef Py_ssize_t _check_groups(str op, Tensor q, str qrole, Tensor k, str krole,
+                              Py_ssize_t offset=0) except -1:
+    """q [B, T, H, D] tiled (bt, tt, ht, D) and k [B, T + offset, Hkv, D] tiled
+    (bt, tt, ht / g, D), g = H / Hkv query heads sharing each kv head (grouped-query
+    attention), a head tile of q covering whole groups; returns g."""
     for t, role in ((q, qrole), (k, krole)):
         if t.traits.ndim != 4:
             raise ValueError(f"{op}: {role} has shape {t.traits.shape}; it must be "
@@ -239,9 +314,9 @@ cdef Py_ssize_t _check_groups(str op, Tensor q, str qrole, Tensor k, str krole) 
     cdef tuple qs = q.traits.shape, qt = q.traits.basetile, ks = k.traits.shape
     if qt[3] != qs[3]:
         raise ValueError(f"{op}: {qrole} is tiled {qt}; its head dimension must be one tile")
-    if ks[0] != qs[0] or ks[1] != qs[1] or ks[3] != qs[3]:
-        raise ValueError(f"{op}: {krole}{ks} must match {qrole}{qs} in batch, sequence and "
-                         "head_dim")
+    if ks[0] != qs[0] or ks[1] != qs[1] + offset or ks[3] != qs[3]:
+        raise ValueError(f"{op}: {krole}{ks} must match {qrole}{qs} in batch and head_dim, "
+                         f"and its sequence must be {qrole}'s + the offset ({offset})")
     if qs[2] % ks[2]:
         raise ValueError(f"{op}: {qrole} has {qs[2]} heads, {krole} has {ks[2]}: the query "
                          "heads must be a whole number of groups of one kv head each")

@@ -457,37 +457,6 @@ def softmax_backward(alpha, Tensor p, Tensor sums, Tensor dp, axis):
         submit(NNTILE_OP_softmax_backward, column, 3, h, &args, sizeof(args))
 
 
-def mask_causal(Tensor dst):
-    """Set dst[..., q, k] = -inf where k > q (queries on axis -2, keys on axis -1)."""
-    _float_same("mask_causal", [(dst, "dst")])
-    cdef Py_ssize_t nd = dst.traits.ndim
-    if nd < 2:
-        raise ValueError(f"mask_causal: dst must have at least 2 dimensions (queries, keys), "
-                         f"got shape {dst.traits.shape}")
-    cdef nntile_mask_causal_args args
-    cdef starpu_data_handle_t h[1]
-    cdef Py_ssize_t coords[MAX_NDIM]
-    cdef Py_ssize_t i, d, batch, tq, tk, qo, ko
-    for i in range(dst.traits.ntiles):
-        dst.traits.tile_coords(i, coords)
-        tq = dst.traits.tile_dim(nd - 2, coords[nd - 2])
-        tk = dst.traits.tile_dim(nd - 1, coords[nd - 1])
-        qo = coords[nd - 2] * dst.traits._basetile[nd - 2]
-        ko = coords[nd - 1] * dst.traits._basetile[nd - 1]
-        if ko + tk - 1 <= qo:
-            continue  # every key of this tile is at or before every query: nothing to mask
-        batch = 1
-        for d in range(nd - 2):
-            batch *= dst.traits.tile_dim(d, coords[d])
-        args.batch = batch
-        args.tq = tq
-        args.tk = tk
-        args.q_offset = qo
-        args.k_offset = ko
-        h[0] = dst.handles[i]
-        submit(NNTILE_OP_mask_causal, dst.dtype_id, 1, h, &args, sizeof(args))
-
-
 def logsumexp(Tensor stats, Tensor dst):
     """dst = max + log(sumexp) from stats [..., 2] (stats' last dimension in one tile)."""
     _float_same("logsumexp", [(stats, "stats"), (dst, "dst")])

@@ -5,11 +5,12 @@
  * cuDNN applies to a call that writes its outputs (accumulate == 0: the
  * first key tile of a forward, a backward that neither adds to dq nor to
  * dk/dv) with head dimensions a multiple of 8 up to 256, whose mask cuDNN can
- * state: none (not causal, or every key at or before every query), or the
- * diagonal band "key - query > right_bound" with right_bound = q_offset -
- * k_offset >= 0 (top-left alignment; q_offset == k_offset is the plain causal
- * mask).  A tile where some query sees no key at all (k_offset > q_offset)
- * and every merge of key tiles run our kernels.
+ * state: none (every key visible from every query: nntile_mask_whole), or the
+ * diagonal band "key - query > right_bound" with right_bound = q_offset +
+ * mask.offset - k_offset >= 0 (top-left alignment; 0 is the plain causal
+ * mask), with a window its left bound "query - key < window - right_bound"
+ * (cuDNN's sliding window).  A tile where some query sees no key at all and
+ * every merge of key tiles run our kernels.
  *
  * Graphs are built once per shape (every extent, the mask, the scale, the
  * direction) and kept per thread and device with that thread's cuDNN handle,
@@ -101,16 +102,16 @@ bool trace_on()
         }                                                                      \
     } while (0)
 
-/* What a graph depends on; right_bound -1: no mask. */
+/* What a graph depends on; right_bound -1: no mask; left_bound 0: no window. */
 struct Shape {
-    int64_t batch, tq, tk, hq, hkv, d, right_bound;
+    int64_t batch, tq, tk, hq, hkv, d, right_bound, left_bound;
     double scale;
     bool backward;
     bool operator==(const Shape &o) const
     {
         return batch == o.batch && tq == o.tq && tk == o.tk && hq == o.hq
                && hkv == o.hkv && d == o.d && right_bound == o.right_bound
-               && scale == o.scale && backward == o.backward;
+               && left_bound == o.left_bound && scale == o.scale && backward == o.backward;
     }
 };
 
@@ -118,7 +119,8 @@ struct ShapeHash {
     size_t operator()(const Shape &s) const
     {
         size_t h = std::hash<bool>()(s.backward);
-        for (int64_t v : {s.batch, s.tq, s.tk, s.hq, s.hkv, s.d, s.right_bound})
+        for (int64_t v : {s.batch, s.tq, s.tk, s.hq, s.hkv, s.d, s.right_bound,
+                          s.left_bound})
             h = h * 1000003u ^ std::hash<int64_t>()(v);
         return h * 1000003u ^ std::hash<double>()(s.scale);
     }
@@ -193,6 +195,8 @@ template <typename Attributes> void set_mask(Attributes &a, const Shape &s)
     if (s.right_bound >= 0)
         a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
             .set_diagonal_band_right_bound((int)s.right_bound);
+    if (s.left_bound > 0) /* the window: query - key < left_bound */
+        a.set_diagonal_band_left_bound((int)s.left_bound);
 }
 
 /* The graph of a shape, built and checked; on failure a null graph and why. */
@@ -302,14 +306,24 @@ bool shape_of(const nntile_flash_args *a, bool backward,
     for (const void *p : ptrs)
         if ((uintptr_t)p % 16 != 0)
             return false;
-    int64_t right_bound = -1;
-    if (a->causal && a->k_offset + a->tk - 1 > a->q_offset) {
-        right_bound = a->q_offset - a->k_offset;
+    int64_t right_bound = -1, left_bound = 0;
+    if (!nntile_mask_whole(a->mask, a->q_offset, a->q_offset + a->tq, a->k_offset,
+                           a->k_offset + a->tk)) {
+        right_bound = a->q_offset + a->mask.offset - a->k_offset;
         if (right_bound < 0)
             return false; /* some queries see no key */
+        if (a->mask.window > 0) {
+            /* the window as cuDNN's left bound: key - query > right_bound - window */
+            left_bound = a->mask.window - right_bound;
+            /* cuDNN takes a left bound only with a positive value and no more queries
+             * than keys; the last query must see a key (rows of none: ours) */
+            if (left_bound <= 0 || a->tq > a->tk
+                || a->tq - 1 + right_bound - a->mask.window + 1 >= a->tk)
+                return false;
+        }
     }
     s = Shape{a->batch, a->tq, a->tk, a->hq, a->hkv, a->d, right_bound,
-              a->scale, backward};
+              left_bound, a->scale, backward};
     return true;
 }
 
@@ -419,11 +433,12 @@ bool cudnn_backward(const nntile_flash_args *a, cudaStream_t stream,
     do {                                                                       \
         using nntile_cuda::trace_on;                                           \
         CUDNN_TRACE("call %s: b %lld tq %lld tk %lld h %lld/%lld d %lld "      \
-                    "offsets %lld/%lld causal %d accumulate %d",               \
+                    "offsets %lld/%lld causal %d/%lld/%lld accumulate %d",     \
                     what, (long long)(a)->batch, (long long)(a)->tq,           \
                     (long long)(a)->tk, (long long)(a)->hq, (long long)(a)->hkv,\
                     (long long)(a)->d, (long long)(a)->q_offset,               \
-                    (long long)(a)->k_offset, (int)(a)->causal,                \
+                    (long long)(a)->k_offset, (int)(a)->mask.causal,           \
+                    (long long)(a)->mask.window, (long long)(a)->mask.offset,  \
                     (int)(a)->accumulate);                                     \
     } while (0)
 

@@ -102,6 +102,68 @@ inline size_t plain_smem_dq(int bt, int64_t d)
     return (size_t)(5 * bt * (d + 1) + bt * (bt + 1) + 2 * bt);
 }
 
+/* The online softmax of a (query tile at q0, key block at k0) pair, a warp per
+ * row: Ss (row stride lp) holds the raw scores and gets exp(s - m), Os (row
+ * stride rs) and the running max mrow and sum lrow are rescaled. */
+template <typename C>
+__device__ void plain_online_softmax(const FlashParams &p, int bt, int64_t q0,
+                                     int64_t k0, C *Ss, int lp, C *Os, int rs,
+                                     C *mrow, C *lrow)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarp = blockDim.x >> 5, d = (int)p.d;
+    const C scale = (C)p.scale;
+    for (int r = warp; r < bt; r += nwarp) {
+        C mx = ninf<C>();
+        for (int c = lane; c < bt; c += 32) {
+            const int64_t key = k0 + c;
+            const bool masked = key >= p.tk || !flash_visible(p, q0 + r, key);
+            const C s = masked ? ninf<C>() : Ss[r * lp + c] * scale;
+            Ss[r * lp + c] = s;
+            mx = s > mx ? s : mx;
+        }
+        mx = warp_allreduce(mx, MaxOp());
+        const C m_old = mrow[r];
+        const C m_new = m_old > mx ? m_old : mx;
+        const C shift = exp_shift(m_new);
+        C sum = 0;
+        for (int c = lane; c < bt; c += 32) {
+            const C e = m_exp(Ss[r * lp + c] - shift);
+            Ss[r * lp + c] = e;
+            sum += e;
+        }
+        sum = warp_allreduce(sum, SumOp());
+        const C alpha = m_exp(m_old - shift); /* 0 while nothing was seen */
+        for (int c = lane; c < d; c += 32)
+            Os[r * rs + c] *= alpha;
+        __syncwarp(); /* every lane has read mrow[r] and lrow[r] */
+        if (lane == 0) {
+            lrow[r] = lrow[r] * alpha + sum;
+            mrow[r] = m_new;
+        }
+    }
+}
+
+/* For each key block of bt keys that the query tile sees: the block's K and
+ * V loaded into Ks and Vs (row stride rs), then body(k0, nk), every thread
+ * of the block together. */
+template <typename T, typename C, typename Body>
+__device__ void plain_key_blocks(const FlashParams &p, const QueryTile &tile,
+                                 int bt, C *Ks, C *Vs, int rs, Body body)
+{
+    const int64_t kstride = p.hkv * p.d;
+    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
+    const nntile_range kbs = flash_key_blocks(p, tile.q0, tile.nq, bt);
+    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
+        const int64_t k0 = kb * bt, nk = p.tk - k0 < bt ? p.tk - k0 : bt;
+        __syncthreads(); /* the previous block's users are done */
+        plain_load(Ks, rs, kg + k0 * kstride, kstride, nk, bt, (int)p.d);
+        plain_load(Vs, rs, vg + k0 * kstride, kstride, nk, bt, (int)p.d);
+        __syncthreads();
+        body(k0, nk);
+    }
+}
+
 /* Forward: a block per (query tile, head, batch); the query tiles of a
  * (batch, head) in reverse, so that the longest causal rows start first. */
 template <typename T, typename C>
@@ -115,63 +177,23 @@ plain_forward_k(FlashParams p, int bt)
       *lrow = mrow + bt;
     const QueryTile tile(p, bt);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0, nq = tile.nq;
-    const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const T *qg = (const T *)p.q + tile.offset(p);
-    const T *kg = (const T *)p.k + tile.kv_offset(p);
-    const T *vg = (const T *)p.v + tile.kv_offset(p);
+    const int64_t qstride = p.hq * p.d;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nwarp = blockDim.x >> 5;
-    const C scale = (C)p.scale;
-    plain_load(Qs, rs, qg, qstride, nq, bt, d);
+    plain_load(Qs, rs, (const T *)p.q + tile.offset(p), qstride, nq, bt, d);
     for (int i = threadIdx.x; i < bt * rs; i += blockDim.x)
         Os[i] = 0;
     for (int r = threadIdx.x; r < bt; r += blockDim.x) {
         mrow[r] = ninf<C>();
         lrow[r] = 0;
     }
-    const int64_t kb_end = flash_key_blocks(p, q0, nq, bt);
-    for (int64_t kb = 0; kb < kb_end; ++kb) {
-        const int64_t k0 = kb * bt, nk = p.tk - k0 < bt ? p.tk - k0 : bt;
-        __syncthreads(); /* the previous tile's users are done */
-        plain_load(Ks, rs, kg + k0 * kstride, kstride, nk, bt, d);
-        plain_load(Vs, rs, vg + k0 * kstride, kstride, nk, bt, d);
-        __syncthreads();
+    plain_key_blocks<T>(p, tile, bt, Ks, Vs, rs, [&](int64_t k0, int64_t) {
         block_gemm(bt, bt, d, Qs, rs, 1, Ks, 1, rs, Ss, lp, false);
         __syncthreads();
-        for (int r = warp; r < bt; r += nwarp) { /* online softmax, a warp per row */
-            const int64_t qpos = p.q_offset + q0 + r;
-            C mx = ninf<C>();
-            for (int c = lane; c < bt; c += 32) {
-                const int64_t key = k0 + c;
-                const bool masked =
-                    key >= p.tk || (p.causal && p.k_offset + key > qpos);
-                const C s = masked ? ninf<C>() : Ss[r * lp + c] * scale;
-                Ss[r * lp + c] = s;
-                mx = s > mx ? s : mx;
-            }
-            mx = warp_allreduce(mx, MaxOp());
-            const C m_old = mrow[r];
-            const C m_new = m_old > mx ? m_old : mx;
-            const C shift = exp_shift(m_new);
-            C sum = 0;
-            for (int c = lane; c < bt; c += 32) {
-                const C e = m_exp(Ss[r * lp + c] - shift);
-                Ss[r * lp + c] = e;
-                sum += e;
-            }
-            sum = warp_allreduce(sum, SumOp());
-            const C alpha = m_exp(m_old - shift); /* 0 while nothing was seen */
-            for (int c = lane; c < d; c += 32)
-                Os[r * rs + c] *= alpha;
-            __syncwarp(); /* every lane has read mrow[r] and lrow[r] */
-            if (lane == 0) {
-                lrow[r] = lrow[r] * alpha + sum;
-                mrow[r] = m_new;
-            }
-        }
+        plain_online_softmax(p, bt, q0, k0, Ss, lp, Os, rs, mrow, lrow);
         __syncthreads();
         block_gemm(bt, d, bt, Ss, lp, 1, Vs, rs, 1, Os, rs, true);
-    }
+    });
     __syncthreads();
     for (int r = warp; r < nq; r += nwarp) {
         const C l = lrow[r];
@@ -242,9 +264,8 @@ __device__ void plain_scores_backward(const FlashParams &p, int bt, int64_t q0,
     const int d = (int)p.d;
     for (int i = threadIdx.x; i < bt * bt; i += blockDim.x) {
         const int r = i / bt, c = i - r * bt;
-        const bool masked = r >= nq || c >= nk
-                            || (p.causal && p.k_offset + k0 + c
-                                                > p.q_offset + q0 + r);
+        const bool masked =
+            r >= nq || c >= nk || !flash_visible(p, q0 + r, k0 + c);
         C s = 0, dp = 0;
         for (int e = 0; e < d; ++e) {
             s += Qs[r * rs + e] * Ks[c * rs + e];
@@ -253,6 +274,20 @@ __device__ void plain_scores_backward(const FlashParams &p, int bt, int64_t q0,
         const C pr = masked ? (C)0 : m_exp(s * scale - lrow[r]);
         Ps[r * lp + c] = pr;
         dSs[r * lp + c] = pr * (dp - drow[r]);
+    }
+}
+
+/* dst rows [0, n) (row stride `stride`) = scale * src (row stride rs), or
+ * += when acc: a gradient tile written out by the whole block. */
+template <typename T, typename C>
+__device__ void plain_store(T *dst, int64_t stride, const C *src, int rs,
+                            int64_t n, int d, C scale, bool acc)
+{
+    for (int i = threadIdx.x; i < n * d; i += blockDim.x) {
+        const int r = i / d, c = i - r * d;
+        const int64_t at = r * stride + c;
+        const C g = scale * src[r * rs + c];
+        dst[at] = st<T>(acc ? g + (C)ld(dst[at]) : g);
     }
 }
 
@@ -277,10 +312,10 @@ plain_dkdv_k(FlashParams p, int bt)
     plain_load(Vs, rs, (const T *)p.v + koff, kstride, nk, bt, d);
     for (int i = threadIdx.x; i < bt * rs; i += blockDim.x)
         dKs[i] = dVs[i] = 0;
-    const int64_t nqb = cdiv(p.tq, bt);
+    const nntile_range qbs = flash_query_blocks(p, k0, nk, bt);
     for (int64_t hh = 0; hh < grp; ++hh) {
         const int64_t h = hk * grp + hh;
-        for (int64_t qb = flash_first_query_block(p, k0, bt); qb < nqb; ++qb) {
+        for (int64_t qb = qbs.lo; qb < qbs.hi; ++qb) {
             const int64_t q0 = qb * bt, nq = p.tq - q0 < bt ? p.tq - q0 : bt;
             const int64_t qoff = ((b * p.tq + q0) * p.hq + h) * p.d;
             __syncthreads(); /* the previous query tile's users are done */
@@ -298,16 +333,9 @@ plain_dkdv_k(FlashParams p, int bt)
         }
     }
     __syncthreads();
-    const C scale = (C)p.scale;
     const bool acc = (p.accumulate & 2) != 0;
-    T *dk = (T *)p.dk + koff, *dv = (T *)p.dv + koff;
-    for (int i = threadIdx.x; i < nk * d; i += blockDim.x) {
-        const int j = i / d, c = i - j * d;
-        const int64_t at = j * kstride + c;
-        const C gk = scale * dKs[j * rs + c], gv = dVs[j * rs + c];
-        dk[at] = st<T>(acc ? gk + (C)ld(dk[at]) : gk);
-        dv[at] = st<T>(acc ? gv + (C)ld(dv[at]) : gv);
-    }
+    plain_store((T *)p.dk + koff, kstride, dKs, rs, nk, d, (C)p.scale, acc);
+    plain_store((T *)p.dv + koff, kstride, dVs, rs, nk, d, (C)1, acc);
 }
 
 /* dq: a block per (query tile, head, batch), over the key tiles. */
@@ -323,38 +351,22 @@ plain_dq_k(FlashParams p, int bt)
     /* the probabilities are not needed past dS: Ps and dSs share */
     const QueryTile tile(p, bt);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0, nq = tile.nq;
-    const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const int64_t qoff = tile.offset(p);
-    const T *kg = (const T *)p.k + tile.kv_offset(p);
-    const T *vg = (const T *)p.v + tile.kv_offset(p);
+    const int64_t qstride = p.hq * p.d, qoff = tile.offset(p);
     plain_load(Qs, rs, (const T *)p.q + qoff, qstride, nq, bt, d);
     plain_load(dOs, rs, (const T *)p.dout + qoff, qstride, nq, bt, d);
     for (int i = threadIdx.x; i < bt * rs; i += blockDim.x)
         dQs[i] = 0;
     __syncthreads();
     plain_row_stats<T>(p, b, h, q0, nq, bt, dOs, rs, lrow, drow);
-    const int64_t kb_end = flash_key_blocks(p, q0, nq, bt);
-    for (int64_t kb = 0; kb < kb_end; ++kb) {
-        const int64_t k0 = kb * bt, nk = p.tk - k0 < bt ? p.tk - k0 : bt;
-        __syncthreads();
-        plain_load(Ks, rs, kg + k0 * kstride, kstride, nk, bt, d);
-        plain_load(Vs, rs, vg + k0 * kstride, kstride, nk, bt, d);
-        __syncthreads();
+    plain_key_blocks<T>(p, tile, bt, Ks, Vs, rs, [&](int64_t k0, int64_t nk) {
         plain_scores_backward(p, bt, q0, nq, k0, nk, Qs, dOs, Ks, Vs, rs, lrow,
                               drow, dSs, dSs, lp);
         __syncthreads();
         block_gemm(bt, d, bt, dSs, lp, 1, Ks, rs, 1, dQs, rs, true);
-    }
+    });
     __syncthreads();
-    const C scale = (C)p.scale;
-    const bool acc = (p.accumulate & 1) != 0;
-    T *dq = (T *)p.dq + qoff;
-    for (int i = threadIdx.x; i < nq * d; i += blockDim.x) {
-        const int r = i / d, c = i - r * d;
-        const int64_t at = r * qstride + c;
-        const C g = scale * dQs[r * rs + c];
-        dq[at] = st<T>(acc ? g + (C)ld(dq[at]) : g);
-    }
+    plain_store((T *)p.dq + qoff, qstride, dQs, rs, nq, d, (C)p.scale,
+                (p.accumulate & 1) != 0);
 }
 
 /* The tile size of the plain kernels: the largest of 32, 16, 8, 4 rows whose
@@ -382,54 +394,55 @@ template <typename C> int plain_tile(int64_t d, size_t *bytes_max)
     return 0;
 }
 
-template <typename T, typename C>
-void plain_forward(const FlashParams &p, cudaStream_t s)
+/* plain_tile's size, or 0 after saying that the head dimension does not
+ * fit. */
+template <typename C> int plain_tile_of(const FlashParams &p, const char *what)
 {
     size_t unused;
     const int bt = plain_tile<C>(p.d, &unused);
-    if (bt == 0) {
-        fprintf(stderr, "nntile cuda flash_forward: head dimension %lld does "
-                        "not fit in shared memory\n", (long long)p.d);
-        return;
-    }
-    const size_t bytes = plain_smem_forward(bt, p.d) * sizeof(C);
-    if (!flash_smem((const void *)plain_forward_k<T, C>, bytes,
-                    "flash_forward"))
-        return;
-    plain_forward_k<T, C><<<(unsigned)(cdiv(p.tq, bt) * p.hq * p.batch),
-                            kPlainThreads, bytes, s>>>(p, bt);
-    flash_launched("flash_forward");
+    if (bt == 0)
+        fprintf(stderr, "nntile cuda %s: head dimension %lld does not fit in "
+                        "shared memory\n", what, (long long)p.d);
+    return bt;
+}
+
+/* Launches a plain kernel of tile size bt on `blocks` blocks, with `smem`
+ * elements of C of shared memory; false (said) when it did not start. */
+template <typename C>
+bool plain_launch(void (*kernel)(FlashParams, int), int64_t blocks,
+                  size_t smem, const FlashParams &p, int bt, cudaStream_t s,
+                  const char *what)
+{
+    const size_t bytes = smem * sizeof(C);
+    if (!flash_smem((const void *)kernel, bytes, what))
+        return false;
+    kernel<<<(unsigned)blocks, kPlainThreads, bytes, s>>>(p, bt);
+    return flash_launched(what);
+}
+
+template <typename T, typename C>
+void plain_forward(const FlashParams &p, cudaStream_t s)
+{
+    const int bt = plain_tile_of<C>(p, "flash_forward");
+    if (bt > 0)
+        plain_launch<C>(plain_forward_k<T, C>, cdiv(p.tq, bt) * p.hq * p.batch,
+                        plain_smem_forward(bt, p.d), p, bt, s, "flash_forward");
 }
 
 template <typename T, typename C>
 void plain_backward(const FlashParams &p, cudaStream_t s)
 {
-    size_t unused;
-    const int bt = plain_tile<C>(p.d, &unused);
-    if (bt == 0) {
-        fprintf(stderr, "nntile cuda flash_backward: head dimension %lld does "
-                        "not fit in shared memory\n", (long long)p.d);
+    const char *what = "flash_backward";
+    const int bt = plain_tile_of<C>(p, what);
+    if (bt == 0)
         return;
-    }
-    if (p.tq > 0) {
-        const size_t bytes = plain_smem_dq(bt, p.d) * sizeof(C);
-        if (!flash_smem((const void *)plain_dq_k<T, C>, bytes,
-                        "flash_backward"))
-            return;
-        plain_dq_k<T, C><<<(unsigned)(cdiv(p.tq, bt) * p.hq * p.batch),
-                           kPlainThreads, bytes, s>>>(p, bt);
-        if (!flash_launched("flash_backward"))
-            return;
-    }
-    if (p.tk > 0) {
-        const size_t bytes = plain_smem_dkdv(bt, p.d) * sizeof(C);
-        if (!flash_smem((const void *)plain_dkdv_k<T, C>, bytes,
-                        "flash_backward"))
-            return;
-        plain_dkdv_k<T, C><<<(unsigned)(cdiv(p.tk, bt) * p.hkv * p.batch),
-                             kPlainThreads, bytes, s>>>(p, bt);
-        flash_launched("flash_backward");
-    }
+    if (p.tq > 0
+        && !plain_launch<C>(plain_dq_k<T, C>, cdiv(p.tq, bt) * p.hq * p.batch,
+                            plain_smem_dq(bt, p.d), p, bt, s, what))
+        return;
+    if (p.tk > 0)
+        plain_launch<C>(plain_dkdv_k<T, C>, cdiv(p.tk, bt) * p.hkv * p.batch,
+                        plain_smem_dkdv(bt, p.d), p, bt, s, what);
 }
 
 /* ---------------------------------------------------------------- dispatch */
@@ -461,7 +474,7 @@ FlashParams flash_params(const nntile_flash_args *a)
     p.d = a->d;
     p.q_offset = a->q_offset;
     p.k_offset = a->k_offset;
-    p.causal = a->causal != 0;
+    p.mask = a->mask;
     p.accumulate = (int)a->accumulate;
     p.scale = a->scale;
     return p;
@@ -586,61 +599,28 @@ NNTILE_CUDA_END
 /* ---------------------------------------------------------------- exports
  * (bf16_fp32: cudnn_attention.cpp; tf32: the op table's X_TF32) */
 
-using nntile_cuda::bf16;
 using nntile_cuda::storage;
 
-extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, float, float, fp32,
-                                  NNTILE_BUFFERS_flash_forward)
-{
-    nntile_cuda::forward<float, float, false>(args, stream, q, k, v, o, lse, 0);
-}
+/* forward and backward of a column S (ABI types A, ACC): the plain kernels in
+ * C, or the tensor cores first (MMA); LSE_BF16: lse is stored in bf16 */
+#define NNTILE_FLASH_EXPORTS(S, A, ACC, C, MMA, LSE_BF16)                     \
+    extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, A, ACC, S,               \
+                                      NNTILE_BUFFERS_flash_forward)          \
+    {                                                                        \
+        nntile_cuda::forward<nntile_cuda::Storage<A>::type, C, MMA>(         \
+            args, stream, storage(q), storage(k), storage(v), storage(o),    \
+            lse, LSE_BF16);                                                  \
+    }                                                                        \
+    extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, A, ACC, S,              \
+                                      NNTILE_BUFFERS_flash_backward)         \
+    {                                                                        \
+        nntile_cuda::backward<nntile_cuda::Storage<A>::type, C, MMA>(        \
+            args, stream, storage(q), storage(k), storage(v), storage(o),    \
+            storage(dout), lse, LSE_BF16, storage(dq), storage(dk),          \
+            storage(dv));                                                    \
+    }
 
-extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, float, float, tf32,
-                                  NNTILE_BUFFERS_flash_forward)
-{
-    nntile_cuda::forward<float, float, true>(args, stream, q, k, v, o, lse, 0);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, double, double, fp64,
-                                  NNTILE_BUFFERS_flash_forward)
-{
-    nntile_cuda::forward<double, double, false>(args, stream, q, k, v, o, lse,
-                                                0);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_forward, uint16_t, uint16_t, bf16,
-                                  NNTILE_BUFFERS_flash_forward)
-{
-    nntile_cuda::forward<bf16, float, true>(args, stream, storage(q),
-                                            storage(k), storage(v), storage(o),
-                                            lse, 1);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, float, float, fp32,
-                                  NNTILE_BUFFERS_flash_backward)
-{
-    nntile_cuda::backward<float, float, false>(args, stream, q, k, v, o, dout,
-                                               lse, 0, dq, dk, dv);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, float, float, tf32,
-                                  NNTILE_BUFFERS_flash_backward)
-{
-    nntile_cuda::backward<float, float, true>(args, stream, q, k, v, o, dout,
-                                              lse, 0, dq, dk, dv);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, double, double, fp64,
-                                  NNTILE_BUFFERS_flash_backward)
-{
-    nntile_cuda::backward<double, double, false>(args, stream, q, k, v, o,
-                                                 dout, lse, 0, dq, dk, dv);
-}
-
-extern "C" NNTILE_CUDA_SIGNATURE(flash_backward, uint16_t, uint16_t, bf16,
-                                  NNTILE_BUFFERS_flash_backward)
-{
-    nntile_cuda::backward<bf16, float, true>(
-        args, stream, storage(q), storage(k), storage(v), storage(o),
-        storage(dout), lse, 1, storage(dq), storage(dk), storage(dv));
-}
+NNTILE_FLASH_EXPORTS(fp32, float, float, float, false, 0)
+NNTILE_FLASH_EXPORTS(tf32, float, float, float, true, 0)
+NNTILE_FLASH_EXPORTS(fp64, double, double, double, false, 0)
+NNTILE_FLASH_EXPORTS(bf16, uint16_t, uint16_t, float, true, 1)

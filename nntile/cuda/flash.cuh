@@ -3,9 +3,10 @@
  *
  * Layouts (kernels.h, nntile_flash_args): q, o, dq [batch, tq, hq, d];
  * k, v, dk, dv [batch, tk, hkv, d]; lse [batch, tq, hq].  Query head h reads
- * kv head h / (hq / hkv).  A key is masked when causal and
- * k_offset + key > q_offset + query.  lse is the natural log of the sum of
- * exp(scale * q.k) over the row's unmasked keys (-inf for none). */
+ * kv head h / (hq / hkv).  Key k_offset + key is masked for query
+ * q_offset + query where nntile_mask_visible (kernels.h) says so.  lse is the
+ * natural log of the sum of exp(scale * q.k) over the row's unmasked keys
+ * (-inf for none). */
 #ifndef NNTILE_CUDA_FLASH_CUH
 #define NNTILE_CUDA_FLASH_CUH
 
@@ -22,7 +23,8 @@ struct FlashParams {
                                 backward: read */
     void *dq, *dk, *dv;
     int64_t batch, tq, tk, hq, hkv, d, q_offset, k_offset;
-    int causal, accumulate;
+    nntile_mask mask;
+    int accumulate;
     int lse_bf16; /* lse holds bf16 (the bf16 column), else the compute type */
     double scale;
 };
@@ -51,29 +53,40 @@ __host__ __device__ inline int64_t cdiv(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
-/* The key blocks of size bk that queries [q0, q0 + nq) of a tile see:
- * [0, result). */
-__host__ __device__ inline int64_t flash_key_blocks(const FlashParams &p,
-                                                    int64_t q0, int64_t nq,
-                                                    int64_t bk)
+/* Key `key` of the tile is visible from query `row` of the tile. */
+__host__ __device__ inline bool flash_visible(const FlashParams &p, int64_t row,
+                                              int64_t key)
 {
-    const int64_t nkb = cdiv(p.tk, bk);
-    if (!p.causal)
-        return nkb;
-    const int64_t last = p.q_offset + q0 + nq - 1 - p.k_offset;
-    if (last < 0)
-        return 0;
-    return last / bk + 1 < nkb ? last / bk + 1 : nkb;
+    return nntile_mask_visible(p.mask, p.q_offset + row, p.k_offset + key);
 }
 
-/* The first query block of size bq that sees a key at index k0 or later. */
-__host__ __device__ inline int64_t flash_first_query_block(
-    const FlashParams &p, int64_t k0, int64_t bq)
+/* The blocks of size bs of a tile whose row 0 is at position `first` that
+ * hold some position of r: [lo, hi). */
+__host__ __device__ inline nntile_range flash_blocks(nntile_range r, int64_t first,
+                                                     int64_t bs)
 {
-    if (!p.causal)
-        return 0;
-    const int64_t first = p.k_offset + k0 - p.q_offset;
-    return first <= 0 ? 0 : first / bq;
+    r.lo = r.lo > first ? (r.lo - first) / bs : 0;
+    r.hi = r.hi > first ? cdiv(r.hi - first, bs) : 0;
+    return r;
+}
+
+/* The key blocks of size bk that queries [q0, q0 + nq) of a tile see. */
+__host__ __device__ inline nntile_range flash_key_blocks(const FlashParams &p,
+                                                         int64_t q0, int64_t nq,
+                                                         int64_t bk)
+{
+    const int64_t first = p.q_offset + q0;
+    return flash_blocks(nntile_mask_keys(p.mask, first, first + nq, p.k_offset + p.tk),
+                        p.k_offset, bk);
+}
+
+/* The query blocks of size bq that see some key of [k0, k0 + nk) of a tile. */
+__host__ __device__ inline nntile_range flash_query_blocks(const FlashParams &p,
+                                                           int64_t k0, int64_t nk,
+                                                           int64_t bq)
+{
+    const int64_t k = p.k_offset + k0, end = p.q_offset + p.tq;
+    return flash_blocks(nntile_mask_queries(p.mask, k, k + nk, end), p.q_offset, bq);
 }
 
 /* The query tile of a block of the forward and dq kernels: blocks run over
@@ -97,10 +110,11 @@ struct QueryTile {
     {
         return ((b * p.tq + q0) * p.hq + h) * p.d;
     }
-    /* offset of key 0 of this tile's kv head in k, v */
-    __device__ int64_t kv_offset(const FlashParams &p) const
+    /* key 0 of this tile's kv head in k or v (`base`) */
+    template <typename T>
+    __device__ const T *kv(const FlashParams &p, const void *base) const
     {
-        return (b * p.tk * p.hkv + hk) * p.d;
+        return (const T *)base + (b * p.tk * p.hkv + hk) * p.d;
     }
 };
 

@@ -284,28 +284,27 @@ __device__ __forceinline__ float lse2_of(const FlashParams &p, int64_t b,
     return l == -CUDART_INF_F ? CUDART_INF_F : l * kLog2e;
 }
 
-/* The mask of a (query tile at q0, key tile at k0) pair in tile-local
- * 32-bit terms: key kl of the key tile is masked for query ql of the query
- * tile when kl >= nk (past tk) or, causal, kl - ql > diag (its position is
- * past the query's).  any: some element of the pair is masked. */
+/* The mask of a (query tile at q0, key tile at k0) pair: key kl of the key
+ * tile is masked for query ql of the query tile when kl >= nk (past tk) or
+ * the mask hides it.  any: some element of the pair is masked. */
 struct TileMask {
-    int nk, diag;
+    const FlashParams &p;
+    int64_t q0, k0;
+    int nk;
     bool any;
-    __device__ TileMask(const FlashParams &p, int64_t q0, int64_t k0,
+    __device__ TileMask(const FlashParams &p_, int64_t q0_, int64_t k0_,
                         int qrows, int krows)
+        : p(p_), q0(q0_), k0(k0_)
     {
         const int64_t left = p.tk - k0;
         nk = left < krows ? (int)left : krows;
-        const int64_t dg = p.q_offset + q0 - p.k_offset - k0;
-        /* clamped where the result is all or nothing anyway */
-        diag = !p.causal || dg > krows
-                   ? krows
-                   : (dg < -qrows - 1 ? -qrows - 1 : (int)dg);
-        any = nk < krows || diag < krows - 1;
+        const int64_t qa = p.q_offset + q0, ka = p.k_offset + k0;
+        any = nk < krows
+              || !nntile_mask_whole(p.mask, qa, qa + qrows, ka, ka + krows);
     }
     __device__ __forceinline__ bool masked(int kl, int ql) const
     {
-        return kl >= nk || kl - ql > diag;
+        return kl >= nk || !flash_visible(p, q0 + ql, k0 + kl);
     }
 };
 
@@ -423,17 +422,17 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
     const QueryTile tile(p, kRows);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0;
     const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const T *kg = (const T *)p.k + tile.kv_offset(p);
-    const T *vg = (const T *)p.v + tile.kv_offset(p);
-    const int64_t kb_end = flash_key_blocks(p, q0, tile.nq, BK);
+    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
+    const nntile_range kbs = flash_key_blocks(p, q0, tile.nq, BK);
 
     zero_pad<T, DP, LD>(Qs, kRows, d);
     zero_pad<T, DP, LD>(Ks, BK, d);
     zero_pad<T, DP, LD>(Vs, BK, d);
     load_tile<T, DP, LD>(Qs, (const T *)p.q + tile.offset(p), qstride, tile.nq,
                          kRows, d);
-    if (kb_end > 0)
-        load_tile<T, DP, LD>(Ks, kg, kstride, p.tk, BK, d);
+    if (kbs.lo < kbs.hi)
+        load_tile<T, DP, LD>(Ks, kg + kbs.lo * BK * kstride, kstride,
+                             p.tk - kbs.lo * BK, BK, d);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -451,7 +450,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
     const float sl2 = (float)p.scale * kLog2e;
     const int qrow = warp * 16 + g; /* the thread's rows: qrow, qrow + 8 */
 
-    for (int64_t kb = 0; kb < kb_end; ++kb) {
+    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
         const int64_t k0 = kb * BK;
         load_tile<T, DP, LD>(Vs, vg + k0 * kstride, kstride, p.tk - k0, BK, d);
         cp_commit();
@@ -510,7 +509,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
         }
         cp_wait<0>();
         __syncthreads(); /* V in; every warp done with K */
-        if (kb + 1 < kb_end)
+        if (kb + 1 < kbs.hi)
             load_tile<T, DP, LD>(Ks, kg + (k0 + BK) * kstride, kstride,
                                  p.tk - k0 - BK, BK, d);
         cp_commit();
@@ -591,9 +590,9 @@ mma_dkdv_k(FlashParams p, int nstage)
     const KeyTile tile(p, kRows);
     const int64_t b = tile.b, hk = tile.hk, k0 = tile.k0, grp = p.hq / p.hkv;
     const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const int64_t qb0 = flash_first_query_block(p, k0, BQ);
-    const int64_t nqb = cdiv(p.tq, BQ);
-    const int64_t nqi = nqb > qb0 ? nqb - qb0 : 0, items = grp * nqi;
+    const nntile_range qbs = flash_query_blocks(p, k0, tile.nk, BQ);
+    const int64_t qb0 = qbs.lo;
+    const int64_t nqi = qbs.hi > qb0 ? qbs.hi - qb0 : 0, items = grp * nqi;
 
     zero_pad<T, DP, LD>(Ks, kRows, d);
     zero_pad<T, DP, LD>(Vs, kRows, d);
@@ -697,9 +696,8 @@ __global__ void __launch_bounds__(kThreads) mma_dq_k(FlashParams p, int nstage)
     const QueryTile tile(p, kRows);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0;
     const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const T *kg = (const T *)p.k + tile.kv_offset(p);
-    const T *vg = (const T *)p.v + tile.kv_offset(p);
-    const int64_t kb_end = flash_key_blocks(p, q0, tile.nq, BK);
+    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
+    const nntile_range kbs = flash_key_blocks(p, q0, tile.nq, BK);
 
     zero_pad<T, DP, LD>(Qs, kRows, d);
     zero_pad<T, DP, LD>(dOs, kRows, d);
@@ -715,8 +713,8 @@ __global__ void __launch_bounds__(kThreads) mma_dq_k(FlashParams p, int nstage)
         load_tile<T, DP, LD>(Ks + BK * LD, vg + k0 * kstride, kstride,
                              p.tk - k0, BK, d);
     };
-    if (kb_end > 0)
-        issue(0, 0);
+    if (kbs.lo < kbs.hi)
+        issue(kbs.lo, 0);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -732,16 +730,16 @@ __global__ void __launch_bounds__(kThreads) mma_dq_k(FlashParams p, int nstage)
         dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
     const float sl2 = (float)p.scale * kLog2e;
 
-    for (int64_t kb = 0; kb < kb_end; ++kb) {
-        const int st = nstage == 2 ? (int)(kb & 1) : 0;
+    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
+        const int st = nstage == 2 ? (int)((kb - kbs.lo) & 1) : 0;
         if (nstage == 2) {
-            if (kb + 1 < kb_end) {
+            if (kb + 1 < kbs.hi) {
                 issue(kb + 1, st ^ 1);
                 cp_commit();
                 cp_wait<1>();
             } else
                 cp_wait<0>();
-        } else if (kb > 0) {
+        } else if (kb > kbs.lo) {
             issue(kb, 0);
             cp_commit();
             cp_wait<0>();

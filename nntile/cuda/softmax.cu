@@ -208,32 +208,31 @@ void softmax_backward(const nntile_softmax_backward_args *a, cudaStream_t s,
     mkn(a->m, a->k, a->n, SoftmaxBwdOp<T>{p, sums, dp, (C_t<T>)a->alpha}, s);
 }
 
-/* dst[b,i,j] = -inf where k_offset + j > q_offset + i: a group per row */
-struct MaskCausalRow {
-    int64_t tq, tk, q_offset, k_offset;
+/* dst[b,i,j] = -inf where key k_offset + j is hidden from query q_offset + i:
+ * a group per row */
+struct MaskScoresRow {
+    nntile_mask_scores_args a;
     template <int TPR, typename T>
     __device__ void row(int64_t r, int tid, bool active, T *dst) const
     {
         const T v = st<T>(ninf<C_t<T>>());
         if (!active)
             return;
-        int64_t start = q_offset + r % tq - k_offset + 1;
-        if (start < 0)
-            start = 0;
-        T *d = dst + r * tk;
+        const int64_t qpos = a.q_offset + r % a.tq;
+        T *d = dst + r * a.tk;
         #pragma unroll 4
-        for (int64_t j = start + tid; j < tk; j += TPR)
-            d[j] = v;
+        for (int64_t j = tid; j < a.tk; j += TPR)
+            if (!nntile_mask_visible(a.mask, qpos, a.k_offset + j))
+                d[j] = v;
     }
 };
 
 template <typename T>
-void mask_causal(const nntile_mask_causal_args *a, cudaStream_t s, T *dst)
+void mask_scores(const nntile_mask_scores_args *a, cudaStream_t s, T *dst)
 {
     if (a->batch <= 0 || a->tq <= 0 || a->tk <= 0)
         return;
-    launch_rows(a->batch * a->tq, a->tk,
-                MaskCausalRow{a->tq, a->tk, a->q_offset, a->k_offset}, s, dst);
+    launch_rows(a->batch * a->tq, a->tk, MaskScoresRow{*a}, s, dst);
 }
 
 /* dst[i] = max + log(sum) */
@@ -257,5 +256,5 @@ NNTILE_CUDA_END
 NNTILE_CUDA_EXPORT(maxsumexp)
 NNTILE_CUDA_EXPORT(softmax_inplace)
 NNTILE_CUDA_EXPORT(softmax_backward)
-NNTILE_CUDA_EXPORT(mask_causal)
+NNTILE_CUDA_EXPORT(mask_scores)
 NNTILE_CUDA_EXPORT(logsumexp)

@@ -74,7 +74,8 @@ cdef class LlamaBlock(PreNormBlock):
         self.self_attn = self.add_child("self_attn", Attention(
             E, config.num_attention_heads, config.num_key_value_heads, config.head_dim, tiles,
             dtype, config.attention == "fused", config.attention_bias,
-            ("q_proj", "k_proj", "v_proj", "o_proj"), rotary))
+            ("q_proj", "k_proj", "v_proj", "o_proj"), rotary,
+            getattr(config, "sliding_window", None) or 0))  # Mistral's window, None: none
         self.post_attention_layernorm = self.add_child("post_attention_layernorm",
                                                        RMSNorm(E, e, eps, dtype))
         self.mlp = self.add_child("mlp", LlamaMLP(config, tiles, dtype))

@@ -4,7 +4,7 @@ from nntile.nn.layers cimport Module
 
 
 cdef class CoreAttention(Module):
-    cdef readonly int n_head, n_kv_head, head_dim, head_tile, group
+    cdef readonly int n_head, n_kv_head, head_dim, head_tile, group, window
     cdef readonly bint fused, causal
     cdef readonly double scale
     cdef readonly str lse_dtype

@@ -1,7 +1,9 @@
 # cython: language_level=3
 """The core of self-attention, o = softmax(scale q k^T, keys after their query masked) v per
-head (``causal=False``: no mask), as a module with no parameters: the layers of a model
-family (GPT-2's Attention, Llama's) project q, k and v and hand them to it.
+head (``causal=False``: no mask; ``window`` > 0: sliding-window attention, where a query also
+does not see the keys ``window`` or more positions before it), as a module with no
+parameters: the layers of a model family (GPT-2's Attention, Llama's) project q, k and v and
+hand them to it.
 
 Queries are [batch, seq, n_head, head_dim], keys and values [batch, seq, n_kv_head, head_dim]:
 grouped-query attention when n_kv_head < n_head, each kv head serving a group of n_head /
@@ -27,7 +29,7 @@ cdef class CoreAttention(Module):
     data's dtype otherwise; the softmax statistics of the unfused path in the master dtype."""
 
     def __init__(self, int n_head, int n_kv_head, int head_dim, int head_tile, str dtype,
-                 bint fused=True, scale=None, bint causal=True):
+                 bint fused=True, scale=None, bint causal=True, int window=0):
         super().__init__(dtype)
         if n_head < 1 or n_kv_head < 1 or head_dim < 1 or n_head % n_kv_head:
             raise ValueError(f"CoreAttention: {n_head} query heads cannot share {n_kv_head} kv "
@@ -39,7 +41,11 @@ cdef class CoreAttention(Module):
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.head_tile = head_tile
         self.fused = fused
+        if window < 0 or window and not causal:
+            raise ValueError(f"CoreAttention: window={window} must be 0 (none) or, with causal "
+                             "attention, the number of positions a query sees")
         self.causal = causal
+        self.window = window
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         self.lse_dtype = "fp32" if self.compute == "bf16" else self.compute
 
@@ -73,19 +79,18 @@ cdef class CoreAttention(Module):
         cdef Tensor o = buffers["o"]
         if self.fused:
             self.lse = buffers["lse"]
-            ops.flash_attention(q, k, v, o, self.lse, self.scale, self.causal)
+            ops.flash_attention(q, k, v, o, self.lse, self.scale, self.causal, 0, self.window)
         else:
             if self.group > 1:
                 ops.repeat_kv(k, buffers["k"])
                 ops.repeat_kv(v, buffers["v"])
                 k, v = buffers["k"], buffers["v"]
             self.p = buffers["p"]
-            ops.attn_qk(self.scale, q, k, self.p, self.causal)
-            if self.causal:
-                ops.mask_causal(self.p)
+            ops.attn_qk(self.scale, q, k, self.p, self.causal, window=self.window)
+            ops.mask_scores(self.p, self.causal, window=self.window)
             ops.maxsumexp(self.p, buffers["stats"], 3)
             ops.softmax_inplace(buffers["stats"], self.p, 3)
-            ops.attn_pv(1.0, self.p, v, o, self.causal)
+            ops.attn_pv(1.0, self.p, v, o, self.causal, window=self.window)
         self.q, self.k, self.v, self.o = q, k, v, o
         return o
 
@@ -93,7 +98,7 @@ cdef class CoreAttention(Module):
         """dq, dk, dv (overwritten) from do, the gradient of forward's o."""
         if self.fused:
             ops.flash_attention_backward(self.q, self.k, self.v, self.o, do, self.lse, dq, dk,
-                                         dv, self.scale, self.causal)
+                                         dv, self.scale, self.causal, 0, self.window)
             return
         cdef dict scratch = self.scratch()
         cdef Tensor p = self.p, dp = scratch["core.dp"], sums = scratch["core.sums"]
@@ -101,12 +106,12 @@ cdef class CoreAttention(Module):
         if self.group > 1:
             dk_heads, dv_heads = scratch["core.dk"], scratch["core.dv"]
         # tiles above the diagonal hold zero probabilities: their gradient is never needed
-        ops.attn_qk(1.0, do, self.v, dp, self.causal, masked_value=0.0)
-        ops.attn_ptv(1.0, p, do, dv_heads, self.causal)
+        ops.attn_qk(1.0, do, self.v, dp, self.causal, 0.0, window=self.window)
+        ops.attn_ptv(1.0, p, do, dv_heads, self.causal, window=self.window)
         ops.sumprod_slice(1.0, p, dp, 0.0, sums, 3)
         ops.softmax_backward(self.scale, p, sums, dp, 3)
-        ops.attn_pv(1.0, dp, self.k, dq, self.causal)
-        ops.attn_ptv(1.0, dp, self.q, dk_heads, self.causal)
+        ops.attn_pv(1.0, dp, self.k, dq, self.causal, window=self.window)
+        ops.attn_ptv(1.0, dp, self.q, dk_heads, self.causal, window=self.window)
         if self.group > 1:
             ops.sum_kv(dk_heads, dk)
             ops.sum_kv(dv_heads, dv)

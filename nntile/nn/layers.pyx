@@ -488,7 +488,7 @@ cdef class Attention(Module):
     ``names``: GPT-2's q, k, v, c_proj; Llama's q_proj, k_proj, v_proj, o_proj), rotary
     positions on q and k where the family has them (in place: the core keeps them turned, and
     backward turns their gradients back), the attention core (nntile.nn.attention, fused or
-    not), the output projection.
+    not; ``window`` > 0: sliding-window attention), the output projection.
 
     Queries are [batch, seq, heads, head_dim], tiled ``tiles['head']`` heads per tile (whole
     groups); keys and values [batch, seq, kv heads, head_dim] (grouped-query attention: never
@@ -499,7 +499,7 @@ cdef class Attention(Module):
 
     def __init__(self, int n_embd, int n_head, int n_kv_head, int head_dim, dict tiles,
                  str dtype, bint fused=True, bint bias=True,
-                 tuple names=("q", "k", "v", "c_proj"), Rotary rotary=None):
+                 tuple names=("q", "k", "v", "c_proj"), Rotary rotary=None, int window=0):
         # imported here: nntile.nn.attention cimports this module
         from nntile.nn.attention import CoreAttention
         super().__init__(dtype)
@@ -513,7 +513,8 @@ cdef class Attention(Module):
                                                  bias))
         self.v = self.add_child(names[2], Linear((n_embd,), (e,), kv, (self.kv_tile, d), dtype,
                                                  bias))
-        self.core = self.add_child("core", CoreAttention(n_head, n_kv_head, d, h, dtype, fused))
+        self.core = self.add_child("core", CoreAttention(n_head, n_kv_head, d, h, dtype, fused,
+                                                         window=window))
         self.out = self.add_child(names[3], Linear(heads, (h, d), (n_embd,), (e,), dtype, bias,
                                                    residual=True))
 

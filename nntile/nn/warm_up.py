@@ -19,18 +19,23 @@ from nntile.nn.attention import CoreAttention
 
 def attention_tile_shapes(model, batch, seq):
     """The distinct fused-attention calls of a ``[batch, seq]`` input as (batch tile, seq
-    tile, query heads per tile, kv heads per tile, head dim, compute dtype, causal, scale, seq
-    tiles), where the seq tiles are 1 or 2 (2: the causal tiles off the diagonal, which see
-    every key, are a call of their own). cuDNN runs bf16 attention only."""
+    tile, query heads per tile, kv heads per tile, head dim, compute dtype, causal, window,
+    scale, seq tiles), where the seq tiles are enough for every distance between a query tile
+    and a key tile it sees: 1 or 2 without a window (2: the causal tiles off the diagonal,
+    which see every key, are a call of their own), up to 1 + ceil(window / seq tile) with one
+    (each distance cuts the window elsewhere). cuDNN runs bf16 attention only."""
     tiles = model.tiles
     bt = min(batch, tiles.get("batch") or math.ceil(batch / model.batch_count))
     tt = min(seq, tiles.get("seq") or seq)
     shapes = set()
     for _, module in model.named_modules():
         if isinstance(module, CoreAttention) and module.fused and module.compute == "bf16":
+            nseq = 1 if tt == seq or not module.causal else 2
+            if module.window and nseq > 1:
+                nseq = min(math.ceil(seq / tt), 1 + math.ceil(module.window / tt))
             shapes.add((bt, tt, module.head_tile, module.head_tile // module.group,
-                        module.head_dim, module.compute, module.causal, module.scale,
-                        1 if tt == seq or not module.causal else 2))
+                        module.head_dim, module.compute, module.causal, module.window,
+                        module.scale, nseq))
     return sorted(shapes)
 
 
@@ -40,15 +45,16 @@ def run_attention_tiles(shapes):
     ctx = current_context()
     created = []
     for rank in range(ctx.owner_ranks):
-        for bt, tt, ht, hkv, d, dtype, causal, scale, nseq in shapes:
+        for bt, tt, ht, hkv, d, dtype, causal, window, scale, nseq in shapes:
             q_shape, kv_shape = (bt, nseq * tt, ht, d), (bt, nseq * tt, hkv, d)
             q_tile, kv_tile = (bt, tt, ht, d), (bt, tt, hkv, d)
             owned = [rank] * nseq
             q, o, do, dq = (Tensor(q_shape, q_tile, dtype, owners=owned) for _ in range(4))
             k, v, dk, dv = (Tensor(kv_shape, kv_tile, dtype, owners=owned) for _ in range(4))
             lse = Tensor(q_shape[:3], q_tile[:3], "fp32", owners=owned)
-            ops.flash_attention(q, k, v, o, lse, scale, causal)
-            ops.flash_attention_backward(q, k, v, o, do, lse, dq, dk, dv, scale, causal)
+            ops.flash_attention(q, k, v, o, lse, scale, causal, 0, window)
+            ops.flash_attention_backward(q, k, v, o, do, lse, dq, dk, dv, scale, causal, 0,
+                                         window)
             created += [q, o, do, dq, k, v, dk, dv, lse]
     ctx.wait()
     for tensor in created:

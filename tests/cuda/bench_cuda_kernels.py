@@ -94,8 +94,8 @@ def main():
     bench("maxsumexp cols [96x1024x1024] n>1", "maxsumexp", "fp32",
           dict(m=96, k=1024, n=1024, init=1), [sc, arr(96, 1024, 2)],
           4 * 96 * 1024 * 1024)
-    bench("mask_causal [96x1024x1024]", "mask_causal", "fp32",
-          dict(batch=96, tq=1024, tk=1024, q_offset=0, k_offset=0), [sc],
+    bench("mask_scores [96x1024x1024]", "mask_scores", "fp32",
+          dict(batch=96, tq=1024, tk=1024, q_offset=0, k_offset=0, mask=dict(causal=1)), [sc],
           2 * 96 * 1024 * 1024)
     # logits: [tokens, vocab tile]
     lrows, vt = 2048, vocab

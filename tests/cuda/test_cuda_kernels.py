@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tests.kernel_header import args_structs, find_blas, op_table
+from tests.kernel_header import args_structs, find_blas, op_table, value_structs
 from tests.unary_refs import ACTIVATIONS
 import pytest
 
@@ -66,6 +66,11 @@ _CTYPES = {"int64": ctypes.c_int64, "double": ctypes.c_double,
            "int64[8]": ctypes.c_int64 * 8}
 
 
+for _name, _fields in value_structs().items():  # held by value in args structs (nntile_mask)
+    _CTYPES[f"struct {_name}"] = type(_name, (ctypes.Structure,),
+                                      {"_fields_": [(n, _CTYPES[t]) for n, t in _fields]})
+
+
 def _parse_structs():
     """ctypes structs for every nntile_<op>_args in kernels.h."""
     return {op: type(f"nntile_{op}_args", (ctypes.Structure,),
@@ -87,6 +92,8 @@ def make_args(op, args):
         if isinstance(val, (list, tuple)):
             val = [int(x) for x in val]
             val = (ctypes.c_int64 * 8)(*(val + [0] * (8 - len(val))))
+        elif isinstance(ct, type) and issubclass(ct, ctypes.Structure):
+            val = ct(**(val or {}))
         kw[name] = val
     return cls(**kw)
 
@@ -625,13 +632,16 @@ def test_exp_accuracy(env, dt, n):
 
 
 @pytest.mark.parametrize("dt", DT)
-@pytest.mark.parametrize("batch,tq,tk,qo,ko", [
-    (1, 1, 1, 0, 0), (2, 4, 4, 0, 0), (3, 5, 7, 4, 0), (1, 6, 3, 0, 3),
-    (2, 3, 8, 10, 2), (1, 4, 4, 0, 8), (2, 70, 600, 100, 0)])
-def test_mask_causal(env, dt, batch, tq, tk, qo, ko):
+@pytest.mark.parametrize("batch,tq,tk,qo,ko,causal,offset", [
+    (1, 1, 1, 0, 0, 1, 0), (2, 4, 4, 0, 0, 1, 0), (3, 5, 7, 4, 0, 1, 0), (1, 6, 3, 0, 3, 1, 0),
+    (2, 3, 8, 10, 2, 1, 0), (1, 4, 4, 0, 8, 1, 0), (2, 70, 600, 100, 0, 1, 0),
+    (2, 9, 40, 0, 0, 1, 31), (1, 5, 5, 0, 0, 0, 0)])
+@pytest.mark.parametrize("window", [0, 3])
+def test_mask_scores(env, dt, batch, tq, tk, qo, ko, causal, offset, window):
     rng = np.random.default_rng(tk)
-    c, g = run(env, "mask_causal", dt, dict(batch=batch, tq=tq, tk=tk,
-                                            q_offset=qo, k_offset=ko),
+    mask = dict(causal=causal, offset=offset, window=window if causal else 0)
+    c, g = run(env, "mask_scores", dt, dict(batch=batch, tq=tq, tk=tk, q_offset=qo,
+                                            k_offset=ko, mask=mask),
                [R(rng, batch, tq, tk)])
     np.testing.assert_array_equal(g[0], c[0])
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import test_cuda_kernels as K  # the shared build; skips this module without a device
-from tests.attention_refs import reference
+from tests.attention_refs import reference, visible
 
 pytestmark = pytest.mark.gpu
 cp = K.cp
@@ -67,10 +67,27 @@ def value(a):
     return a.astype(np.float64)
 
 
-def flash_args(batch, tq, tk, hq, hkv, d, q_offset, k_offset, causal, accumulate, scale):
+def flash_args(batch, tq, tk, hq, hkv, d, q_offset, k_offset, causal, accumulate, scale,
+               offset=0, window=0):
     return K.make_args("flash", dict(batch=batch, tq=tq, tk=tk, hq=hq, hkv=hkv, d=d,
-                                     q_offset=q_offset, k_offset=k_offset, causal=int(causal),
+                                     q_offset=q_offset, k_offset=k_offset,
+                                     mask=dict(causal=int(causal), offset=offset,
+                                               window=window),
                                      accumulate=accumulate, scale=scale))
+
+
+def case_args(case, bs, hs, ks_h, qs, ks, accumulate):
+    """The args of a case's call on a (batch, head, query, key) span."""
+    return flash_args(bs[1] - bs[0], qs[1] - qs[0], ks[1] - ks[0], hs[1] - hs[0],
+                      ks_h[1] - ks_h[0], case["D"], case["q_off"] + qs[0],
+                      case["k_off"] + ks[0], case["causal"], accumulate, case["scale"],
+                      case["offset"], case["window"])
+
+
+def case_visible(case):
+    """The case's mask over its whole queries and keys (tests/attention_refs.py)."""
+    return visible(case["T"], case["Tk"], case["causal"], case["q_off"], case["k_off"],
+                   case["offset"], case["window"])
 
 
 def call(env, op, col, args, bufs, stream=None):
@@ -100,16 +117,16 @@ def spans(n, size):
 
 def tile_calls(case):
     """(batch span, query head span, kv head span, query span, key span) of every call the
-    tensor op makes, in its order; the key tiles causality masks out entirely left out."""
+    tensor op makes, in its order; the key tiles the mask hides entirely left out."""
     B, T, Tk, H, Hkv = case["B"], case["T"], case["Tk"], case["H"], case["Hkv"]
     bt, ht, tt, kt = case.get("bt", B), case.get("ht", H), case.get("tt", T), case.get("kt", Tk)
     g = H // Hkv
-    calls = []
+    calls, keep = [], case_visible(case)
     for bs in spans(B, bt):
         for h0, h1 in spans(H, ht):
             for qs in spans(T, tt):
                 for ks in spans(Tk, kt):
-                    if case["causal"] and case["k_off"] + ks[0] > case["q_off"] + qs[1] - 1:
+                    if not keep[qs[0]:qs[1], ks[0]:ks[1]].any():
                         continue
                     calls.append((bs, (h0, h1), (h0 // g, h1 // g), qs, ks))
     return calls
@@ -143,9 +160,7 @@ def run_forward(env, col, case, q, k, v):
                          ((q, hs, qs), (k, ks_h, ks), (v, ks_h, ks)))
         do_ = to_device(env, sub(o, bs, hs, qs))
         dl_ = to_device(env, np.ascontiguousarray(lse[bs[0]:bs[1], qs[0]:qs[1], hs[0]:hs[1]]))
-        args = flash_args(bs[1] - bs[0], qs[1] - qs[0], ks[1] - ks[0], hs[1] - hs[0],
-                          ks_h[1] - ks_h[0], D, case["q_off"] + qs[0], case["k_off"] + ks[0],
-                          case["causal"], acc, case["scale"])
+        args = case_args(case, bs, hs, ks_h, qs, ks, acc)
         call(env, "flash_forward", col, args, [dq_, dk_, dv_, do_, dl_])
         o[bs[0]:bs[1], qs[0]:qs[1], hs[0]:hs[1]] = to_host(env, do_)
         lse[bs[0]:bs[1], qs[0]:qs[1], hs[0]:hs[1]] = to_host(env, dl_)
@@ -159,7 +174,6 @@ def run_backward(env, col, case, q, k, v, o, do, lse):
     dk = stored(np.full(k.shape, np.nan), dt)
     dv = stored(np.full(v.shape, np.nan), dt)
     seen_q, seen_k = set(), set()
-    D = q.shape[3]
     for bs, hs, ks_h, qs, ks in tile_calls(case):
         kq, kk = (bs, hs, qs), (bs, ks_h, ks)
         acc = int(kq in seen_q) | 2 * int(kk in seen_k)
@@ -171,9 +185,7 @@ def run_backward(env, col, case, q, k, v, o, do, lse):
             lse[bs[0]:bs[1], qs[0]:qs[1], hs[0]:hs[1]])))
         outs = [to_device(env, sub(x, bs, h, t)) for x, h, t in
                 ((dq, hs, qs), (dk, ks_h, ks), (dv, ks_h, ks))]
-        args = flash_args(bs[1] - bs[0], qs[1] - qs[0], ks[1] - ks[0], hs[1] - hs[0],
-                          ks_h[1] - ks_h[0], D, case["q_off"] + qs[0], case["k_off"] + ks[0],
-                          case["causal"], acc, case["scale"])
+        args = case_args(case, bs, hs, ks_h, qs, ks, acc)
         call(env, "flash_backward", col, args, bufs + outs)
         for x, h, t, a in ((dq, hs, qs, outs[0]), (dk, ks_h, ks, outs[1]),
                            (dv, ks_h, ks, outs[2])):
@@ -183,18 +195,15 @@ def run_backward(env, col, case, q, k, v, o, do, lse):
 
 # ---------------------------------------------------------------- references
 
-def backward_given(q, k, v, o, do, lse, scale, causal, q_off, k_off):
+def backward_given(q, k, v, o, do, lse, scale, keep):
     """dq, dk, dv as the kernels compute them from the lse and o they are given (float64):
-    P = exp(scale q.k - lse) on unmasked keys (0 where lse is -inf), delta = rowsum(dout * o),
+    P = exp(scale q.k - lse) on the keys ``keep`` shows (0 where lse is -inf), delta = rowsum(dout * o),
     dS = P (dout v^T - delta), dq = scale dS k, dk = scale dS^T q, dv = P^T dout, the heads
     of a group summed into their kv head."""
     B, Tk, Hkv, D = k.shape
     g = q.shape[2] // Hkv
     kk, vv = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
     s = scale * np.einsum("bqhd,bkhd->bhqk", q, kk)
-    keep = np.ones(s.shape[-2:], dtype=bool)
-    if causal:
-        keep = (k_off + np.arange(Tk))[None, :] <= (q_off + np.arange(q.shape[1]))[:, None]
     lse_t = lse.transpose(0, 2, 1)[..., None]
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.where(keep & np.isfinite(lse_t), np.exp(s - np.where(np.isfinite(lse_t), lse_t, 0)),
@@ -223,7 +232,8 @@ def assert_close(got, ref, tol, what, floor=0.0):
 
 def case(B, T, Tk, H, Hkv, D, causal=True, **kw):
     return dict(B=B, T=T, Tk=Tk, H=H, Hkv=Hkv, D=D, causal=causal,
-                q_off=kw.pop("q_off", 0), k_off=kw.pop("k_off", 0),
+                q_off=kw.pop("q_off", 0), k_off=kw.pop("k_off", 0), offset=kw.pop("offset", 0),
+                window=kw.pop("window", 0),
                 scale=kw.pop("scale", D ** -0.5), **kw)
 
 
@@ -242,6 +252,16 @@ CASES = {
     "no-key-rows": case(1, 32, 32, 2, 2, 64, q_off=0, k_off=16),
     # a query tile below the diagonal: cuDNN's band key - query > q_offset - k_offset
     "band": case(1, 32, 64, 2, 2, 64, q_off=32, k_off=0),
+    # keys longer than queries (a prefill after 40 cached keys), tiled
+    "offset-prefill": case(1, 24, 64, 4, 2, 64, offset=40, tt=16, kt=32),
+    # one new query against a cache of 77 keys
+    "offset-one-query": case(2, 1, 77, 4, 1, 64, offset=76),
+    # sliding windows: in one call (cuDNN's left bound), tiled with key tiles skipped, a
+    # window not a multiple of the tiles or the kernels' blocks, and with an offset
+    "window-one-call": case(2, 130, 130, 2, 1, 128, window=17),
+    "window-tiled": case(1, 200, 200, 4, 2, 64, window=70, tt=64, kt=64),
+    "window-plain-d20": case(1, 90, 90, 3, 3, 20, window=33, tt=45, kt=30),
+    "window-offset": case(1, 24, 100, 4, 2, 64, offset=76, window=50, tt=16, kt=32),
 }
 
 
@@ -252,7 +272,7 @@ def test_flash_forward(env, col, name):
     q, k, v, _ = inputs(c, col, seed=len(name))
     o, lse = run_forward(env, col, c, q, k, v)
     ref_o, ref_lse, _ = reference(value(q), value(k), value(v), c["scale"], c["causal"],
-                                  c["q_off"], c["k_off"])
+                                  c["q_off"], c["k_off"], c["offset"], c["window"])
     assert_close(o, ref_o, TOL_FWD[col], f"{name} {col} o")
     assert_close(lse, ref_lse, TOL_FWD[col], f"{name} {col} lse")
     if name == "no-key-rows":
@@ -265,11 +285,11 @@ def test_flash_backward(env, col, name):
     c = CASES[name]
     q, k, v, do = inputs(c, col, seed=len(name) + 1)
     ref_o, ref_lse, _ = reference(value(q), value(k), value(v), c["scale"], c["causal"],
-                                  c["q_off"], c["k_off"])
+                                  c["q_off"], c["k_off"], c["offset"], c["window"])
     o, lse = stored(ref_o, data_dtype(col)), stored(ref_lse, lse_dtype(col))
     dq, dk, dv = run_backward(env, col, c, q, k, v, o, do, lse)
     refs = backward_given(value(q), value(k), value(v), value(o), value(do), value(lse),
-                          c["scale"], c["causal"], c["q_off"], c["k_off"])
+                          c["scale"], case_visible(c))
     largest = max(float(np.abs(r).max()) for r in refs)  # the gradients' common scale
     for got, ref, what in zip((dq, dk, dv), refs, ("dq", "dk", "dv")):
         assert_close(got, ref, TOL_BWD[col], f"{name} {col} {what}", floor=largest)
@@ -281,7 +301,7 @@ def test_backward_reference_is_the_gradient():
     c = CASES["d96-tiled-gqa4"]
     q, k, v, do = (value(x) for x in inputs(c, "fp64", seed=3))
     o, lse, _ = reference(q, k, v, c["scale"], True)
-    for a, b in zip(backward_given(q, k, v, o, do, lse, c["scale"], True, 0, 0),
+    for a, b in zip(backward_given(q, k, v, o, do, lse, c["scale"], case_visible(c)),
                     reference_backward(q, k, v, do, c["scale"], True)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 

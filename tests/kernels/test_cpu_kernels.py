@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from tests.kernel_header import activations, args_structs, op_buffers, op_table
+from tests.kernel_header import activations, args_structs, op_buffers, op_table, value_structs
 from tests.unary_refs import ACTIVATIONS
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +24,10 @@ KERNEL_DIR = os.path.join(ROOT, "nntile", "_core", "kernels")
 I, D = "int64", "double"
 A8 = "int64[8]"
 _CTYPE = {I: ctypes.c_int64, D: ctypes.c_double, A8: ctypes.c_int64 * 8}
+# the structs that args structs hold by value (nntile_mask), given as dicts of their fields
+for _name, _fields in value_structs().items():
+    _CTYPE[f"struct {_name}"] = type(_name, (ctypes.Structure,),
+                                     {"_fields_": [(n, _CTYPE[t]) for n, t in _fields]})
 
 # op -> its args struct (ctypes) and its number of buffers, from kernels.h
 STRUCTS = {
@@ -51,6 +55,8 @@ class Kernels:
             if t is _CTYPE[A8]:
                 val = list(val) + [0] * (8 - len(val))
                 val = (ctypes.c_int64 * 8)(*val)
+            elif issubclass(t, ctypes.Structure):
+                val = t(**(val or {}))
             kw[name] = val
         unknown = set(args) - {f for f, _ in STRUCTS[op]._fields_}
         assert not unknown, unknown
@@ -350,18 +356,23 @@ def test_softmax_backward(K, dt, m, k, n, seed):
 
 
 @pytest.mark.parametrize("dt", DT)
-@pytest.mark.parametrize("batch,tq,tk,qo,ko", [
-    (1, 1, 1, 0, 0), (2, 4, 4, 0, 0), (3, 5, 7, 4, 0), (1, 6, 3, 0, 3),
-    (2, 3, 8, 10, 2), (1, 4, 4, 0, 8)])
-def test_mask_causal(K, dt, batch, tq, tk, qo, ko):
+@pytest.mark.parametrize("batch,tq,tk,qo,ko,causal,offset,window", [
+    (1, 1, 1, 0, 0, 1, 0, 0), (2, 4, 4, 0, 0, 1, 0, 0), (3, 5, 7, 4, 0, 1, 0, 0),
+    (1, 6, 3, 0, 3, 1, 0, 0), (2, 3, 8, 10, 2, 1, 0, 0), (1, 4, 4, 0, 8, 1, 0, 0),
+    (2, 3, 9, 0, 0, 1, 5, 0), (1, 4, 4, 0, 0, 0, 0, 0), (2, 7, 9, 3, 1, 1, 2, 3),
+    (1, 5, 12, 0, 0, 1, 6, 1)])
+def test_mask_scores(K, dt, batch, tq, tk, qo, ko, causal, offset, window):
     rng = np.random.default_rng(0)
     x = rnd(rng, (batch, tq, tk), dt)
     ref = x.copy()
-    qi = qo + np.arange(tq)[:, None]
+    qi = qo + offset + np.arange(tq)[:, None]
     kj = ko + np.arange(tk)[None, :]
-    ref[:, kj > qi] = -np.inf
-    K("mask_causal", dt, dict(batch=batch, tq=tq, tk=tk, q_offset=qo,
-                              k_offset=ko), x)
+    if causal:
+        ref[:, kj > qi] = -np.inf
+    if window:
+        ref[:, kj <= qi - window] = -np.inf
+    K("mask_scores", dt, dict(batch=batch, tq=tq, tk=tk, q_offset=qo, k_offset=ko,
+                              mask=dict(causal=causal, offset=offset, window=window)), x)
     np.testing.assert_array_equal(x, ref)
 
 
@@ -1035,7 +1046,8 @@ def test_bf16_copy_subcopy_are_bit_exact(K):
                               dst_offset=(1, 0, 2)), src, dst)
     np.testing.assert_array_equal(dst, ref)
     one = np.array([0x7F80], np.uint16)
-    K("mask_causal", "bf16", dict(batch=1, tq=1, tk=1, q_offset=0, k_offset=1), one)
+    K("mask_scores", "bf16", dict(batch=1, tq=1, tk=1, q_offset=0, k_offset=1,
+                                  mask=dict(causal=1)), one)
     assert one[0] == 0xFF80  # -inf
 
 

@@ -10,7 +10,8 @@
  *   bf16_fp32 (bf16 data buffers, float accumulator buffers: mixed
  *   precision; NNTILE_BUFFERS_<op> says which buffers are which).
  * - every buffer is one contiguous row-major tile; buffers never alias.
- * - struct fields: int64_t for sizes/offsets/flags, double for scalars.
+ * - struct fields: int64_t for sizes/offsets/flags, double for scalars, or
+ *   a struct of those held by value (struct nntile_mask).
  * - "axis layout [m, k, n]": element (i,j,l) at (i*k + j)*n + l; k is the
  *   reduced/broadcast axis, slices are [m, n], fibers are [k].
  * - a kernel with beta never reads its destination when beta == 0.
@@ -55,8 +56,70 @@ struct nntile_prod_slice_args { int64_t m, k, n; double alpha; };
 struct nntile_maxsumexp_args { int64_t m, k, n; int64_t init; };
 struct nntile_softmax_inplace_args { int64_t m, k, n; };
 struct nntile_softmax_backward_args { int64_t m, k, n; double alpha; };
-struct nntile_mask_causal_args {
+/* Which keys each query of attention sees: written once here, for every
+ * attention kernel (C and CUDA) and every loop that skips tiles. Query i sits
+ * at key position i + offset (offset > 0 when the keys are longer than the
+ * queries: a prefill after `offset` cached keys; 0 in training). */
+struct nntile_mask {
+    int64_t causal; /* 1: a query sees no key after its own position */
+    int64_t window; /* > 0 (with causal): nor keys `window` or more before it
+                       (transformers' sliding_window); 0: no window */
+    int64_t offset; /* the key position of query 0 */
+};
+
+#ifdef __CUDACC__
+#define NNTILE_HOST_DEVICE __host__ __device__
+#else
+#define NNTILE_HOST_DEVICE
+#endif
+
+/* Key j is visible from query i (positions among all queries and keys). */
+static inline NNTILE_HOST_DEVICE int nntile_mask_visible(struct nntile_mask m, int64_t i,
+                                                         int64_t j)
+{
+    const int64_t at = i + m.offset;
+    return (!m.causal || j <= at) && (m.window <= 0 || j > at - m.window);
+}
+
+/* The keys [lo, hi) that some query of [q0, q1) sees, among keys [0, nk):
+ * the keys outside need no work at all; lo >= hi when none. */
+struct nntile_range { int64_t lo, hi; };
+static inline NNTILE_HOST_DEVICE struct nntile_range nntile_mask_keys(
+    struct nntile_mask m, int64_t q0, int64_t q1, int64_t nk)
+{
+    struct nntile_range r = {0, nk};
+    if (m.causal && q1 + m.offset < nk)
+        r.hi = q1 + m.offset;
+    if (m.window > 0 && q0 + m.offset - m.window + 1 > 0)
+        r.lo = q0 + m.offset - m.window + 1;
+    return r;
+}
+
+/* Every key of [k0, k1) is visible from every query of [q0, q1) (both
+ * non-empty): the visible set is convex, so two corners decide. */
+static inline NNTILE_HOST_DEVICE int nntile_mask_whole(struct nntile_mask m, int64_t q0,
+                                                       int64_t q1, int64_t k0, int64_t k1)
+{
+    return nntile_mask_visible(m, q0, k1 - 1) && nntile_mask_visible(m, q1 - 1, k0);
+}
+
+/* The queries [lo, hi) among [0, nq) that see some key of [k0, k1). */
+static inline NNTILE_HOST_DEVICE struct nntile_range nntile_mask_queries(
+    struct nntile_mask m, int64_t k0, int64_t k1, int64_t nq)
+{
+    struct nntile_range r = {0, nq};
+    if (m.causal && k0 - m.offset > 0)
+        r.lo = k0 - m.offset < nq ? k0 - m.offset : nq;
+    if (m.window > 0 && k1 - 1 - m.offset + m.window < nq)
+        r.hi = k1 - 1 - m.offset + m.window;
+    return r;
+}
+
+/* dst[b, i, j] = -inf where key k_offset + j is not visible from query
+ * q_offset + i: the scores of unfused attention. */
+struct nntile_mask_scores_args {
     int64_t batch, tq, tk, q_offset, k_offset;
+    struct nntile_mask mask;
 };
 struct nntile_logsumexp_args { int64_t n; };
 struct nntile_xent_picked_args { int64_t rows, v, v_offset; };
@@ -129,8 +192,9 @@ struct nntile_sgd_step_args {
 struct nntile_flash_args {
     int64_t batch, tq, tk, hq, hkv, d; /* tile extents: q, o, dq [batch, tq, hq, d];
                                           k, v, dk, dv [batch, tk, hkv, d]; lse [batch, tq, hq] */
-    int64_t q_offset, k_offset;        /* sequence positions of the tiles' first rows */
-    int64_t causal;                    /* 1: key position > query position is masked */
+    int64_t q_offset, k_offset;        /* positions of the tiles' first rows among all the
+                                          queries and all the keys */
+    struct nntile_mask mask;           /* which keys each query sees */
     int64_t accumulate;                /* forward: 0 = the first key tile of these queries
                                           (o and lse are written), 1 = merge this key tile's
                                           result into o and lse (online-softmax merge, o kept
@@ -175,7 +239,7 @@ struct nntile_flash_args {
     X(sum_slice, 2, PLAIN) X(sumprod_slice, 3, MIXED) X(add_slice, 2, PLAIN) \
     X(prod_slice, 2, PLAIN) X(maxsumexp, 2, MIXED) \
     X(softmax_inplace, 2, MIXED) X(softmax_backward, 3, MIXED) \
-    X(mask_causal, 1, PLAIN) X(logsumexp, 2, PLAIN) X(xent_picked, 3, MIXED) \
+    X(mask_scores, 1, PLAIN) X(logsumexp, 2, PLAIN) X(xent_picked, 3, MIXED) \
     X(xent_loss, 3, PLAIN) X(xent_grad_inplace, 3, MIXED) \
     X(embedding, 3, PLAIN) X(embedding_backward, 3, PLAIN) \
     X(layernorm_stats, 2, PLAIN) X(layernorm_forward, 5, MIXED) \
@@ -253,7 +317,7 @@ NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
     P(const ACC *, stats) P(T *, dst)
 #define NNTILE_BUFFERS_softmax_backward(P, W, T, ACC) \
     P(const T *, p) P(const ACC *, sums) P(T *, dp)
-#define NNTILE_BUFFERS_mask_causal(P, W, T, ACC) P(T *, dst)
+#define NNTILE_BUFFERS_mask_scores(P, W, T, ACC) P(T *, dst)
 #define NNTILE_BUFFERS_logsumexp(P, W, T, ACC) \
     P(const T *, stats) W(T *, dst)
 #define NNTILE_BUFFERS_xent_picked(P, W, T, ACC) \

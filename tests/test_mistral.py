@@ -1,0 +1,112 @@
+"""Mistral on StarPU against transformers' MistralForCausalLM (Llama with a sliding window):
+logits, loss and every gradient with a window shorter than the sequence, not a multiple of the
+sequence tile, fused and unfused; its config; and the programs on a Mistral directory
+(nntile-convert import, 3 steps of nntile-train --init-from, export, transformers' loss).
+tests/test_llama.py says how the float64 reference is made."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from nntile.models import FAMILIES, config_from_dict
+from nntile.models.mistral_config import MistralConfig, MistralForCausalLM
+from tests.test_gpt2 import check_against
+from tests.test_llama import B, PARTIAL, T, V, hf_loss_and_grads, reference_model, tokens
+from tests.test_llama_programs import CONFIG as PROGRAM_CONFIG, TILES, assert_same_loss
+from tests.test_train_cli import cli, data_dir, read_metrics  # noqa: F401 (fixture)
+
+BASE = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=32, rms_norm_eps=1e-5)
+# Each case: transformers' config fields and our tiles; the sequence is T = 19 tokens
+CASES = {
+    # window 5 < 19, not a multiple of the sequence tile 7; GQA 4:1 with kv head tiles of 1
+    "window 5, gqa, tied, partial": (
+        dict(hidden_size=64, intermediate_size=96, num_attention_heads=8,
+             num_key_value_heads=2, tie_word_embeddings=True, sliding_window=5),
+        dict(PARTIAL, head=4)),
+    # window 8, whole tiles (one sequence tile), untied
+    "window 8, mha, untied, whole": (
+        dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4,
+             sliding_window=8),
+        {}),
+}
+
+
+def hf_model(case, dtype):
+    torch.manual_seed(0)
+    fields = dict(dict(BASE, tie_word_embeddings=False), **CASES[case][0])
+    return reference_model(transformers.MistralForCausalLM(transformers.MistralConfig(**fields)),
+                           dtype)
+
+
+@pytest.mark.parametrize("case, attention", [(case, "fused") for case in CASES]
+                         + [("window 5, gqa, tied, partial", "unfused")])
+@pytest.mark.parametrize("dtype, tol", [("fp32", 1e-5), ("fp64", 1e-10)])
+def test_parity_with_transformers(ctx, case, dtype, tol, attention):
+    hf = hf_model(case, torch.float64 if dtype == "fp64" else torch.float32)
+    ids, targets = tokens(1)
+    ref = hf_loss_and_grads(hf, ids, targets)
+    config = MistralConfig.from_transformers(hf.config).replace(attention=attention)
+    assert 0 < config.sliding_window < T
+    model = MistralForCausalLM(config, CASES[case][1], dtype)
+    model.load_state_dict({k: v.numpy() for k, v in hf.state_dict().items()})
+    check_against(model, ref, ids, targets, tol)
+    # the window matters here: without it the logits differ
+    no_window = transformers.MistralForCausalLM(transformers.MistralConfig(
+        **dict(hf.config.to_dict(), sliding_window=None))).to(hf.dtype).eval()
+    no_window.load_state_dict(hf.state_dict())
+    with torch.no_grad():
+        full = no_window(torch.from_numpy(ids)).logits.double().numpy()
+    assert np.abs(full - ref[0]).max() > 1e-3
+    model.unregister()
+    assert ids.shape == (B, T)
+
+
+def test_config():
+    """config.json's null window is none; a bad window or a bias is refused in one line; what
+    we write transformers reads back as the same Mistral."""
+    assert FAMILIES["mistral"] is MistralForCausalLM
+    data = dict(model_type="mistral", vocab_size=50, hidden_size=32, intermediate_size=40,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                sliding_window=None)
+    config = config_from_dict(data)
+    assert type(config) is MistralConfig and config.sliding_window is None
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="sliding_window"):
+            config_from_dict(dict(data, sliding_window=bad))
+    with pytest.raises(ValueError, match="no biases"):
+        config_from_dict(dict(data, attention_bias=True))
+    windowed = config.replace(sliding_window=7)
+    hf_config = transformers.MistralConfig.from_dict(windowed.to_transformers_dict())
+    assert hf_config.sliding_window == 7 and hf_config.architectures == ["MistralForCausalLM"]
+    assert MistralConfig.from_transformers(hf_config) == windowed
+    assert "window 7" in windowed.describe()
+
+
+def test_import_train_export_round_trip(tmp_path, data_dir):  # noqa: F811
+    """A Mistral directory (window 9 < the 32 trained positions), 3 steps of nntile-train
+    --init-from it with the loss falling, exported: transformers computes the loss nntile-eval
+    computes; nntile-convert import reads the same directory."""
+    torch.manual_seed(0)
+    hf = transformers.MistralForCausalLM(transformers.MistralConfig(
+        **PROGRAM_CONFIG, sliding_window=9, tie_word_embeddings=False))
+    hf.save_pretrained(tmp_path / "hf")
+    result = cli("convert", "import", tmp_path / "hf", tmp_path / "in.h5", *TILES)
+    assert result.returncode == 0, result.stderr
+    assert "Mistral" in result.stdout
+    out = tmp_path / "run"
+    result = cli("train", "--init-from", tmp_path / "hf", "--data", data_dir, "--out", out,
+                 "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--tile-batch", "2",
+                 "--tile-seq", "12", *TILES, "--ncpu", "2", "--no-progress", "--eval-every",
+                 "0", "--lr", "3e-3")
+    assert result.returncode == 0, result.stderr
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert len(metrics) == 3 and metrics[-1]["loss"] < metrics[0]["loss"]
+    result = cli("convert", "export", out / "ckpt-3.h5", tmp_path / "back")
+    assert result.returncode == 0, result.stderr
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back",
+                                                            local_files_only=True)
+    assert isinstance(back, transformers.MistralForCausalLM)
+    assert back.config.sliding_window == 9 and back.config.num_key_value_heads == 2
+    assert_same_loss(out / "ckpt-3.h5", back, data_dir)
