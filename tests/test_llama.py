@@ -1,4 +1,6 @@
-"""Llama on StarPU against transformers' LlamaForCausalLM: same weights, same numbers.
+"""Llama, and the families built on it, on StarPU against transformers' LlamaForCausalLM
+(Qwen2ForCausalLM, ...): same weights, same numbers. A case names its family by
+``model_type`` (none: llama).
 
 In fp64 the reference computes in float64 throughout (``in_float64``): transformers computes
 its rotary cos and sin, and RMSNorm, in fp32 whatever the model's dtype, which alone moves
@@ -18,7 +20,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-from nntile.models import LlamaConfig, LlamaLM
+from nntile.models import LlamaConfig, LlamaLM, config_from_dict, model_class
 from nntile.nn.rope import rope_inv_freq
 from nntile.optim import AdamW
 from tests.test_gpt2 import (adamw_like_torch, batches_of_two_shapes, check_against,
@@ -27,7 +29,8 @@ from tests.test_gpt2 import (adamw_like_torch, batches_of_two_shapes, check_agai
 B, T, V = 2, 19, 97
 BASE = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=32, rms_norm_eps=1e-5)
 PARTIAL = dict(batch=1, seq=7, embd=24, inner=40, vocab=30)  # partial tiles everywhere
-# Each case: transformers' config fields and our tiles (head: query heads per tile)
+# Each case: transformers' config fields (model_type: the family, llama unless given) and our
+# tiles (head: query heads per tile)
 CASES = {
     "mha": (dict(hidden_size=32, intermediate_size=64, num_attention_heads=4), {}),
     "gqa 4:1, tied, partial": (
@@ -55,14 +58,24 @@ def rel(a, b):
 
 def hf_config(case):
     fields = dict(dict(BASE, tie_word_embeddings=False), **CASES[case][0])
-    return transformers.LlamaConfig(**fields)
+    return transformers.AutoConfig.for_model(fields.pop("model_type", "llama"), **fields)
+
+
+def our_config(hf_config):
+    """Our config of a transformers config, of the family its model_type names."""
+    return config_from_dict(hf_config.to_dict())
+
+
+def ours_from(hf, tiles, dtype):
+    """Our model of a transformers model, of its family."""
+    return model_class(hf.config.model_type).from_transformers(hf, tiles, dtype)
 
 
 def in_float64(hf):
     """Make the float64 reference compute its rotary cos and sin and its RMSNorms in float64
     (see the module's docstring), patching those modules of this model only."""
     emb = hf.model.rotary_emb
-    config = LlamaConfig.from_transformers(hf.config)
+    config = our_config(hf.config)
     inv_freq, scale = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
     # the same frequencies as transformers' own, to its fp32 rounding
     np.testing.assert_allclose(inv_freq, emb.inv_freq.double().numpy(), rtol=1e-6)
@@ -77,14 +90,14 @@ def in_float64(hf):
         return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
                                              + self.variance_epsilon)
     emb.forward = types.MethodType(rotary, emb)
-    for module in hf.modules():
-        if isinstance(module, transformers.models.llama.modeling_llama.LlamaRMSNorm):
+    for module in hf.modules():  # LlamaRMSNorm, Qwen2RMSNorm, ...
+        if type(module).__name__.endswith("RMSNorm"):
             module.forward = types.MethodType(rmsnorm, module)
 
 
 def hf_model(case, dtype):
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(hf_config(case)).to(dtype)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(case)).to(dtype)
     with torch.no_grad():  # larger-than-default weights so every path carries signal
         for name, p in model.named_parameters():
             p.add_((0.1 if "norm" in name else 0.05) * torch.randn_like(p))
@@ -123,11 +136,11 @@ def reference(case, dtype_name, seed=1):
 @pytest.mark.parametrize("dtype, tol", [("fp32", 1e-5), ("fp64", 1e-10)])
 def test_parity_with_transformers(ctx, case, dtype, tol, attention):
     hf, ref = reference(case, dtype)
-    model = LlamaLM.from_transformers(hf, CASES[case][1], dtype)
+    model = ours_from(hf, CASES[case][1], dtype)
     if attention == "unfused":
         model.unregister()
-        config = LlamaConfig.from_transformers(hf.config).replace(attention="unfused")
-        model = LlamaLM(config, CASES[case][1], dtype)
+        config = our_config(hf.config).replace(attention="unfused")
+        model = model_class(config.model_type)(config, CASES[case][1], dtype)
         model.load_state_dict({k: v.numpy() for k, v in hf.state_dict().items()})
     assert model.config.attention == attention
     check_against(model, ref, *tokens(1), tol)

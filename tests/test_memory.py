@@ -16,7 +16,7 @@ from nntile.precision import precision_dtypes
 from nntile._core.core import current_context, live_tensor_count
 from nntile.cli_common import CLIError
 from nntile.models import GPT2Config, GPT2LMHead, config_from_dict, model_class
-from nntile.nn import Block
+from nntile.models.gpt2 import GPT2Block
 from nntile.optim import SGD, AdamW
 from tests.conftest import estimate_of_train_run
 
@@ -142,7 +142,7 @@ def test_estimate_equals_the_tensors_a_training_step_registers(ctx, case):
         assert est.largest_tile == largest
 
 
-class ProbedBlock(Block):
+class ProbedBlock(GPT2Block):
     """A block with one tensor more of each kind a layer declares, each added in one place:
     a parameter ``gain`` [n_embd] (with its gradient and optimizer states), a constant
     ``scale`` [7], a buffer ``probe`` [batch, seq, 3] and a backward scratch ``dprobe``

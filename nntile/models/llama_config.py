@@ -50,6 +50,7 @@ def _rope_scaling(value):
 @dataclasses.dataclass
 class LlamaConfig(CausalLMConfig):
     model_type = "llama"
+    architecture = "LlamaForCausalLM"
     name = "Llama"
     ATTRIBUTE_MAP = {"norm_eps": "rms_norm_eps"}
     DROPOUT_FIELDS = ("attention_dropout",)
@@ -149,9 +150,19 @@ class LlamaConfig(CausalLMConfig):
         (normal 0.02, norms at one, biases at zero)."""
         if name.endswith(".bias"):
             return 0.0, 0.0
-        if name.endswith(("layernorm.weight", "model.norm.weight")):
+        if name.endswith("norm.weight"):
             return 1.0, 0.0
         return 0.0, 0.02
+
+    @property
+    def qkv_bias(self):
+        """Whether the q, k and v projections have biases."""
+        return self.attention_bias
+
+    @property
+    def o_bias(self):
+        """Whether the output projection of attention has a bias."""
+        return self.attention_bias
 
     def name_map(self):
         """transformers' LlamaForCausalLM state dict. Every name is ours too; its ``nn.Linear``
@@ -162,10 +173,11 @@ class LlamaConfig(CausalLMConfig):
         entries = [same("model.embed_tokens.weight", (V, E))]
         for i in range(self.num_hidden_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            entries += (linear(attn + "q_proj", (E,), (H, D), self.attention_bias)
-                        + linear(attn + "k_proj", (E,), (Hkv, D), self.attention_bias)
-                        + linear(attn + "v_proj", (E,), (Hkv, D), self.attention_bias)
-                        + linear(attn + "o_proj", (H, D), (E,), self.attention_bias)
+            entries += (linear(attn + "q_proj", (E,), (H, D), self.qkv_bias)
+                        + linear(attn + "k_proj", (E,), (Hkv, D), self.qkv_bias)
+                        + linear(attn + "v_proj", (E,), (Hkv, D), self.qkv_bias)
+                        + linear(attn + "o_proj", (H, D), (E,), self.o_bias)
+                        + self.attention_extras(attn)
                         + linear(mlp + "gate_proj", (E,), (I,), self.mlp_bias)
                         + linear(mlp + "up_proj", (E,), (I,), self.mlp_bias)
                         + linear(mlp + "down_proj", (I,), (E,), self.mlp_bias)
@@ -179,12 +191,17 @@ class LlamaConfig(CausalLMConfig):
             ignored.append(r"lm_head\.weight")  # the embedding, where a state dict holds it
         return NameMap(entries, "model.", ignored)
 
+    def attention_extras(self, prefix):
+        """The name map's entries of a layer's attention (under ``prefix``) besides the four
+        projections: none in Llama."""
+        return []
+
     def to_transformers_dict(self, torch_dtype="float32"):
         """transformers' config.json for this model, with weights of ``torch_dtype``; rotary
         positions both as transformers 5 writes them and as transformers 4 reads them."""
         fields = dataclasses.asdict(self)  # copies: transformers changes the dicts it reads
         del fields["attention"]  # ours: how we compute it
         rope = dict(self.rope_scaling or {"rope_type": "default"}, rope_theta=self.rope_theta)
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **fields,
+        return {"architectures": [self.architecture], "model_type": self.model_type, **fields,
                 "rope_parameters": rope,
                 "attention_dropout": 0.0, "torch_dtype": torch_dtype, "dtype": torch_dtype}
