@@ -49,6 +49,13 @@ CASES = {
              num_key_value_heads=2, attention_bias=True, mlp_bias=True,
              rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)),
         dict(PARTIAL, head=2, embd=20)),
+    # Qwen2: biases on q, k and v, none on o
+    "qwen2: gqa 4:1, tied, partial": (
+        dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_attention_heads=8,
+             num_key_value_heads=2, tie_word_embeddings=True), dict(PARTIAL, head=4)),
+    "qwen2: gqa 2:1, one key/value head per tile": (
+        dict(model_type="qwen2", hidden_size=48, intermediate_size=80, num_attention_heads=4,
+             num_key_value_heads=2), dict(head=2)),
 }
 
 

@@ -4,9 +4,10 @@ program and ``Checkpoint.config`` find a family here; a config or checkpoint tha
 is GPT-2's (what nntile wrote before it had families)."""
 from nntile.models.gpt2 import GPT2LMHead
 from nntile.models.llama import LlamaLM
+from nntile.models.qwen2 import Qwen2LM
 
 # each model class names its config class, which names its model_type
-FAMILIES = {cls.config_type.model_type: cls for cls in (GPT2LMHead, LlamaLM)}
+FAMILIES = {cls.config_type.model_type: cls for cls in (GPT2LMHead, LlamaLM, Qwen2LM)}
 DEFAULT_MODEL_TYPE = "gpt2"
 
 
