@@ -232,7 +232,7 @@ def test_grouped_heads_are_tiled_by_whole_groups():
 
 
 def test_registry():
-    assert set(FAMILIES) == {"gpt2", "llama", "qwen2"}
+    assert set(FAMILIES) == {"gpt2", "llama", "qwen2", "qwen3"}
     assert type(config_from_dict({"n_embd": 12, "n_head": 3})) is GPT2Config  # old checkpoints
     assert config_from_dict(GPT2Config().to_dict()) == GPT2Config()
     assert model_class("gpt2") is GPT2LMHead
@@ -263,7 +263,7 @@ def test_gpt2_to_transformers_and_back(ctx):
 
 
 # families built on Llama's model: transformers' config class and small configs of each
-QWEN = {"qwen2": transformers.Qwen2Config}
+QWEN = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
 
 
 @pytest.mark.parametrize("model_type", list(QWEN))
@@ -272,7 +272,8 @@ def test_qwen_name_map_config_and_count_are_transformers(model_type, tied):
     torch.manual_seed(0)
     hf_config = QWEN[model_type](vocab_size=37, hidden_size=24, intermediate_size=20,
                                  num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, tie_word_embeddings=tied)
+                                 num_key_value_heads=2, tie_word_embeddings=tied,
+                                 head_dim=10)  # Qwen3's: not hidden / heads
     hf = transformers.AutoModelForCausalLM.from_config(hf_config)
     config = config_from_dict(hf_config.to_dict())
     assert type(config).model_type == model_type and type(FAMILIES[model_type](

@@ -56,6 +56,14 @@ CASES = {
     "qwen2: gqa 2:1, one key/value head per tile": (
         dict(model_type="qwen2", hidden_size=48, intermediate_size=80, num_attention_heads=4,
              num_key_value_heads=2), dict(head=2)),
+    # Qwen3: q and k normalised per head before the rotation, head_dim apart from hidden/heads
+    "qwen3: gqa 4:1, head_dim 12, tied, partial": (
+        dict(model_type="qwen3", hidden_size=64, intermediate_size=96, num_attention_heads=8,
+             num_key_value_heads=2, head_dim=12, tie_word_embeddings=True),
+        dict(PARTIAL, head=4)),
+    "qwen3: gqa 2:1, attention biases, one key/value head per tile": (
+        dict(model_type="qwen3", hidden_size=48, intermediate_size=80, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, attention_bias=True), dict(head=2)),
 }
 
 
@@ -163,12 +171,13 @@ def tilings(draw):
                 inner=draw(st.integers(16, 96)), vocab=draw(st.integers(16, V)))
 
 
+@pytest.mark.parametrize("case", ["gqa 4:1, tied, partial",
+                                  "qwen3: gqa 4:1, head_dim 12, tied, partial"])
 @settings(max_examples=4, deadline=None)
 @given(tiling=tilings())
-def test_any_tiling_gives_transformers_numbers(ctx, tiling):
-    case = "gqa 4:1, tied, partial"
+def test_any_tiling_gives_transformers_numbers(ctx, case, tiling):
     hf, ref = reference(case, "fp64")
-    model = LlamaLM.from_transformers(hf, tiling, "fp64")
+    model = ours_from(hf, tiling, "fp64")
     check_against(model, ref, *tokens(1), 1e-10)
     model.unregister()
 
@@ -204,8 +213,10 @@ def test_adamw_with_warmup_and_clipping_matches_torch(ctx):
     model.unregister()
 
 
-@pytest.mark.parametrize("case", ["gqa 4:1, tied, partial", "gqa 8:1, llama3, head_dim 12"])
-def test_bf16_mixed_against_autocast(ctx, case):
+@pytest.mark.parametrize("case, slack", [
+    ("gqa 4:1, tied, partial", 2 ** -9), ("gqa 8:1, llama3, head_dim 12", 2 ** -9),
+    ("qwen3: gqa 4:1, head_dim 12, tied, partial", 2 ** -6)])
+def test_bf16_mixed_against_autocast(ctx, case, slack):
     """bf16-mixed against transformers under torch.autocast(bfloat16).
 
     bf16 keeps 8 significant bits: one rounding moves a value by up to 2**-9 of it (~2e-3;
@@ -222,12 +233,17 @@ def test_bf16_mixed_against_autocast(ctx, case):
     That is enough because the question is not whether we round as autocast does but
     whether we lose more than it does: our distance from the fp32 model is at most
     autocast's own plus one rounding (2**-9), for logits, loss and the worst gradient, and
-    more than fp32 rounding (so bf16 is really used)."""
+    more than fp32 rounding (so bf16 is really used).
+
+    Qwen3's gradients get more ``slack``: its per-head norm writes q and k in bf16 and the
+    rotation rounds them again, where autocast's norm (an fp32 weight times bf16) keeps
+    them fp32 until attention. Measured: the q_norm and k_norm weights' gradients 0.6-2.6%
+    from fp32, autocast's 0.9-1.8%, the worse layer not the same on both sides."""
     hf = hf_model(case, torch.float32)
     ids, targets = tokens(1)
     ref_logits, ref_loss, ref_grads = hf_loss_and_grads(hf, ids, targets, autocast=True)
     fp32_logits, fp32_loss, fp32_grads = hf_loss_and_grads(hf, ids, targets)
-    model = LlamaLM.from_transformers(hf, CASES[case][1], "bf16-mixed")
+    model = ours_from(hf, CASES[case][1], "bf16-mixed")
     logits = model.forward(ids)
     model.zero_grad()
     loss = model.loss(ids, targets)
@@ -240,7 +256,7 @@ def test_bf16_mixed_against_autocast(ctx, case):
     assert 2 ** -12 < rel(logits, fp32_logits) < rel(ref_logits, fp32_logits) + 2 ** -9
     assert abs(loss - fp32_loss) <= abs(ref_loss - fp32_loss) + 2 ** -9 * fp32_loss
     assert max(rel(grads[n], fp32_grads[n]) for n in grads) < \
-        max(rel(ref_grads[n], fp32_grads[n]) for n in grads) + 2 ** -9
+        max(rel(ref_grads[n], fp32_grads[n]) for n in grads) + slack
     # masters, gradients, norms and the rotary frequencies fp32; GEMM operands bf16
     head = model.lm_head
     assert (head.value.dtype, head.grad.dtype, head.copy.dtype) == ("fp32", "fp32", "bf16")
@@ -304,13 +320,15 @@ def test_backward_drops_what_forward_kept_and_changes_no_number(ctx):
             np.testing.assert_array_equal(other_state[name], weights, err_msg=name)
 
 
-@pytest.mark.parametrize("case, attention", [("gqa 4:1, tied, partial", "fused"),
-                                             ("linear, biases, partial", "unfused")])
+@pytest.mark.parametrize("case, attention", [
+    ("gqa 4:1, tied, partial", "fused"), ("linear, biases, partial", "unfused"),
+    ("qwen3: gqa 4:1, head_dim 12, tied, partial", "fused")])
 def test_recompute_gives_the_same_gradients(ctx, case, attention):
-    config = LlamaConfig.from_transformers(hf_config(case)).replace(attention=attention)
+    config = our_config(hf_config(case)).replace(attention=attention)
 
     def make(recompute):
-        model = LlamaLM(config, CASES[case][1], "fp32", recompute=recompute)
+        model = model_class(config.model_type)(config, CASES[case][1], "fp32",
+                                               recompute=recompute)
         model.init_weights(5)
         return model
     same_with_recompute(ctx, make, batches_of_two_shapes(tokens))

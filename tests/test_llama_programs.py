@@ -25,7 +25,7 @@ CONFIG = dict(vocab_size=256, hidden_size=48, intermediate_size=80, num_hidden_l
                                    original_max_position_embeddings=16),
               bos_token_id=None, eos_token_id=None, pad_token_id=None)
 # what a family's config adds (Qwen3: heads of 12, not hidden / heads) and its name
-FAMILIES = {"llama": ({}, "Llama"), "qwen2": ({}, "Qwen2")}
+FAMILIES = {"llama": ({}, "Llama"), "qwen2": ({}, "Qwen2"), "qwen3": ({"head_dim": 12}, "Qwen3")}
 # nntile's tiles for the run: partial ones in every dimension, key/value heads tiled
 TILES = ["--tile-embd", "20", "--tile-head", "3", "--tile-inner", "30", "--tile-vocab", "100"]
 
@@ -61,7 +61,7 @@ def test_import_and_generate_as_transformers(tmp_path, model_type):
 
 @pytest.mark.parametrize("model_type, tied, start", [
     ("llama", True, "--init"), ("llama", False, "--init-from"),
-    ("qwen2", True, "--init-from")])
+    ("qwen2", True, "--init-from"), ("qwen3", False, "--init-from")])
 def test_import_train_export_round_trip(tmp_path, data_dir, model_type, tied,  # noqa: F811
                                         start):
     """A transformers directory, 3 training steps (from the imported checkpoint, or from the

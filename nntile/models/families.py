@@ -5,9 +5,10 @@ is GPT-2's (what nntile wrote before it had families)."""
 from nntile.models.gpt2 import GPT2LMHead
 from nntile.models.llama import LlamaLM
 from nntile.models.qwen2 import Qwen2LM
+from nntile.models.qwen3 import Qwen3LM
 
 # each model class names its config class, which names its model_type
-FAMILIES = {cls.config_type.model_type: cls for cls in (GPT2LMHead, LlamaLM, Qwen2LM)}
+FAMILIES = {cls.config_type.model_type: cls for cls in (GPT2LMHead, LlamaLM, Qwen2LM, Qwen3LM)}
 DEFAULT_MODEL_TYPE = "gpt2"
 
 
