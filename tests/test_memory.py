@@ -63,6 +63,11 @@ CASES = {  # each: config fields (GPT-2's without model_type), batch, seq, tiles
     # bf16 storage with fp32 rotary frequencies, tied, SGD
     "llama-bf16-tied-sgd": (dict(LLAMA, num_key_value_heads=1, tie_word_embeddings=True), 2,
                             12, {}, "bf16", "sgd"),
+    # Qwen3: the per-head norms of q and k (their statistics, and q and k widened to fp32
+    # under bf16-mixed), head_dim apart from hidden / heads, partial tiles
+    "qwen3-mixed-partial": (dict(LLAMA, model_type="qwen3", head_dim=10), 3, 10,
+                            dict(batch=2, seq=4, embd=10, head=2, inner=14, vocab=16),
+                            "bf16-mixed", "adamw"),
 }
 
 
