@@ -74,6 +74,7 @@ class LlamaConfig(CausalLMConfig):
     attention: str = "fused"  # CausalLMConfig._check_attention
 
     def __post_init__(self):
+        own = type(self).__name__  # LlamaConfig, or a family's built on it
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         self._check_positive("vocab_size", "hidden_size", "intermediate_size",
@@ -85,26 +86,26 @@ class LlamaConfig(CausalLMConfig):
         H, Hkv = self.num_attention_heads, self.num_key_value_heads
         if self.head_dim is None:
             if self.hidden_size % H:
-                raise ValueError(f"LlamaConfig: hidden_size={self.hidden_size} is not "
+                raise ValueError(f"{own}: hidden_size={self.hidden_size} is not "
                                  f"divisible by num_attention_heads={H} (or give head_dim)")
             self.head_dim = self.hidden_size // H
         self._check_positive("head_dim")
         if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig.head_dim={self.head_dim} must be even (rotary "
+            raise ValueError(f"{own}.head_dim={self.head_dim} must be even (rotary "
                              "positions turn pairs of its halves)")
         if H % Hkv:
-            raise ValueError(f"LlamaConfig: num_attention_heads={H} is not divisible by "
+            raise ValueError(f"{own}: num_attention_heads={H} is not divisible by "
                              f"num_key_value_heads={Hkv}")
         if self.hidden_act != "silu":
-            raise ValueError(f"LlamaConfig.hidden_act={self.hidden_act!r}: only silu is "
+            raise ValueError(f"{own}.hidden_act={self.hidden_act!r}: only silu is "
                              "implemented")
         for name in ("rms_norm_eps", "rope_theta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"LlamaConfig.{name}={value!r} must be a positive number")
+                raise ValueError(f"{own}.{name}={value!r} must be a positive number")
         for name in ("attention_bias", "mlp_bias", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"LlamaConfig.{name}={getattr(self, name)!r} must be true or "
+                raise ValueError(f"{own}.{name}={getattr(self, name)!r} must be true or "
                                  "false")
         self.rope_scaling = _rope_scaling(self.rope_scaling)
 
