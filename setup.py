@@ -226,12 +226,11 @@ def extensions():
     )
     CU_SOURCES[core.name] = cu_sources  # cythonize() copies extensions, so keep them aside
     # Layers and models are typed Cython classes that only call the core module's ops.
-    python_level = [Extension(name, [path], include_dirs=include_dirs, define_macros=macros)
-                    for name, path in (("nntile.nn.layers", "nntile/nn/layers.pyx"),
-                                       ("nntile.nn.attention", "nntile/nn/attention.pyx"),
-                                       ("nntile.models.causal_lm", "nntile/models/causal_lm.pyx"),
-                                       ("nntile.models.gpt2", "nntile/models/gpt2.pyx"),
-                                       ("nntile.models.llama", "nntile/models/llama.pyx"))]
+    # Every .pyx of nntile/nn and nntile/models is one (a new family's file is found here).
+    python_level = [Extension(path[:-len(".pyx")].replace("/", "."), [path],
+                              include_dirs=include_dirs, define_macros=macros)
+                    for path in sorted(glob.glob("nntile/nn/*.pyx")
+                                       + glob.glob("nntile/models/*.pyx"))]
     print(f"nntile build: StarPU from {libdir}, CUDA {'on' if cuda else 'off'}, "
           f"MPI {'on' if mpi else 'off'}")
     return cythonize([core, *python_level], compiler_directives={"language_level": "3"})

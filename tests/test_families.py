@@ -232,7 +232,7 @@ def test_grouped_heads_are_tiled_by_whole_groups():
 
 
 def test_registry():
-    assert set(FAMILIES) == {"gpt2", "llama", "mistral"}
+    assert set(FAMILIES) == {"gpt2", "llama", "qwen2", "qwen3", "mistral"}
     assert type(config_from_dict({"n_embd": 12, "n_head": 3})) is GPT2Config  # old checkpoints
     assert config_from_dict(GPT2Config().to_dict()) == GPT2Config()
     assert model_class("gpt2") is GPT2LMHead
@@ -240,7 +240,7 @@ def test_registry():
         config_from_dict({"model_type": "bert"})
     with pytest.raises(ValueError, match="is not llama"):
         LlamaConfig.from_dict({"model_type": "gpt2"})
-    assert model_class("llama") is LlamaLM and trainable() == ["gpt2", "llama", "mistral"]
+    assert model_class("llama") is LlamaLM and trainable() == list(FAMILIES)
     config = LlamaConfig.small(256, 16)
     assert len(LlamaLM(config, create=False).blocks) == 4
     with pytest.raises(TypeError, match="GPT2LMHead needs a GPT2Config, got LlamaConfig"):
@@ -260,3 +260,42 @@ def test_gpt2_to_transformers_and_back(ctx):
     for name, tensor in hf.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor.double()), name
     model.unregister()
+
+
+# families built on Llama's model: transformers' config class and small configs of each
+QWEN = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
+
+
+@pytest.mark.parametrize("model_type", list(QWEN))
+@pytest.mark.parametrize("tied", [True, False])
+def test_qwen_name_map_config_and_count_are_transformers(model_type, tied):
+    torch.manual_seed(0)
+    hf_config = QWEN[model_type](vocab_size=37, hidden_size=24, intermediate_size=20,
+                                 num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, tie_word_embeddings=tied,
+                                 head_dim=10)  # Qwen3's: not hidden / heads
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config)
+    config = config_from_dict(hf_config.to_dict())
+    assert type(config).model_type == model_type and type(FAMILIES[model_type](
+        config, create=False).config) is type(config)
+    check_name_map(hf, config)
+    assert config.num_parameters() == hf.num_parameters()
+    # what we write is what transformers reads, and reads back to the same config
+    data = config.to_transformers_dict()
+    assert data["architectures"] == [type(hf).__name__]
+    back = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    assert config_from_dict(back.to_dict()) == config
+    assert hf_count(back) == hf.num_parameters()
+
+
+@pytest.mark.parametrize("model_type", list(QWEN))
+@pytest.mark.parametrize("change, words", [
+    (dict(use_sliding_window=True), "use_sliding_window true is not implemented"),
+    (dict(layer_types=["sliding_attention"]), "layer_types other than full_attention"),
+    (dict(mlp_bias=True), "MLP has no biases"),
+])
+def test_qwen_config_refuses_a_window(model_type, change, words):
+    data = dict(model_type=model_type, vocab_size=100, hidden_size=64, intermediate_size=96,
+                num_hidden_layers=1, num_attention_heads=4, **change)
+    with pytest.raises(ValueError, match=words):
+        config_from_dict(data)

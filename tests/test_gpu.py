@@ -22,8 +22,9 @@ if family == "gpt2":
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         **cfg["model"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         tie_word_embeddings=False))
-else:
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg["model"]))
+else:  # llama, or a family built on it
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(family, **cfg["model"]))
 rng = np.random.default_rng(0)
 V = cfg["model"]["vocab_size"]
 ids = rng.integers(0, V, (cfg["batch"], cfg["seq"]))
@@ -89,10 +90,12 @@ LLAMA = dict(vocab_size=1000, hidden_size=96, intermediate_size=160, num_hidden_
 LLAMA_TILES = dict(batch=1, seq=10, embd=40, head=4, inner=70, vocab=300)
 SMALL = {"gpt2": dict(model=dict(vocab_size=1000, n_positions=64, n_embd=96, n_layer=2, n_head=3),
                       tiling=dict(batch=1, seq=10, embd=40, head=2, inner=100, vocab=300)),
-         "llama": dict(family="llama", model=LLAMA, tiling=LLAMA_TILES)}
+         "llama": dict(family="llama", model=LLAMA, tiling=LLAMA_TILES),
+         # per-head norms of q and k, head_dim apart from hidden / heads
+         "qwen3": dict(family="qwen3", model=dict(LLAMA, head_dim=16), tiling=LLAMA_TILES)}
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3"])
 def test_small_model_gpu_matches_cpu(family):
     """fp32 and tf32 on the GPU against fp32 on the CPU, through 3 AdamW steps (Llama:
     RMSNorm, rotary positions, SwiGLU and grouped-query fused attention too)."""

@@ -45,7 +45,7 @@ def files(tmp_path_factory, data_dir):  # noqa: F811
                           "neg-eps": '{"layer_norm_epsilon": -1e-5}',
                           "huge-embd": '{"n_embd": 99999999999, "n_head": 1}',
                           "bool-vocab": '{"vocab_size": true}',
-                          "qwen2": '{"model_type": "qwen2"}',
+                          "mamba": '{"model_type": "mamba"}',
                           "gqa-5": '{"model_type": "llama", "num_key_value_heads": 5}',
                           "latin1": "{\"n_layer\": 2, \"x\": \"caf\xe9\"}".encode("latin-1"),
                           "deep": "[" * 100000 + "]" * 100000}.items():
@@ -122,7 +122,7 @@ CASES = [
     ("train", ["--config", "{neg-eps}"], ["layer_norm_epsilon=-1e-05", "positive number"]),
     ("train", ["--config", "{huge-embd}"], ["n_embd=99999999999", "at most"]),
     ("train", ["--config", "{bool-vocab}"], ["vocab_size=True"]),
-    ("train", ["--config", "{qwen2}"], ["model_type 'qwen2'", "gpt2, llama"]),
+    ("train", ["--config", "{mamba}"], ["model_type 'mamba'", "gpt2, llama, qwen2, qwen3"]),
     ("train", ["--config", "{gqa-5}"], ["num_key_value_heads=5"]),
     ("train", ["--config", "{latin1}"], ["--config", "utf-8"]),
     ("train", ["--config", "{deep}"], ["--config", "recursion"]),

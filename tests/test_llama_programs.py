@@ -1,6 +1,7 @@
-"""The programs on Llama models, against transformers: nntile-convert import and export,
-nntile-generate (greedy, 32 tokens, as transformers' generate), nntile-train from an
-imported checkpoint or a transformers directory, nntile-eval, and resuming bit for bit."""
+"""The programs on Llama models and the families built on Llama's model, against
+transformers: nntile-convert import and export, nntile-generate (greedy, 32 tokens, as
+transformers' generate), nntile-train from an imported checkpoint or a transformers directory
+(the loss falls), nntile-eval, and resuming bit for bit."""
 import codecs
 import json
 import shutil
@@ -23,14 +24,16 @@ CONFIG = dict(vocab_size=256, hidden_size=48, intermediate_size=80, num_hidden_l
                                    low_freq_factor=1.0, high_freq_factor=4.0,
                                    original_max_position_embeddings=16),
               bos_token_id=None, eos_token_id=None, pad_token_id=None)
+# what a family's config adds (Qwen3: heads of 12, not hidden / heads) and its name
+FAMILIES = {"llama": ({}, "Llama"), "qwen2": ({}, "Qwen2"), "qwen3": ({"head_dim": 12}, "Qwen3")}
 # nntile's tiles for the run: partial ones in every dimension, key/value heads tiled
 TILES = ["--tile-embd", "20", "--tile-head", "3", "--tile-inner", "30", "--tile-vocab", "100"]
 
 
-def save_hf(path, tied, seed=0):
+def save_hf(path, tied, seed=0, model_type="llama"):
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        **CONFIG, tie_word_embeddings=tied))
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(
+        model_type, **CONFIG, **FAMILIES[model_type][0], tie_word_embeddings=tied))
     with torch.no_grad():  # large random weights: 32 greedy tokens of ~30 different ones,
         for p in model.parameters():  # each ahead of the next likeliest by > 0.03
             p.add_(0.5 * torch.randn_like(p))
@@ -38,12 +41,13 @@ def save_hf(path, tied, seed=0):
     return model.eval()
 
 
-def test_import_and_generate_as_transformers(tmp_path):
-    hf = save_hf(tmp_path / "hf", tied=True)
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_import_and_generate_as_transformers(tmp_path, model_type):
+    hf = save_hf(tmp_path / "hf", tied=True, model_type=model_type)
     ckpt = tmp_path / "imported.h5"
     result = cli("convert", "import", tmp_path / "hf", ckpt, *TILES)
     assert result.returncode == 0, result.stderr
-    assert "Llama" in result.stdout
+    assert FAMILIES[model_type][1] in result.stdout
     prompt = "def "
     result = cli("generate", "--checkpoint", ckpt, "--prompt", prompt, "--max-new-tokens",
                  "32", "--greedy", "--seq-len", "40")
@@ -55,11 +59,17 @@ def test_import_and_generate_as_transformers(tmp_path):
     assert result.stdout == codecs.decode(bytes(ids), "utf-8", errors="replace") + "\n"
 
 
-@pytest.mark.parametrize("tied, start", [(True, "--init"), (False, "--init-from")])
-def test_import_train_export_round_trip(tmp_path, data_dir, tied, start):  # noqa: F811
+# Llama from an imported checkpoint; the families built on it from their directories (the
+# same --init-from path for every family), tied and untied
+@pytest.mark.parametrize("model_type, tied, start", [
+    ("llama", True, "--init"), ("qwen2", True, "--init-from"),
+    ("qwen3", False, "--init-from")])
+def test_import_train_export_round_trip(tmp_path, data_dir, model_type, tied,  # noqa: F811
+                                        start):
     """A transformers directory, 3 training steps (from the imported checkpoint, or from the
-    directory itself), exported: transformers computes the loss nntile-eval computes."""
-    save_hf(tmp_path / "hf", tied)
+    directory itself), exported: transformers computes the loss nntile-eval computes, below
+    the loss of the weights it started from."""
+    start_weights = save_hf(tmp_path / "hf", tied, model_type=model_type)
     if start == "--init":
         assert cli("convert", "import", tmp_path / "hf", tmp_path / "in.h5",
                    *TILES).returncode == 0
@@ -72,28 +82,32 @@ def test_import_train_export_round_trip(tmp_path, data_dir, tied, start):  # noq
                  "12", *TILES, "--ncpu", "2", "--no-progress", "--eval-every", "0",
                  "--lr", "1e-3")
     assert result.returncode == 0, result.stderr
-    assert "Llama" in result.stderr
+    assert FAMILIES[model_type][1] in result.stderr
     result = cli("convert", "export", out / "ckpt-3.h5", tmp_path / "back")
     assert result.returncode == 0, result.stderr
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back",
                                                             local_files_only=True)
-    assert isinstance(back, transformers.LlamaForCausalLM)
+    assert type(back) is type(start_weights)
     assert back.config.tie_word_embeddings == tied and back.config.num_key_value_heads == 2
     assert back.config.rope_parameters["rope_type"] == "llama3"
-    assert_same_loss(out / "ckpt-3.h5", back, data_dir)
+    ours, batches = assert_same_loss(out / "ckpt-3.h5", back, data_dir)
+    assert ours < hf_loss(start_weights, batches)  # fine-tuned on the corpus
     # trained: the weights moved
     first = read_metrics(out / "metrics.jsonl")
     assert len(first) == 3 and first[-1]["loss"] != first[0]["loss"]
 
 
 def assert_same_loss(ckpt, hf, data_dir):  # noqa: F811
-    """nntile-eval of ``ckpt`` computes transformers' loss of ``hf`` within 1e-5."""
+    """nntile-eval of ``ckpt`` computes transformers' loss of ``hf`` within 1e-5; returns
+    that loss and the batches it is over."""
     result = cli("evaluate", "--checkpoint", ckpt, "--data", data_dir, "--batches", "3",
                  "--batch-size", "2", "--seq-len", "40", "--json")
     assert result.returncode == 0, result.stderr
     ours = json.loads(result.stdout)["loss"]
-    ref = hf_loss(hf.eval(), eval_batches(TokenData(str(data_dir)).splits["val"], 2, 40, 3))
+    batches = list(eval_batches(TokenData(str(data_dir)).splits["val"], 2, 40, 3))
+    ref = hf_loss(hf.eval(), batches)
     assert abs(ours - ref) <= 1e-5 * ref, (ours, ref)
+    return ours, batches
 
 
 def test_llama_run_resumes_bit_for_bit(tmp_path, data_dir):  # noqa: F811

@@ -16,7 +16,7 @@ from nntile.precision import precision_dtypes
 from nntile._core.core import current_context, live_tensor_count
 from nntile.cli_common import CLIError
 from nntile.models import GPT2Config, GPT2LMHead, config_from_dict, model_class
-from nntile.nn import Block
+from nntile.models.gpt2 import GPT2Block
 from nntile.optim import SGD, AdamW
 from tests.conftest import estimate_of_train_run
 
@@ -63,6 +63,11 @@ CASES = {  # each: config fields (GPT-2's without model_type), batch, seq, tiles
     # bf16 storage with fp32 rotary frequencies, tied, SGD
     "llama-bf16-tied-sgd": (dict(LLAMA, num_key_value_heads=1, tie_word_embeddings=True), 2,
                             12, {}, "bf16", "sgd"),
+    # Qwen3: the per-head norms of q and k (their statistics, and q and k widened to fp32
+    # under bf16-mixed), head_dim apart from hidden / heads, partial tiles
+    "qwen3-mixed-partial": (dict(LLAMA, model_type="qwen3", head_dim=10), 3, 10,
+                            dict(batch=2, seq=4, embd=10, head=2, inner=14, vocab=16),
+                            "bf16-mixed", "adamw"),
 }
 
 
@@ -142,7 +147,7 @@ def test_estimate_equals_the_tensors_a_training_step_registers(ctx, case):
         assert est.largest_tile == largest
 
 
-class ProbedBlock(Block):
+class ProbedBlock(GPT2Block):
     """A block with one tensor more of each kind a layer declares, each added in one place:
     a parameter ``gain`` [n_embd] (with its gradient and optimizer states), a constant
     ``scale`` [7], a buffer ``probe`` [batch, seq, 3] and a backward scratch ``dprobe``

@@ -11,7 +11,8 @@ transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 from nntile.models import FAMILIES, config_from_dict
-from nntile.models.mistral_config import MistralConfig, MistralForCausalLM
+from nntile.models.mistral import MistralLM
+from nntile.models.mistral_config import MistralConfig
 from tests.test_gpt2 import check_against
 from tests.test_llama import B, PARTIAL, T, V, hf_loss_and_grads, reference_model, tokens
 from tests.test_llama_programs import CONFIG as PROGRAM_CONFIG, TILES, assert_same_loss
@@ -49,7 +50,7 @@ def test_parity_with_transformers(ctx, case, dtype, tol, attention):
     ref = hf_loss_and_grads(hf, ids, targets)
     config = MistralConfig.from_transformers(hf.config).replace(attention=attention)
     assert 0 < config.sliding_window < T
-    model = MistralForCausalLM(config, CASES[case][1], dtype)
+    model = MistralLM(config, CASES[case][1], dtype)
     model.load_state_dict({k: v.numpy() for k, v in hf.state_dict().items()})
     check_against(model, ref, ids, targets, tol)
     # the window matters here: without it the logits differ
@@ -66,7 +67,7 @@ def test_parity_with_transformers(ctx, case, dtype, tol, attention):
 def test_config():
     """config.json's null window is none; a bad window or a bias is refused in one line; what
     we write transformers reads back as the same Mistral."""
-    assert FAMILIES["mistral"] is MistralForCausalLM
+    assert FAMILIES["mistral"] is MistralLM
     data = dict(model_type="mistral", vocab_size=50, hidden_size=32, intermediate_size=40,
                 num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                 sliding_window=None)

@@ -28,12 +28,14 @@ class CausalLMConfig:
     """The base of the families' config dataclasses (not a dataclass itself).
 
     A family sets ``model_type`` (transformers' name, the key of nntile.models.FAMILIES),
-    ``name`` (what the programs print), ``ATTRIBUTE_MAP`` (canonical name -> its field or
+    ``architecture`` (transformers' model class, which config.json names), ``name`` (what
+    the programs print), ``ATTRIBUTE_MAP`` (canonical name -> its field or
     property) and ``DROPOUT_FIELDS`` (read and ignored: nntile trains without dropout), and
     writes ``flops_per_token``, ``name_map``, ``initial``, ``describe``,
     ``to_transformers_dict`` and ``small``.
     """
     model_type = None
+    architecture = None
     name = None
     ATTRIBUTE_MAP = {}
     DROPOUT_FIELDS = ()

@@ -4,10 +4,13 @@ program and ``Checkpoint.config`` find a family here; a config or checkpoint tha
 is GPT-2's (what nntile wrote before it had families)."""
 from nntile.models.gpt2 import GPT2LMHead
 from nntile.models.llama import LlamaLM
-from nntile.models.mistral_config import MistralForCausalLM
+from nntile.models.mistral import MistralLM
+from nntile.models.qwen2 import Qwen2LM
+from nntile.models.qwen3 import Qwen3LM
 
 # each model class names its config class, which names its model_type
-FAMILIES = {cls.config_type.model_type: cls for cls in (GPT2LMHead, LlamaLM, MistralForCausalLM)}
+FAMILIES = {cls.config_type.model_type: cls
+            for cls in (GPT2LMHead, LlamaLM, Qwen2LM, Qwen3LM, MistralLM)}
 DEFAULT_MODEL_TYPE = "gpt2"
 
 

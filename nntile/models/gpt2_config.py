@@ -14,6 +14,7 @@ UNSUPPORTED = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": Fa
 @dataclasses.dataclass
 class GPT2Config(CausalLMConfig):
     model_type = "gpt2"
+    architecture = "GPT2LMHeadModel"
     name = "GPT-2"
     ATTRIBUTE_MAP = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
                      "num_attention_heads": "n_head", "num_key_value_heads": "n_head",
@@ -120,7 +121,7 @@ class GPT2Config(CausalLMConfig):
 
     def to_transformers_dict(self, torch_dtype="float32"):
         """transformers' config.json for this model, with weights of ``torch_dtype``."""
-        out = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        out = {"architectures": [self.architecture], "model_type": self.model_type,
                "vocab_size": self.vocab_size, "n_positions": self.n_positions,
                "n_ctx": self.n_positions, "n_embd": self.n_embd, "n_layer": self.n_layer,
                "n_head": self.n_head, "n_inner": self.n_inner,

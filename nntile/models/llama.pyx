@@ -71,16 +71,23 @@ cdef class LlamaBlock(PreNormBlock):
         if rotary is None:
             rotary = self.add_child("rotary_emb", rotary_of(config, dtype))
         self.input_layernorm = self.add_child("input_layernorm", RMSNorm(E, e, eps, dtype))
-        self.self_attn = self.add_child("self_attn", Attention(
-            E, config.num_attention_heads, config.num_key_value_heads, config.head_dim, tiles,
-            dtype, config.attention == "fused", config.attention_bias,
-            ("q_proj", "k_proj", "v_proj", "o_proj"), rotary,
-            getattr(config, "sliding_window", None) or 0))  # Mistral's window, None: none
+        self.self_attn = self.add_child("self_attn", self.attention(config, tiles, dtype, rotary))
         self.post_attention_layernorm = self.add_child("post_attention_layernorm",
                                                        RMSNorm(E, e, eps, dtype))
         self.mlp = self.add_child("mlp", LlamaMLP(config, tiles, dtype))
         self._branches(E, e, self.input_layernorm, self.self_attn,
                        self.post_attention_layernorm, self.mlp)
+
+    def attention(self, config, dict tiles, str dtype, Rotary rotary):
+        """The block's self_attn (a family whose attention differs overrides this)."""
+        return Attention(*self.attention_args(config, tiles, dtype, rotary))
+
+    def attention_args(self, config, dict tiles, str dtype, Rotary rotary):
+        """The arguments of Attention for this config: Llama's names, the config's biases."""
+        return (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                config.head_dim, tiles, dtype, config.attention == "fused", config.qkv_bias,
+                config.o_bias, ("q_proj", "k_proj", "v_proj", "o_proj"), rotary,
+                config.attention_window)
 
 
 def rotary_of(config, str dtype):

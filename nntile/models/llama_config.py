@@ -50,6 +50,7 @@ def _rope_scaling(value):
 @dataclasses.dataclass
 class LlamaConfig(CausalLMConfig):
     model_type = "llama"
+    architecture = "LlamaForCausalLM"
     name = "Llama"
     ATTRIBUTE_MAP = {"norm_eps": "rms_norm_eps"}
     DROPOUT_FIELDS = ("attention_dropout",)
@@ -73,6 +74,7 @@ class LlamaConfig(CausalLMConfig):
     attention: str = "fused"  # CausalLMConfig._check_attention
 
     def __post_init__(self):
+        own = type(self).__name__  # LlamaConfig, or a family's built on it
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         self._check_positive("vocab_size", "hidden_size", "intermediate_size",
@@ -84,26 +86,26 @@ class LlamaConfig(CausalLMConfig):
         H, Hkv = self.num_attention_heads, self.num_key_value_heads
         if self.head_dim is None:
             if self.hidden_size % H:
-                raise ValueError(f"LlamaConfig: hidden_size={self.hidden_size} is not "
+                raise ValueError(f"{own}: hidden_size={self.hidden_size} is not "
                                  f"divisible by num_attention_heads={H} (or give head_dim)")
             self.head_dim = self.hidden_size // H
         self._check_positive("head_dim")
         if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig.head_dim={self.head_dim} must be even (rotary "
+            raise ValueError(f"{own}.head_dim={self.head_dim} must be even (rotary "
                              "positions turn pairs of its halves)")
         if H % Hkv:
-            raise ValueError(f"LlamaConfig: num_attention_heads={H} is not divisible by "
+            raise ValueError(f"{own}: num_attention_heads={H} is not divisible by "
                              f"num_key_value_heads={Hkv}")
         if self.hidden_act != "silu":
-            raise ValueError(f"LlamaConfig.hidden_act={self.hidden_act!r}: only silu is "
+            raise ValueError(f"{own}.hidden_act={self.hidden_act!r}: only silu is "
                              "implemented")
         for name in ("rms_norm_eps", "rope_theta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"LlamaConfig.{name}={value!r} must be a positive number")
+                raise ValueError(f"{own}.{name}={value!r} must be a positive number")
         for name in ("attention_bias", "mlp_bias", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"LlamaConfig.{name}={getattr(self, name)!r} must be true or "
+                raise ValueError(f"{own}.{name}={getattr(self, name)!r} must be true or "
                                  "false")
         self.rope_scaling = _rope_scaling(self.rope_scaling)
 
@@ -149,9 +151,19 @@ class LlamaConfig(CausalLMConfig):
         (normal 0.02, norms at one, biases at zero)."""
         if name.endswith(".bias"):
             return 0.0, 0.0
-        if name.endswith(("layernorm.weight", "model.norm.weight")):
+        if name.endswith("norm.weight"):
             return 1.0, 0.0
         return 0.0, 0.02
+
+    @property
+    def qkv_bias(self):
+        """Whether the q, k and v projections have biases."""
+        return self.attention_bias
+
+    @property
+    def o_bias(self):
+        """Whether the output projection of attention has a bias."""
+        return self.attention_bias
 
     def name_map(self):
         """transformers' LlamaForCausalLM state dict. Every name is ours too; its ``nn.Linear``
@@ -162,10 +174,11 @@ class LlamaConfig(CausalLMConfig):
         entries = [same("model.embed_tokens.weight", (V, E))]
         for i in range(self.num_hidden_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            entries += (linear(attn + "q_proj", (E,), (H, D), self.attention_bias)
-                        + linear(attn + "k_proj", (E,), (Hkv, D), self.attention_bias)
-                        + linear(attn + "v_proj", (E,), (Hkv, D), self.attention_bias)
-                        + linear(attn + "o_proj", (H, D), (E,), self.attention_bias)
+            entries += (linear(attn + "q_proj", (E,), (H, D), self.qkv_bias)
+                        + linear(attn + "k_proj", (E,), (Hkv, D), self.qkv_bias)
+                        + linear(attn + "v_proj", (E,), (Hkv, D), self.qkv_bias)
+                        + linear(attn + "o_proj", (H, D), (E,), self.o_bias)
+                        + self.attention_extras(attn)
                         + linear(mlp + "gate_proj", (E,), (I,), self.mlp_bias)
                         + linear(mlp + "up_proj", (E,), (I,), self.mlp_bias)
                         + linear(mlp + "down_proj", (I,), (E,), self.mlp_bias)
@@ -179,12 +192,22 @@ class LlamaConfig(CausalLMConfig):
             ignored.append(r"lm_head\.weight")  # the embedding, where a state dict holds it
         return NameMap(entries, "model.", ignored)
 
+    @property
+    def attention_window(self):
+        """The sliding window of attention (0: none; Mistral's config has one)."""
+        return 0
+
+    def attention_extras(self, prefix):
+        """The name map's entries of a layer's attention (under ``prefix``) besides the four
+        projections: none in Llama."""
+        return []
+
     def to_transformers_dict(self, torch_dtype="float32"):
         """transformers' config.json for this model, with weights of ``torch_dtype``; rotary
         positions both as transformers 5 writes them and as transformers 4 reads them."""
         fields = dataclasses.asdict(self)  # copies: transformers changes the dicts it reads
         del fields["attention"]  # ours: how we compute it
         rope = dict(self.rope_scaling or {"rope_type": "default"}, rope_theta=self.rope_theta)
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **fields,
+        return {"architectures": [self.architecture], "model_type": self.model_type, **fields,
                 "rope_parameters": rope,
                 "attention_dropout": 0.0, "torch_dtype": torch_dtype, "dtype": torch_dtype}

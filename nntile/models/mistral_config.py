@@ -1,6 +1,5 @@
 """Mistral's configuration: Llama's (llama_config.py) with sliding-window attention, the fields
-of transformers' MistralConfig, and its model class (Llama's model and block, whose attention
-reads ``sliding_window``).
+of transformers' MistralConfig (its model: models/mistral.pyx).
 
 ``sliding_window``: a query sees the last ``sliding_window`` positions up to its own (keys j
 with i - sliding_window < j <= i, transformers' convention); None (config.json's null) for every
@@ -8,13 +7,13 @@ earlier position. Mistral has no biases.
 """
 import dataclasses
 
-from nntile.models.llama import LlamaLM
 from nntile.models.llama_config import LlamaConfig
 
 
 @dataclasses.dataclass
 class MistralConfig(LlamaConfig):
     model_type = "mistral"
+    architecture = "MistralForCausalLM"
     name = "Mistral"
 
     sliding_window: int = None
@@ -30,6 +29,10 @@ class MistralConfig(LlamaConfig):
             raise ValueError("MistralConfig: Mistral has no biases (attention_bias and mlp_bias "
                              "must be false)")
 
+    @property
+    def attention_window(self):
+        return self.sliding_window or 0
+
     def describe(self):
         window = f", window {self.sliding_window}" if self.sliding_window else ""
         return super().describe() + window
@@ -38,9 +41,4 @@ class MistralConfig(LlamaConfig):
         fields = super().to_transformers_dict(torch_dtype)
         for key in ("attention_bias", "mlp_bias"):  # not fields of transformers' Mistral
             del fields[key]
-        return dict(fields, architectures=["MistralForCausalLM"], model_type=self.model_type)
-
-
-class MistralForCausalLM(LlamaLM):
-    """Mistral language model over tiles: transformers' MistralForCausalLM."""
-    config_type = MistralConfig
+        return fields

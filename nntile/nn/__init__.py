@@ -1,6 +1,7 @@
-"""Layers of tiled tensors: each holds parameter and gradient tensors and submits tensor ops."""
-from nntile.nn.layers import (Attention, Block, Embedding, LayerNorm, Linear, MLP, Module,
-                              Parameter, PreNormBlock, RMSNorm, Rotary)
+"""Layers of tiled tensors: each holds parameter and gradient tensors and submits tensor ops.
+A family's own block and MLP live beside its model, in nntile.models."""
+from nntile.nn.layers import (Attention, Embedding, LayerNorm, Linear, Module, Parameter,
+                              PreNormBlock, RMSNorm, Rotary)
 
-__all__ = ["Attention", "Block", "Embedding", "LayerNorm", "Linear", "MLP", "Module",
-           "Parameter", "PreNormBlock", "RMSNorm", "Rotary"]
+__all__ = ["Attention", "Embedding", "LayerNorm", "Linear", "Module", "Parameter",
+           "PreNormBlock", "RMSNorm", "Rotary"]

@@ -85,14 +85,9 @@ cdef class Attention(Module):
     cdef readonly Module core  # nntile.nn.attention.CoreAttention
     cdef readonly Rotary rotary  # None: the positions were added to the embeddings
     cdef Tensor positions
+    cpdef tuple _shape_qk(self, Tensor q, Tensor k)
+    cpdef tuple _shape_qk_backward(self, Tensor dq, Tensor dk)
     cpdef Tensor forward(self, Tensor x, Tensor positions=*)
-    cpdef backward(self, Tensor dy, Tensor dx, double beta)
-
-
-cdef class MLP(Module):
-    cdef readonly Linear c_fc, c_proj
-    cdef Tensor a
-    cpdef Tensor forward(self, Tensor x)
     cpdef backward(self, Tensor dy, Tensor dx, double beta)
 
 
@@ -103,9 +98,3 @@ cdef class PreNormBlock(Module):
                    Module mlp)
     cpdef Tensor forward(self, Tensor x, Tensor positions=*)
     cpdef backward(self, Tensor dy, Tensor dx)
-
-
-cdef class Block(PreNormBlock):
-    cdef readonly LayerNorm ln_1, ln_2
-    cdef readonly Attention attn
-    cdef readonly MLP mlp

@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""GPT-2 building blocks over tiled tensors, as typed Cython classes.
+"""The layers every model family draws on, over tiled tensors, as typed Cython classes.
 
 Every layer declares the tensors it holds as data (nntile.declare.TensorSpec) and creates them
 from that declaration only: its parameters with ``add_param`` in its constructor, and what it
@@ -485,10 +485,15 @@ cdef class Embedding(Module):
 
 cdef class Attention(Module):
     """Causal self-attention of every family: the projections q, k, v (children named
-    ``names``: GPT-2's q, k, v, c_proj; Llama's q_proj, k_proj, v_proj, o_proj), rotary
-    positions on q and k where the family has them (in place: the core keeps them turned, and
-    backward turns their gradients back), the attention core (nntile.nn.attention, fused or
-    not; ``window`` > 0: sliding-window attention), the output projection.
+    ``names``: GPT-2's q, k, v, c_proj; Llama's q_proj, k_proj, v_proj, o_proj), with biases
+    where ``qkv_bias`` says and on the output projection where ``o_bias`` says (Qwen2 has the
+    first, not the second), rotary positions on q and k where the family has them (in place:
+    the core keeps them turned, and backward turns their gradients back), the attention core
+    (nntile.nn.attention, fused or not; ``window`` > 0: sliding-window attention), the output
+    projection.
+
+    A family that transforms q and k between their projections and the rotation (Qwen3's
+    per-head norms) overrides ``_shape_qk`` and ``_shape_qk_backward``.
 
     Queries are [batch, seq, heads, head_dim], tiled ``tiles['head']`` heads per tile (whole
     groups); keys and values [batch, seq, kv heads, head_dim] (grouped-query attention: never
@@ -498,7 +503,7 @@ cdef class Attention(Module):
     """
 
     def __init__(self, int n_embd, int n_head, int n_kv_head, int head_dim, dict tiles,
-                 str dtype, bint fused=True, bint bias=True,
+                 str dtype, bint fused=True, bint qkv_bias=True, bint o_bias=True,
                  tuple names=("q", "k", "v", "c_proj"), Rotary rotary=None, int window=0):
         # imported here: nntile.nn.attention cimports this module
         from nntile.nn.attention import CoreAttention
@@ -508,32 +513,48 @@ cdef class Attention(Module):
         self.head_tile, self.kv_tile = h, h // (n_head // n_kv_head)
         self.rotary = rotary
         cdef tuple heads = (n_head, d), kv = (n_kv_head, d)
-        self.q = self.add_child(names[0], Linear((n_embd,), (e,), heads, (h, d), dtype, bias))
+        self.q = self.add_child(names[0], Linear((n_embd,), (e,), heads, (h, d), dtype,
+                                                 qkv_bias))
         self.k = self.add_child(names[1], Linear((n_embd,), (e,), kv, (self.kv_tile, d), dtype,
-                                                 bias))
+                                                 qkv_bias))
         self.v = self.add_child(names[2], Linear((n_embd,), (e,), kv, (self.kv_tile, d), dtype,
-                                                 bias))
+                                                 qkv_bias))
         self.core = self.add_child("core", CoreAttention(n_head, n_kv_head, d, h, dtype, fused,
                                                          window=window))
-        self.out = self.add_child(names[3], Linear(heads, (h, d), (n_embd,), (e,), dtype, bias,
+        self.out = self.add_child(names[3], Linear(heads, (h, d), (n_embd,), (e,), dtype, o_bias,
                                                    residual=True))
 
     def declare(self, tuple lead, tuple tiles):
         """Backward needs the gradients of o and q ([.., heads, head_dim]), and of k and v
         ([.., kv heads, head_dim])."""
-        cdef int d = self.head_dim
-        cdef tuple heads = lead + (self.n_head, d), heads_tiles = tiles + (self.head_tile, d)
-        cdef tuple kv = lead + (self.n_kv_head, d), kv_tiles = tiles + (self.kv_tile, d)
+        cdef tuple heads, heads_tiles, kv, kv_tiles
+        heads, heads_tiles, kv, kv_tiles = self.head_shapes(lead, tiles)
         return [self.scratch_spec("attn.do", heads, heads_tiles),
                 self.scratch_spec("attn.dq", heads, heads_tiles),
                 self.scratch_spec("attn.dk", kv, kv_tiles),
                 self.scratch_spec("attn.dv", kv, kv_tiles)]
+
+    def head_shapes(self, tuple lead, tuple tiles):
+        """(shape, tiles) of the queries, then of the keys, for an input of ``lead``, tiled
+        ``tiles``."""
+        cdef int d = self.head_dim
+        return (lead + (self.n_head, d), tiles + (self.head_tile, d),
+                lead + (self.n_kv_head, d), tiles + (self.kv_tile, d))
+
+    cpdef tuple _shape_qk(self, Tensor q, Tensor k):
+        """q and k as the rotation takes them: the projections' outputs themselves."""
+        return q, k
+
+    cpdef tuple _shape_qk_backward(self, Tensor dq, Tensor dk):
+        """The gradients of the projections' outputs from those of ``_shape_qk``'s."""
+        return dq, dk
 
     cpdef Tensor forward(self, Tensor x, Tensor positions=None):
         """``positions``: the tokens' positions, for rotary families (GPT-2's embeddings
         added them)."""
         self.buffers(x)  # none, but backward's scratch follows this input's shape
         cdef Tensor q = self.q.forward(x), k = self.k.forward(x), v = self.v.forward(x)
+        q, k = self._shape_qk(q, k)
         if self.rotary is not None:
             self.rotary.forward(q, positions)
             self.rotary.forward(k, positions)
@@ -550,41 +571,11 @@ cdef class Attention(Module):
         if self.rotary is not None:
             self.rotary.backward(dq, self.positions)
             self.rotary.backward(dk, self.positions)
+        dq, dk = self._shape_qk_backward(dq, dk)
         self.q.backward(dq, dx, beta)
         self.k.backward(dk, dx, 1.0)
         self.v.backward(dv, dx, 1.0)
         return dx
-
-
-cdef class MLP(Module):
-    def __init__(self, int n_embd, int n_inner, dict tiles, str dtype):
-        super().__init__(dtype)
-        self.c_fc = self.add_child("c_fc", Linear((n_embd,), (tiles["embd"],), (n_inner,),
-                                                  (tiles["inner"],), dtype))
-        self.c_proj = self.add_child("c_proj", Linear((n_inner,), (tiles["inner"],), (n_embd,),
-                                                      (tiles["embd"],), dtype, residual=True))
-
-    def declare(self, tuple lead, tuple tiles):
-        """Forward keeps g = gelu(a), a being c_fc's y; backward needs the gradients of g
-        and a."""
-        cdef tuple inner = lead + self.c_fc.out_shape, inner_tiles = tiles + self.c_fc.out_tiles
-        return [self.buffer_spec("g", inner, inner_tiles),
-                self.scratch_spec("mlp.dg", inner, inner_tiles),
-                self.scratch_spec("mlp.da", inner, inner_tiles)]
-
-    cpdef Tensor forward(self, Tensor x):
-        cdef Tensor g = self.buffers(x)["g"]
-        cdef Tensor a = self.c_fc.forward(x)
-        ops.gelutanh(a, g)
-        self.a = a
-        return self.c_proj.forward(g)
-
-    cpdef backward(self, Tensor dy, Tensor dx, double beta):
-        cdef dict scratch = self.scratch()
-        cdef Tensor dg = scratch["mlp.dg"], da = scratch["mlp.da"]
-        self.c_proj.backward(dy, dg)
-        ops.gelutanh_backward(self.a, dg, 0.0, da)
-        return self.c_fc.backward(da, dx, beta)
 
 
 cdef class PreNormBlock(Module):
@@ -636,19 +627,3 @@ cdef class PreNormBlock(Module):
         ops.copy(dx1, dx)
         self._norm_1.backward(dh, dx, 1.0)
         return dx
-
-
-cdef class Block(PreNormBlock):
-    """x + attn(ln_1(x)), then + mlp(ln_2(.)): transformers' GPT2Block without dropout."""
-
-    def __init__(self, config, dict tiles, str dtype):
-        super().__init__(dtype)
-        cdef int E = config.n_embd
-        eps = config.layer_norm_epsilon
-        self.ln_1 = self.add_child("ln_1", LayerNorm(E, tiles["embd"], eps, dtype))
-        self.attn = self.add_child("attn", Attention(E, config.n_head, config.n_head,
-                                                     config.head_dim, tiles, dtype,
-                                                     config.attention == "fused"))
-        self.ln_2 = self.add_child("ln_2", LayerNorm(E, tiles["embd"], eps, dtype))
-        self.mlp = self.add_child("mlp", MLP(E, config.inner, tiles, dtype))
-        self._branches(E, tiles["embd"], self.ln_1, self.attn, self.ln_2, self.mlp)
