@@ -1,7 +1,10 @@
 """A replica of the model per device of one process (nntile.parallel.DeviceReplicas), on the
 CI's CPU workers grouped into devices (Context(device_replicas=2)): every task of a replica
 pinned to its device, gradients summed and updates run on each tile's home device. Losses and
-weights against one model trained on the same batches."""
+weights against one model trained on the same batches. Each runtime with device groups runs
+in a fresh interpreter, beside the session's."""
+import json
+
 import numpy as np
 import pytest
 
@@ -13,6 +16,7 @@ from nntile.models.llama import LlamaLM
 from nntile.models.llama_config import LlamaConfig
 from nntile.optim import AdamW
 from nntile.parallel import DataParallel
+from tests.conftest import run_python
 
 LLAMA = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
@@ -48,10 +52,26 @@ def _train(model_type, config, devices, steps=3, accumulate=1):
     return losses, grads, homes
 
 
-@pytest.mark.parametrize("model_type,config", [(LlamaLM, LLAMA), (GPT2LMHead, GPT2)])
-def test_replicas_per_device_train_as_one_model(model_type, config):
-    one, grads_one, homes_one = _train(model_type, config, 1)
-    two, grads_two, homes_two = _train(model_type, config, 2)
+def _train_apart(family, devices, steps=3, accumulate=1):
+    """``_train`` in a fresh interpreter (``family``: "llama" or "gpt2")."""
+    result = run_python(f"""
+        import json
+        from tests.test_device_replicas import _train, FAMILIES
+        losses, grads, homes = _train(*FAMILIES[{family!r}], {devices}, {steps}, {accumulate})
+        print(json.dumps([losses, {{k: v.tolist() for k, v in grads.items()}}, homes]))
+        """, timeout=300)
+    assert result.returncode == 0, result.stderr
+    losses, grads, homes = json.loads(result.stdout.splitlines()[-1])
+    return losses, {k: np.array(v) for k, v in grads.items()}, homes
+
+
+FAMILIES = {"llama": (LlamaLM, LLAMA), "gpt2": (GPT2LMHead, GPT2)}
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_replicas_per_device_train_as_one_model(family):
+    one, grads_one, homes_one = _train_apart(family, 1)
+    two, grads_two, homes_two = _train_apart(family, 2)
     np.testing.assert_allclose(two, one, rtol=1e-6)
     for name, value in grads_one.items():
         np.testing.assert_allclose(grads_two[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
@@ -60,39 +80,46 @@ def test_replicas_per_device_train_as_one_model(model_type, config):
 
 
 def test_replicas_per_device_accumulate_micro_batches():
-    one, grads_one, _ = _train(LlamaLM, LLAMA, 1, steps=2, accumulate=2)
-    two, grads_two, _ = _train(LlamaLM, LLAMA, 2, steps=2, accumulate=2)
+    one, grads_one, _ = _train_apart("llama", 1, steps=2, accumulate=2)
+    two, grads_two, _ = _train_apart("llama", 2, steps=2, accumulate=2)
     np.testing.assert_allclose(two, one, rtol=1e-6)
     for name, value in grads_one.items():
         np.testing.assert_allclose(grads_two[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_homes_share_the_bytes_and_bad_devices_are_refused():
-    with nntile.Context(ncpu=2, ncuda=0, device_replicas=2) as ctx:
-        model = LlamaLM(LLAMA, tiling={"batch": 1, "embd": 16, "inner": 32}, dtype="fp32")
-        DataParallel(model, ctx)
-        held = [0, 0]
-        for _, param in model.named_parameters():
-            sizes = param.specs[0].tile_bytes()
-            for home, size in zip(param.value.homes, sizes):
-                held[home] += size
-            assert param.grad.homes == param.value.homes
-        assert abs(held[0] - held[1]) <= max(max(p.specs[0].tile_bytes())
-                                              for _, p in model.named_parameters())
-        with pytest.raises(ValueError, match="2 CUDA devices|drives 2"):
-            ops.set_task_device(2)
-        with pytest.raises(ValueError, match="homes for"):
-            model.lm_head.value.set_homes([0])
-        with pytest.raises(ValueError, match="2 replicas|unequally"):
-            DataParallel(model, ctx)._split(np.zeros((3, 16), dtype=np.int64))
-
-
-def test_device_replicas_are_refused_past_the_cpu_workers():
-    with pytest.raises((ValueError, RuntimeError), match="3"):
-        nntile.Context(ncpu=2, ncuda=0, device_replicas=3)
-    with pytest.raises(ValueError, match="device_replicas"):
-        nntile.Context(ncpu=2, ncuda=0, device_replicas="yes", start=False)
-    assert nntile.current_context() is None
+    result = run_python("""
+        import numpy as np, pytest, nntile
+        from nntile import ops
+        from nntile.models.llama import LlamaLM
+        from nntile.parallel import DataParallel
+        from tests.test_device_replicas import LLAMA
+        with pytest.raises((ValueError, RuntimeError), match="3"):
+            nntile.Context(ncpu=2, ncuda=0, device_replicas=3)
+        with pytest.raises(ValueError, match="device_replicas"):
+            nntile.Context(ncpu=2, ncuda=0, device_replicas="yes", start=False)
+        assert nntile.current_context() is None
+        with nntile.Context(ncpu=2, ncuda=0, device_replicas=2) as ctx:
+            model = LlamaLM(LLAMA, tiling={"batch": 1, "embd": 16, "inner": 32}, dtype="fp32")
+            replicas = DataParallel(model, ctx)
+            held, largest = [0, 0], 0
+            for _, param in model.named_parameters():
+                sizes = param.specs[0].tile_bytes()
+                largest = max(largest, max(sizes))
+                for home, size in zip(param.value.homes, sizes):
+                    held[home] += size
+                assert param.grad.homes == param.value.homes
+            assert abs(held[0] - held[1]) <= largest, held
+            with pytest.raises(ValueError, match="drives 2"):
+                ops.set_task_device(2)
+            with pytest.raises(ValueError, match="homes for"):
+                model.lm_head.value.set_homes([0])
+            with pytest.raises(ValueError, match="unequally"):
+                replicas.submit_loss(np.zeros((3, 16), dtype=np.int64),
+                                     np.zeros((3, 16), dtype=np.int64))
+        print("ok")
+        """)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
 def test_policy_keeps_a_replica_per_gpu_where_it_fits():
@@ -114,13 +141,14 @@ def test_policy_keeps_a_replica_per_gpu_where_it_fits():
 
 
 @pytest.mark.parametrize("model_type,config", [(LlamaLM, LLAMA), (GPT2LMHead, GPT2)])
-def test_backward_pieces_hand_over_every_parameter_once(model_type, config):
-    with nntile.Context(ncpu=1, ncuda=0):
-        model = model_type(config, dtype="fp32")
-        model.init_weights(0)
-        ids = np.zeros((1, 8), dtype=np.int64)
-        model.submit_loss(ids, ids)
-        pieces = [[id(p) for p in piece] for piece in model.backward_steps()]
+def test_backward_pieces_hand_over_every_parameter_once(ctx, model_type, config):
+    model = model_type(config, dtype="fp32")
+    model.init_weights(0)
+    ids = np.zeros((1, 8), dtype=np.int64)
+    model.submit_loss(ids, ids)
+    pieces = [[id(p) for p in piece] for piece in model.backward_steps()]
     handed = [i for piece in pieces for i in piece]
     assert sorted(handed) == sorted(id(p) for _, p in model.named_parameters())
     assert len(pieces) == config.num_hidden_layers + 2
+    ctx.wait()
+    model.unregister()
