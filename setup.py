@@ -227,7 +227,8 @@ def extensions():
     CU_SOURCES[core.name] = cu_sources  # cythonize() copies extensions, so keep them aside
     # Layers and models are typed Cython classes that only call the core module's ops.
     python_level = [Extension(name, [path], include_dirs=include_dirs, define_macros=macros)
-                    for name, path in (("nntile.nn.layers", "nntile/nn/layers.pyx"),
+                    for name, path in (("nntile.nn.module", "nntile/nn/module.pyx"),
+                                       ("nntile.nn.layers", "nntile/nn/layers.pyx"),
                                        ("nntile.nn.attention", "nntile/nn/attention.pyx"),
                                        ("nntile.models.causal_lm", "nntile/models/causal_lm.pyx"),
                                        ("nntile.models.gpt2", "nntile/models/gpt2.pyx"),
