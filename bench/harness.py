@@ -58,23 +58,13 @@ def model_flops_per_step(nparams, n_layer, n_embd, seq, tokens):
     return 6 * nparams * tokens + 12 * n_layer * n_embd * seq * tokens
 
 
-def train_step(ctx, model, opt, ids, targets, idle=(), optimizer_on=None):
-    """One AdamW step of our GPT2LMHead, waited for. ``idle``: tensors StarPU is told, once
-    the step is submitted, will not be used soon (starpu_data_wont_use); ``optimizer_on``:
-    the kind of worker the update tasks must run on (None: any). With the update on CPU
-    workers, the forward and backward stay on the GPUs: a CPU worker would otherwise be handed
-    a model's matrix products to measure them (dmda's calibration)."""
-    from contextlib import nullcontext
-    from nntile import ops
-    # without optimizer_on, the Context's placement stands (nntile.policy.cpu_update)
-    with ops.task_workers("cuda") if optimizer_on == "cpu" else nullcontext():
-        model.zero_grad()
-        model.submit_loss(ids, targets)
-        model.backward()
-    with ops.task_workers(optimizer_on) if optimizer_on else nullcontext():
-        opt.step()
-    for tensor in idle:
-        tensor.wont_use()
+def train_step(ctx, model, opt, ids, targets):
+    """One AdamW step of a model built by a comparison bench, waited for (bench/scale.py
+    takes nntile-train's step, nntile.training.TrainingLoop)."""
+    model.zero_grad()
+    model.submit_loss(ids, targets)
+    model.backward()
+    opt.step()
     ctx.wait()
 
 

@@ -29,11 +29,10 @@ import time
 import numpy as np
 
 import timeline
-from harness import (gpu_time, gpu_time_table, model_flops_per_step, print_result, seconds,
-                     train_step)
+from harness import gpu_time, gpu_time_table, model_flops_per_step, print_result, seconds
 from shapes import add_model_args, llama_config, resolve_model
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
-from nntile import memory
+from nntile import fit, memory
 from nntile.cli_common import (CLIError, add_dry_run_args, add_recompute_arg, add_verbose_arg,
                                calibration_note, default_tiles, launcher_rank, planned_machine,
                                starpu_messages)
@@ -192,15 +191,121 @@ def main(argv=None):
         return 2
 
 
-def run(args):
+INIT = "tiles"  # the weights are written from numpy tile by tile (nntile.memory.estimate)
+
+
+def model_config(args):
+    """The config of the model the flags describe: a wide GPT-2 or a Llama."""
+    if args.model != "gpt2":
+        return llama_config(args, args.attention)
     from nntile.models import GPT2Config
-    E = args.n_embd
-    if args.model == "gpt2":
-        config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=E,
-                            n_layer=args.n_layer, n_head=args.n_head,
-                            tie_word_embeddings=False, attention=args.attention)
+    return GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq), n_embd=args.n_embd,
+                      n_layer=args.n_layer, n_head=args.n_head, tie_word_embeddings=False,
+                      attention=args.attention)
+
+
+def write_weights(model, rng):
+    """Random weights (never zeros: matrix units run faster on zeros), written tile by tile
+    (under MPI each rank writes only the tiles it owns), and ones for the norms' weights;
+    the bf16 copies that bf16-mixed GEMMs read refreshed from them."""
+    pool = RandomPool(rng)
+    for index, (name, param) in enumerate(model.named_parameters()):
+        if name.endswith("weight") and len(param.value.shape) > 1:
+            param.value.write_tiles(pool.reader(index))
+        elif name.endswith("weight"):
+            param.value.fill(1.0)
+    model.refresh_copies()
+
+
+def checked_estimate(args, config, tiling, distribution):
+    """(the estimate of this rank's share, with its recomputation chosen; the disk swap's
+    backend) of a run that fits, else a CLIError (under mpirun all ranks agree)."""
+    est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=INIT)
+    backend = set_disk_swap(args, est)
+    if args.force:
+        os.environ["NNTILE_MEMORY_CHECK"] = "0"
+    return fit.preflight(config, args.batch, args.seq, tiling, args.dtype, ncuda=args.ncuda,
+                         init=INIT, prog="scale.py", quiet_below=0, distribution=distribution,
+                         recompute=args.recompute), backend
+
+
+def timed_step(ctx, loop, batch, step, args, say):
+    """(seconds, loss) of training step ``step`` (from 0), waited for: the wall clock, or
+    CUPTI's with --cupti for the last step (the one before it with --timeline too: CUPTI's
+    set-up and export would fall inside the timeline's window), the last step recorded task
+    by task with --timeline."""
+    traced = args.timeline and step == args.steps - 1
+    under_cupti = args.cupti and step == args.steps - 1 - bool(args.timeline)
+    if traced:
+        ctx.record_timeline()
+        t0 = ctx.clock_us()
+    result = []
+
+    def step_fn():
+        result.append(loop.step(lambda: batch))
+        ctx.wait()
+
+    if under_cupti:
+        cupti = gpu_time(step_fn, 1, args.cupti)
+        taken = cupti["wall"]
+        say(gpu_time_table(f"step {step + 1} (CUPTI)", cupti), flush=True)
     else:
-        config = llama_config(args, args.attention)
+        taken = seconds(step_fn)
+    if traced:
+        t1 = ctx.clock_us()
+        table, dropped = ctx.timeline()
+        say(timeline.report(table, t0, t1, dropped), flush=True)
+        timeline.write_trace(table, args.timeline, t0)
+    return taken, result[-1].loss
+
+
+def collective_note(ctx, replicas, sent, reduced):
+    """What the last step moved between ranks, for its line."""
+    if reduced and replicas.sharding is not None:
+        return (f", gradients reduced and weights broadcast: {reduced[-1] / 2**30:.2f} "
+                "GiB of tiles a rank")
+    if reduced:  # a ring all-reduce sends 2 (N-1)/N of them from each rank
+        ring = 2 * (ctx.world_size - 1) / ctx.world_size * reduced[-1]
+        return (f", all-reduced {reduced[-1] / 2**30:.2f} GiB of gradients a rank "
+                f"(ring: {ring / 2**30:.2f} GiB sent a rank)")
+    return f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
+
+
+def build(ctx, args, config, tiling, est, rng, say):
+    """(the model with random weights, its TrainingLoop, seconds to build and write them,
+    seconds waited for host memory pinned ahead, host memory in use) on the running Context,
+    ready for step 1."""
+    from nntile.models import model_class
+    from nntile.nn.warm_up import before_first_step
+    from nntile.training import TrainingLoop
+    t0 = time.perf_counter()
+    model = model_class(config.model_type)(config, tiling, args.dtype,
+                                           recompute=est.recompute.value)
+    model.layer_priorities = args.layer_priorities
+    model.free_activations = args.free_activations
+    write_weights(model, rng)
+    # nntile-train's step; the model itself unless ranks are replicas (replicas:zero:
+    # the optimizer updates this rank's tiles)
+    loop = TrainingLoop(model, ctx, optimizer_on=args.optimizer_on, lr=1e-4,
+                        max_grad_norm=1.0)
+    ctx.wait()
+    init_s = time.perf_counter() - t0
+    say(f"built and initialised in {init_s:.1f} s (weights written "
+        f"from numpy per {INIT})", flush=True)
+    pin_wait_s, attention_s, shapes = before_first_step(model, args.batch, args.seq)
+    arena = ctx.host_arena_stats()
+    if arena:
+        say(f"host memory pinned ahead: {arena['pinned'] / 2**30:.1f} GiB, "
+            f"{pin_wait_s:.1f} s more waited for it before step 1", flush=True)
+    if shapes:
+        say(f"attention's GPU code prepared in {attention_s:.1f} s", flush=True)
+    host_at_start = show_memory(ctx, say)
+    return model, loop, init_s, pin_wait_s, host_at_start
+
+
+def run(args):
+    E = args.n_embd
+    config = model_config(args)
     given = {k: getattr(args, f"tile_{k}") for k in ("batch", "seq", "embd", "head", "inner", "vocab")
              if getattr(args, f"tile_{k}")}
     for flag, variable in ((args.limit_cuda_mem, "STARPU_LIMIT_CUDA_MEM"),
@@ -223,16 +328,9 @@ def run(args):
     say(f"tiles: {describe_tiles(choices)}", flush=True)
 
     from nntile.distributed import Distribution
-    init = "tiles"
     distribution = Distribution.parse(args.distribution, nranks) if nranks > 1 else None
-    est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=init)
-    backend = set_disk_swap(args, est)
-    if args.force:
-        os.environ["NNTILE_MEMORY_CHECK"] = "0"
-    try:  # under mpirun: this rank's share, and all ranks agree
-        est = memory.preflight(config, args.batch, args.seq, tiling, args.dtype,
-                               ncuda=args.ncuda, init=init, prog="scale.py", quiet_below=0,
-                               distribution=distribution, recompute=args.recompute)
+    try:
+        est, backend = checked_estimate(args, config, tiling, distribution)
     except CLIError as exc:
         print(f"scale.py: error: {exc} (--force runs it anyway)", file=sys.stderr, flush=True)
         return 2
@@ -244,10 +342,6 @@ def run(args):
         return 0
 
     import nntile
-    from nntile.models import model_class
-    from nntile.nn.warm_up import before_first_step
-    from nntile.optim import AdamW
-    from nntile.parallel import DataParallel
     rng = np.random.default_rng(0)
     starpu_messages(args.verbose)
     with nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
@@ -261,37 +355,12 @@ def run(args):
             say(ctx.describe(verbose=False), flush=True)
         note_calibration = calibration_note(ctx, lambda line: say(line, flush=True),
                                             args.verbose)
-        pool = RandomPool(rng)
-        t0 = time.perf_counter()
-        model = model_class(config.model_type)(config, tiling, args.dtype,
-                                               recompute=est.recompute.value)
-        model.layer_priorities = args.layer_priorities
-        model.free_activations = args.free_activations
-        for index, (name, param) in enumerate(model.named_parameters()):
-            shape = param.value.shape
-            if name.endswith("weight") and len(shape) > 1:
-                # tile by tile; under MPI each rank writes only the tiles it owns
-                param.value.write_tiles(pool.reader(index))
-            elif name.endswith("weight"):
-                param.value.fill(1.0)
-        model.refresh_copies()  # the bf16 copies that bf16-mixed GEMMs read
-        replicas = DataParallel(model, ctx)  # the model itself unless ranks are replicas
-        opt = AdamW(model.named_parameters(), lr=1e-4, max_grad_norm=1.0,
-                    sharding=replicas.sharding)  # replicas:zero: this rank's tiles
-        ctx.wait()
-        init_s = time.perf_counter() - t0
-        say(f"built and initialised in {init_s:.1f} s (weights written "
-            f"from numpy per {init})", flush=True)
-        pin_wait_s, attention_s, shapes = before_first_step(model, args.batch, args.seq)
-        arena = ctx.host_arena_stats()
-        if arena:
-            say(f"host memory pinned ahead: {arena['pinned'] / 2**30:.1f} GiB, "
-                f"{pin_wait_s:.1f} s more waited for it before step 1", flush=True)
-        if shapes:
-            say(f"attention's GPU code prepared in {attention_s:.1f} s", flush=True)
-        host_at_start = show_memory(ctx, say)
-        idle = ([p.grad for _, p in model.named_parameters()] + list(opt.state_tensors().values())
-                if args.wont_use else [])
+        model, loop, init_s, pin_wait_s, host_at_start = build(ctx, args, config, tiling,
+                                                                est, rng, say)
+        replicas = loop.replicas
+        if args.wont_use:
+            loop.idle = ([p.grad for _, p in model.named_parameters()]
+                         + list(loop.opt.state_tensors().values()))
         gpu_total = sum(n["total"] for n in ctx.memory_nodes() if n["node"].startswith("CUDA"))
         say(f"recompute: {est.recompute.value} ({est.recompute.reason})", flush=True)
         ctx.profiling(True)  # worker busy shares and bus bytes per step
@@ -303,32 +372,14 @@ def run(args):
         for step in range(args.steps):
             before = sum(ctx.bytes_sent()) if ctx.owner_ranks > 1 else 0
             ctx.bus_stats(), ctx.worker_stats()  # both count from here
-            traced = args.timeline and step == args.steps - 1
-            # CUPTI's set-up and export would fall inside the timeline's window: it takes the
-            # step before when both are asked for
-            under_cupti = args.cupti and step == args.steps - 1 - bool(args.timeline)
-            if traced:
-                ctx.record_timeline()
-                t0 = ctx.clock_us()
-            step_fn = lambda: train_step(ctx, replicas, opt, ids, targets, idle,
-                                         args.optimizer_on)
-            if under_cupti:
-                cupti = gpu_time(step_fn, 1, args.cupti)
-                times.append(cupti["wall"])
-                say(gpu_time_table(f"step {step + 1} (CUPTI)", cupti), flush=True)
-            else:
-                times.append(seconds(step_fn))
+            seconds_taken, loss = timed_step(ctx, loop, (ids, targets), step, args, say)
+            times.append(seconds_taken)
+            losses.append(loss)
             note_calibration()
-            if traced:
-                t1 = ctx.clock_us()
-                table, dropped = ctx.timeline()
-                say(timeline.report(table, t0, t1, dropped), flush=True)
-                timeline.write_trace(table, args.timeline, t0)
             step_moved, bandwidth = traffic(ctx.bus_stats())
             moved.append(step_moved)
             gpus = [w for w in ctx.worker_stats() if w["worker"].startswith("CUDA")]
             busy.append(sum(w["executing_s"] for w in gpus) / max(1e-9, sum(w["total_s"] for w in gpus)))
-            losses.append(replicas.submitted_loss())
             if ctx.owner_ranks > 1:  # bytes all ranks sent through StarPU-MPI in this step
                 sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - before))
             if ctx.replicated:  # the gradients each rank handed to the all-reduce
@@ -341,14 +392,7 @@ def run(args):
             # host memory StarPU allocated in this step (pinned, where there are GPUs: slow to
             # allocate; docs/performance.md, "Step 1 past GPU memory")
             grew = host_used[-1] - (host_used[-2] if len(host_used) > 1 else host_at_start)
-            mpi = f", MPI moved {sent[-1] / 2**30:.2f} GiB" if sent else ""
-            if reduced and replicas.sharding is not None:
-                mpi = (f", gradients reduced and weights broadcast: {reduced[-1] / 2**30:.2f} "
-                       "GiB of tiles a rank")
-            elif reduced:  # a ring all-reduce sends 2 (N-1)/N of them from each rank
-                ring = 2 * (ctx.world_size - 1) / ctx.world_size * reduced[-1]
-                mpi = (f", all-reduced {reduced[-1] / 2**30:.2f} GiB of gradients a rank "
-                       f"(ring: {ring / 2**30:.2f} GiB sent a rank)")
+            mpi = collective_note(ctx, replicas, sent, reduced)
             arena = ctx.host_arena_stats()  # host memory pinned ahead (nntile.policy)
             pinned = (f"; pinned ahead {arena['pinned'] / 2**30:.1f} GiB, waited for "
                       f"{arena['wait_s']:.2f} s in all" if arena else "")

@@ -30,7 +30,7 @@ import shutil
 
 import numpy as np
 
-from nntile.cli_common import CLIError
+from nntile.errors import CLIError
 from nntile.precision import PRECISIONS
 
 FORMAT = "nntile-checkpoint"
@@ -346,7 +346,7 @@ def save(path, model, optimizer=None, meta=None):
     for key in REQUIRED:
         if key not in meta:
             raise ValueError(f"checkpoint metadata needs {key!r}")
-    from nntile import current_context
+    from nntile._core.core import current_context
     ctx = current_context()
     tensors = _tensors(model, optimizer)
     tmp = path + ".tmp"

@@ -233,13 +233,13 @@ def add_dry_run_args(parser):
 def planned_machine(args):
     """The context in which a program plans for --machine (this machine without it); a
     CLIError for --machine without --dry-run or a description that does not parse."""
-    from nntile import memory
+    from nntile import machine
     if args.machine is None:
-        return memory.described(None)
+        return machine.described(None)
     if not args.dry_run:
         raise CLIError("--machine describes the machine to plan for: use it with --dry-run")
     try:
-        return memory.described(memory.parse_machine(args.machine))
+        return machine.described(machine.parse_machine(args.machine))
     except ValueError as exc:
         raise CLIError(str(exc) if str(exc).startswith("--machine") else
                        f"--machine: {exc}") from None
@@ -326,9 +326,9 @@ def default_tiles(config, batch, seq, given, args=None, dtype="fp32", training=T
     """{key: Choice} of the tiles for this run where ``given`` has none: nntile.policy.tiles
     for this machine, the runtime flags in ``args`` (--ncpu, --ncuda) and the memory the run
     needs (nntile.memory.estimate, whose total does not depend on the tiles)."""
-    from nntile import memory, policy
+    from nntile import fit, machine, memory, policy
     if os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0":
-        memory.refuse_absurd_depth(config, memory._gpus_of_this_process(
+        fit.refuse_absurd_depth(config, machine.gpus_of_this_process(
             getattr(args, "ncuda", None)))
     run_bytes = memory.estimate(config, batch or 1, seq or config.max_position_embeddings,
                                 None, dtype, optimizer="adamw" if training else None,
@@ -336,8 +336,8 @@ def default_tiles(config, batch, seq, given, args=None, dtype="fp32", training=T
     flags = {name: getattr(args, name, None) for name in ("ncpu", "ncuda", "sched")}
     env = {k: v for k, v in os.environ.items() if k.startswith("STARPU_")}
     nranks = launcher_rank()[1]
-    machine = memory.machine(nranks > 1)
-    settings = policy.runtime_settings(machine, flags, env, run_bytes)
+    this = machine.probe(nranks > 1)
+    settings = policy.runtime_settings(this, flags, env, run_bytes)
     data_groups = 1
     if nranks > 1:
         from nntile.distributed import Distribution
@@ -347,7 +347,7 @@ def default_tiles(config, batch, seq, given, args=None, dtype="fp32", training=T
         except ValueError:
             pass  # resolve_distribution says what is wrong with it
     run = policy.run_of(config, batch, seq, run_bytes, given, data_groups)
-    return policy.tiles(run, settings, machine)
+    return policy.tiles(run, settings, this)
 
 
 def resolve_tiling(tiling, config, batch=None, seq=None, defaults=None):
@@ -453,7 +453,7 @@ def check_inference_memory(ckpt, args, batch, seq, dtype, prog):
     """Before StarPU starts: refuse, with the numbers, a forward pass (and loss) of a
     checkpoint on [batch, seq] that cannot fit (as nntile-train does for training); the
     estimate."""
-    from nntile.memory import preflight
+    from nntile.fit import preflight
     family_model(ckpt.config)
     return preflight(ckpt.config, batch, seq, checkpoint_tiles(ckpt, args, batch, seq),
                      check_dtype(dtype) if dtype else ckpt.dtype, ncuda=args.ncuda,
@@ -477,28 +477,6 @@ def model_from_checkpoint(ckpt, args=None, batch=None, seq=None, dtype=None):
     model = family_model(ckpt.config)(ckpt.config, tiling=model_tiling(tiles), dtype=dtype)
     ckpt.load_params(model)
     return model
-
-
-def checkpoint_tokenizer(ckpt, path, name_asked=None):
-    """The tokenizer to read and write a checkpoint's tokens with: the one asked for, else
-    the one it records; a CLIError for one of another vocabulary."""
-    from nntile.data import get_tokenizer
-    config = ckpt.config
-    info = ckpt.get("tokenizer") or {}
-    name = name_asked or info.get("name") or ("byte" if config.vocab_size <= 256 else None)
-    if name is None:
-        raise CLIError(f"checkpoint {path} names no tokenizer: pass --tokenizer")
-    tok = get_tokenizer(name, None if name_asked else info.get("path"))
-    if tok.vocab_size > config.vocab_size:
-        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than the "
-                       f"model's vocabulary of {config.vocab_size}")
-    # another size is another tokenizer's ids, unless the model was trained with this one
-    # (a vocabulary larger than its tokenizer's, --vocab-size)
-    if tok.vocab_size != config.vocab_size and tok.name != info.get("name"):
-        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, the model's "
-                       f"vocabulary {config.vocab_size}: pass the tokenizer it was trained "
-                       "with (--tokenizer DIR, the directory holding its tokenizer.json)")
-    return tok
 
 
 def checkpoint_seq_len(ckpt, requested=None):

@@ -81,7 +81,7 @@ class Context(Runtime):
     have, and a STARPU_ variable StarPU would abort on, are refused before it starts.
     ``describe()`` says which defaults were taken and why, the tiles of a model built with
     no tiling (``tiles``), whether the programs' model recomputes activations
-    (``recompute``, a Choice of nntile.memory.preflight), and which cores StarPU's threads
+    (``recompute``, a Choice of nntile.fit.preflight), and which cores StarPU's threads
     use. Only one Context runs at a time.
     """
 
@@ -132,7 +132,7 @@ class Context(Runtime):
             policy.check_scheduler(sched, schedulers())
         self.sched = sched
         self.verbose = verbose
-        self.tiles = None  # {key: Choice} of a model's tiles chosen here (describe)
+        self.tiles = None  # {key: Choice} of the program's model's tiles (describe)
         self.recompute = None  # Choice: whether the program's model recomputes (describe)
         if mpi not in (None, True, False):
             raise TypeError(f"Context(mpi={mpi!r}) must be True, False or None (automatic)")
@@ -164,8 +164,8 @@ class Context(Runtime):
     def machine(self):
         """What this process may use (nntile.policy.Machine), read once."""
         if self._machine is None:
-            from nntile.memory import machine
-            self._machine = machine(self.mpi)
+            from nntile.machine import probe
+            self._machine = probe(self.mpi)
         return self._machine
 
     def settings(self):
@@ -177,18 +177,8 @@ class Context(Runtime):
         return policy.runtime_settings(self.machine(), given, env, self.run_bytes,
                                        self.training)
 
-    def default_tiles(self, config, batch=None, seq=None, run_bytes=None, given=None):
-        """{key: Choice} of the tiles nntile.policy.tiles picks for a model of this ``config``
-        on this Context's workers; remembered for describe()."""
-        run = policy.run_of(config, batch, seq, run_bytes if run_bytes is not None
-                            else self.run_bytes, given)
-        choices = policy.tiles(run, self.settings(), self.machine())
-        if any(reason != "given" for _, reason in choices.values()):
-            self.tiles = choices  # a model whose tiles were all given keeps the program's
-        return choices
-
     def start(self):
-        from nntile.memory import check_disk_swap_env
+        from nntile.machine import check_disk_swap_env
         policy.check_starpu_env(os.environ)  # StarPU would abort on what it cannot read
         check_disk_swap_env()  # StarPU would abort on a disk swap it cannot take
         if self.running:

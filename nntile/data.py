@@ -169,6 +169,27 @@ def get_tokenizer(spec, path=None):
     return HFTokenizer(target)
 
 
+def checkpoint_tokenizer(ckpt, path, name_asked=None):
+    """The tokenizer to read and write a checkpoint's tokens with: the one asked for, else
+    the one it records; a CLIError for one of another vocabulary."""
+    config = ckpt.config
+    info = ckpt.get("tokenizer") or {}
+    name = name_asked or info.get("name") or ("byte" if config.vocab_size <= 256 else None)
+    if name is None:
+        raise CLIError(f"checkpoint {path} names no tokenizer: pass --tokenizer")
+    tok = get_tokenizer(name, None if name_asked else info.get("path"))
+    if tok.vocab_size > config.vocab_size:
+        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than the "
+                       f"model's vocabulary of {config.vocab_size}")
+    # another size is another tokenizer's ids, unless the model was trained with this one
+    # (a vocabulary larger than its tokenizer's, --vocab-size)
+    if tok.vocab_size != config.vocab_size and tok.name != info.get("name"):
+        raise CLIError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, the model's "
+                       f"vocabulary {config.vocab_size}: pass the tokenizer it was trained "
+                       "with (--tokenizer DIR, the directory holding its tokenizer.json)")
+    return tok
+
+
 # ---- preparing data ----------------------------------------------------------------------
 
 OUTPUTS = ("train.bin", "val.bin", "meta.json")

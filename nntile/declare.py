@@ -12,6 +12,8 @@ import numpy as np
 from nntile._core.core import Tensor
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp64": 8, "bf16": 2, "int64": 8}
+MiB = 1 << 20
+GiB = 1 << 30
 # what a tensor is for, as the memory estimate reports it
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "compute_copies", "activations",
               "workspaces", "logits")
@@ -102,3 +104,22 @@ class TensorSpec:
     def __repr__(self):
         return (f"TensorSpec({self.name!r}, {self.shape}, {self.basetile}, {self.dtype}, "
                 f"{self.category})")
+
+
+def shard_owners(tile_bytes, nranks):
+    """The rank that updates each parameter tile when replicas shard the update
+    (Distribution ``zero``): ``tile_bytes`` holds, by parameter name, the bytes of its tiles
+    (C order). Each tile in turn, parameters by name, goes to the rank holding the fewest
+    bytes so far (the lowest such rank), so the shares differ by at most one tile; every rank
+    computes the same owners, as does the memory estimate, whatever order it lists the
+    parameters in. A list of a rank per tile, by parameter name."""
+    held = [0] * nranks
+    owners = {}
+    for name in sorted(tile_bytes):
+        ranks = []
+        for size in tile_bytes[name]:
+            rank = min(range(nranks), key=held.__getitem__)
+            held[rank] += int(size)
+            ranks.append(rank)
+        owners[name] = ranks
+    return owners

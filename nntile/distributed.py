@@ -36,6 +36,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from nntile import policy
+# the rule is a declaration's (memory estimates read it too); the name stays importable here
+from nntile.declare import shard_owners  # noqa: F401
 
 CHOICES = ("replicas", "data", "tensor", "mixed")
 
@@ -139,6 +141,27 @@ def mpi():
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", yield_when_idle)
     from mpi4py import MPI
     return MPI
+
+
+def agree_refusal(refusal):
+    """Under mpirun, a rank that fits learns the first other rank's refusal (a rank that does
+    not fit keeps its own), so that all stop or all go on: a lone refusal would leave the
+    other ranks waiting in StarPU-MPI's start for it."""
+    _, size = policy.launcher_rank()
+    if size < 2:
+        return refusal
+    refusals = mpi().COMM_WORLD.allgather(refusal)
+    if refusal is not None:
+        return refusal
+    return next((f"rank {rank} cannot fit its share: {text}"
+                 for rank, text in enumerate(refusals) if text is not None), None)
+
+
+def any_rank(flag):
+    """Under mpirun, whether ``flag`` holds on any rank (every rank calls it); else ``flag``."""
+    if policy.launcher_rank()[1] < 2:
+        return flag
+    return any(mpi().COMM_WORLD.allgather(bool(flag)))
 
 
 def thread_cores():
@@ -277,25 +300,6 @@ def block_cyclic(grid, process_grid, axes=None):
     for a, p in zip(axes, process_grid):
         rank = rank * p + coords[a] % p
     return rank.astype(np.int32).tolist()
-
-
-def shard_owners(tile_bytes, nranks):
-    """The rank that updates each parameter tile when replicas shard the update
-    (Distribution ``zero``): ``tile_bytes`` holds, by parameter name, the bytes of its tiles
-    (C order). Each tile in turn, parameters by name, goes to the rank holding the fewest
-    bytes so far (the lowest such rank), so the shares differ by at most one tile; every rank
-    computes the same owners, as does the memory estimate, whatever order it lists the
-    parameters in. A list of a rank per tile, by parameter name."""
-    held = [0] * nranks
-    owners = {}
-    for name in sorted(tile_bytes):
-        ranks = []
-        for size in tile_bytes[name]:
-            rank = min(range(nranks), key=held.__getitem__)
-            held[rank] += int(size)
-            ranks.append(rank)
-        owners[name] = ranks
-    return owners
 
 
 class Distribution:

@@ -1,6 +1,6 @@
 """The one exception every layer may raise for bad input that the programs report as one line
 (exit code 2); nntile.cli_common turns it into that line. It lives below both the programs and
-nntile.memory, so that neither imports the other to raise it."""
+nntile.fit, so that neither imports the other to raise it."""
 
 
 class CLIError(Exception):

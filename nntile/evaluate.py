@@ -18,9 +18,9 @@ import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
-                               check_inference_memory, checkpoint_seq_len, checkpoint_tokenizer,
+                               check_inference_memory, checkpoint_seq_len,
                                model_from_checkpoint, positive_int, run_cli, start_context)
-from nntile.data import EVAL_BATCHES, eval_batches, windows
+from nntile.data import EVAL_BATCHES, checkpoint_tokenizer, eval_batches, windows
 
 
 def build_parser():

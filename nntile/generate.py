@@ -13,9 +13,10 @@ import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
-                               check_inference_memory, checkpoint_seq_len, checkpoint_tokenizer,
+                               check_inference_memory, checkpoint_seq_len,
                                model_from_checkpoint, nonneg_float, nonneg_int, positive_int,
                                probability, run_cli, start_context)
+from nntile.data import checkpoint_tokenizer
 
 
 def build_parser():

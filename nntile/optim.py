@@ -14,7 +14,8 @@ them, and the updated weights are then broadcast.
 import math
 from contextlib import nullcontext
 
-from nntile import current_context, ops
+from nntile import ops
+from nntile._core.core import current_context
 from nntile.declare import TensorSpec
 
 

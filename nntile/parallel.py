@@ -114,8 +114,9 @@ class DeviceReplicas:
     def __init__(self, model, devices):
         self.models = [model]
         for _ in range(1, devices):
-            replica = type(model)(model.config, tiling=dict(model.tiles), dtype=model.dtype,
-                                  create=False, recompute=model.recompute)
+            replica = type(model)(model.config, dtype=model.dtype, create=False,
+                                  tiling=dict(model.tiles, batch_count=model.batch_count),
+                                  recompute=model.recompute)
             replica.layer_priorities = model.layer_priorities
             replica.free_activations = model.free_activations
             replica.create(sharing=model)

@@ -3,7 +3,7 @@ recomputes activations, what crosses PCIe each step and how long a step should t
 (``nntile-train --dry-run``, ``bench/scale.py --dry-run``).
 
 Memory comes from nntile.memory (the declarations, no StarPU), on this machine or on one
-described (nntile.memory.described). Time comes from a small model:
+described (nntile.machine.described). Time comes from a small model:
 
 * compute: the model's FLOPs per step (``config.flops_per_token(seq) * tokens``), a third more
   with recomputation (each block's forward runs again in backward), at a sustained rate;
@@ -21,7 +21,7 @@ to be H100s; several GPUs to split the work evenly (not measured).
 """
 from dataclasses import dataclass
 
-from nntile import memory
+from nntile import fit, machine
 from nntile.memory import GiB, fmt_bytes
 
 # Sustained rate of a GPU by compute dtype (FLOP/s of model FLOPs). bf16: fitted to the runs
@@ -130,7 +130,7 @@ class Plan:
     def _memory(self):
         est, b = self.est, self.budget
         kinds = ", ".join(f"{c.replace('_', ' ')} {fmt_bytes(est[c])}" for c in est.keys())
-        place = memory.by_place(est, b)
+        place = fit.by_place(est, b)
         where = ", ".join(f"{name} {fmt_bytes(place[key])} of {fmt_bytes(b[key])}"
                           for key, name in (("gpu", "GPU"), ("host", "host"), ("disk", "disk"))
                           if b[key] or key == "host")
@@ -168,12 +168,12 @@ def describe_machine(b, ngpu, described):
 
 def plan(est, config, batch, seq, dtype, tiles, ncuda=None, micro_batches=1):
     """The Plan of a run that preflight accepted (``est``, its recomputation chosen) on this
-    process's machine (the described one where nntile.memory.described holds one): a step
+    process's machine (the described one where nntile.machine.described holds one): a step
     of ``micro_batches`` micro-batches of [batch, seq] (each crossing PCIe as a whole step
     does: an upper bound)."""
-    b = memory.process_budget(ncuda)
-    gpus = memory._gpus_of_this_process(ncuda)
-    rate = compute_rate(dtype, len(gpus), memory.machine().cores)
+    b = fit.process_budget(ncuda)
+    gpus = machine.gpus_of_this_process(ncuda)
+    rate = compute_rate(dtype, len(gpus), machine.probe().cores)
     cross, _ = pcie_floor(live_at_turn(est), b["gpu"], {"h2d": 1, "d2h": 1})
     tokens = batch * seq
     one = predict_step(config.flops_per_token(seq) * tokens, tokens, est.recompute.value, rate,
@@ -182,4 +182,4 @@ def plan(est, config, batch, seq, dtype, tiles, ncuda=None, micro_batches=1):
                                               one.transfer_s, one.seconds, one.moved,
                                               one.floor, one.floor_s)))
     return Plan(est, b, tiles, step, describe_machine(b, len(gpus),
-                                                      memory._described is not None))
+                                                      machine._described is not None))

@@ -257,7 +257,7 @@ RECOMPUTE_TO_FIT = ("nntile default: with activation recomputation the run fits 
                     "without, {worse}")
 NO_RECOMPUTE = "nntile default: recomputation would not make the run fit better"
 # where a run fits, from worst to best: nowhere (the memory pre-check refuses it), only with
-# host memory (or a disk swap) beside or instead of the GPUs (nntile.memory.check_fits), in
+# host memory (or a disk swap) beside or instead of the GPUs (nntile.fit.check_fits), in
 # the GPUs alone
 FITS = (None, "host", "gpu")
 FITS_WORDS = {None: "nowhere (the memory pre-check refuses it)",
@@ -268,7 +268,7 @@ def recompute(given, without, with_recompute):
     """Whether backward recomputes each block's forward (CausalLM's ``recompute``): ``given``
     (--recompute or --no-recompute) where there is one, else on exactly where it makes the
     run fit better. ``without`` and ``with_recompute``: where the run fits each way, one of
-    ``FITS`` (nntile.memory.fits_where; without GPUs, "host" is host memory alone).
+    ``FITS`` (nntile.fit.fits_where; without GPUs, "host" is host memory alone).
 
     Recomputation runs the blocks' forward twice: about a third more arithmetic. Past GPU
     memory the same GPU ran at 34-40% of its in-memory rate (n_embd 8192 on one H100: 72-85

@@ -189,8 +189,40 @@ def _check_same_tokenizer(flag, base, data, model_vocab):
 
 
 def resolve(args):
-    from nntile.checkpoint import Checkpoint, latest, latest_run
+    """The run's Setup from the flags, the checkpoint resumed or started from, the data and
+    the machine; a CLIError for what conflicts."""
     s = Setup()
+    base = _base_checkpoint(args, s)
+    config, known, source = _model_config(args, s, base)
+    train_prev = (s.ckpt.get("train") or {}) if s.ckpt else {}
+    init_prev = (base.get("train") or {}) if base else {}
+    s.seq_len = _seq_len(args, config, train_prev, init_prev)
+    _train_settings(args, s, train_prev)
+    if args.dtype is not None:
+        s.dtype = check_dtype(args.dtype)
+    elif base is not None:
+        s.dtype = base.dtype
+    else:
+        s.dtype = "fp32"
+    config = _data(args, s, base, train_prev, config, known, source)
+    # tiling: flags, else the checkpoint's, else chosen for the machine and the run
+    given = tiling_from_args(args)
+    tiling = dict(given)
+    if base is not None:
+        # the checkpoint's tiles, batch and seq clipped to this run's shapes
+        sizes = {"batch": s.batch_size, "seq": s.seq_len}
+        for key, value in (base.get("tiling") or {}).items():
+            if value is not None and key not in given:
+                tiling[key] = min(value, sizes.get(key, value))
+    s.tile_choices = default_tiles(config, s.batch_size, s.seq_len, tiling, args, s.dtype)
+    s.tiles = resolve_tiling(tiling, config, s.batch_size, s.seq_len, s.tile_choices)
+    return s
+
+
+def _base_checkpoint(args, s):
+    """The checkpoint resumed (``s.ckpt``) or started from (``s.init``), or None; and the
+    run's directory ``s.out``."""
+    from nntile.checkpoint import Checkpoint, latest, latest_run
     s.ckpt = None
     s.init = None
     s.init_from = None
@@ -224,7 +256,13 @@ def resolve(args):
     else:
         s.out = args.out or (os.path.dirname(os.path.abspath(args.resume)) if args.resume
                              else "checkpoints")
+    return base
 
+
+def _model_config(args, s, base):
+    """(the model's config, None until the data's vocabulary is known where the flags build
+    it; the config known from a checkpoint or a transformers directory; where it came
+    from)."""
     # model configuration: of a checkpoint, a transformers directory, a config file or flags
     if base is not None:
         known, source = base.config, f"checkpoint {base.path}"
@@ -259,19 +297,25 @@ def resolve(args):
             raise CLIError(f"--model {args.model} conflicts with the {config.model_type} model "
                            f"of {source or args.config}")
         family_model(config)
-    train_prev = (s.ckpt.get("train") or {}) if s.ckpt else {}
-    init_prev = (base.get("train") or {}) if base else {}
-    if _given(args, "seq_len"):
-        s.seq_len = args.seq_len
-    elif "seq_len" in train_prev or "seq_len" in init_prev:
-        s.seq_len = int(train_prev.get("seq_len", init_prev.get("seq_len")))
-    elif config is not None:
-        s.seq_len = min(config.max_position_embeddings, 1024)
-    else:
-        s.seq_len = DEFAULT_SEQ_LEN
-    if config is not None:
-        check_seq_len(config, s.seq_len)
+    return config, known, source
 
+
+def _seq_len(args, config, train_prev, init_prev):
+    """--seq-len, else the checkpoint's, else the model's positions up to 1024; checked
+    against the model's positions."""
+    if _given(args, "seq_len"):
+        seq_len = args.seq_len
+    elif "seq_len" in train_prev or "seq_len" in init_prev:
+        seq_len = int(train_prev.get("seq_len", init_prev.get("seq_len")))
+    elif config is not None:
+        seq_len = min(config.max_position_embeddings, 1024)
+    else:
+        seq_len = DEFAULT_SEQ_LEN
+    return check_seq_len(config, seq_len) if config is not None else seq_len
+
+
+def _train_settings(args, s, train_prev):
+    """The training settings of TRAIN_DEFAULTS on ``s``, checked."""
     # training settings: flag, else the resumed checkpoint, else the default
     for key, default in TRAIN_DEFAULTS.items():
         if _given(args, key):
@@ -308,13 +352,12 @@ def resolve(args):
         if not 0 <= getattr(s, key) < 1:
             raise CLIError(f"--{key} {getattr(s, key)} must be in [0, 1)")
 
-    if args.dtype is not None:
-        s.dtype = check_dtype(args.dtype)
-    elif base is not None:
-        s.dtype = base.dtype
-    else:
-        s.dtype = "fp32"
 
+
+def _data(args, s, base, train_prev, config, known, source):
+    """The data (``s.data``), its tokenizer (``s.tokenizer``) and the model's config, built
+    from the flags and the data's vocabulary where no checkpoint or directory gave it; the
+    vocabularies checked against each other."""
     # data
     from nntile.data import TokenData, default_data_dir
     data_dir = args.data or (train_prev.get("data") if train_prev else None)
@@ -363,18 +406,7 @@ def resolve(args):
         "name": s.data.meta.get("tokenizer") or tok_prev.get("name") or s.data.tokenizer,
         "path": s.data.meta.get("tokenizer_path", tok_prev.get("path"))}
 
-    # tiling: flags, else the checkpoint's, else chosen for the machine and the run
-    given = tiling_from_args(args)
-    tiling = dict(given)
-    if base is not None:
-        # the checkpoint's tiles, batch and seq clipped to this run's shapes
-        sizes = {"batch": s.batch_size, "seq": s.seq_len}
-        for key, value in (base.get("tiling") or {}).items():
-            if value is not None and key not in given:
-                tiling[key] = min(value, sizes.get(key, value))
-    s.tile_choices = default_tiles(config, s.batch_size, s.seq_len, tiling, args, s.dtype)
-    s.tiles = resolve_tiling(tiling, config, s.batch_size, s.seq_len, s.tile_choices)
-    return s
+    return config
 
 
 def prepare_out(s, args):
@@ -693,7 +725,7 @@ def checked(args):
         print(f"nntile-train: {s.complete}")
         return None
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
-    from nntile.memory import preflight  # before StarPU starts: refuse what cannot fit
+    from nntile.fit import preflight  # before StarPU starts: refuse what cannot fit
     est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
                     grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution,
                     recompute=args.recompute)
@@ -759,192 +791,220 @@ def train_main(argv=None):
         ctx.shutdown()
 
 
+def _start_training(s, ctx):
+    """(the TrainingLoop, the batch sampler, the step to start at) of the run: the model's
+    weights and the optimizer's states from the resumed checkpoint, the --init one, the
+    transformers directory or the seed."""
+    from nntile.checkpoint import CheckpointError
+    from nntile.data import BatchSampler
+    from nntile.optim import LRSchedule
+    from nntile.training import TrainingLoop
+    model = family_model(s.config)(s.config, tiling=model_tiling(s.tiles), dtype=s.dtype,
+                                   recompute=s.recompute.value)
+    loop = TrainingLoop(model, ctx, s.grad_accum,
+                        lr=LRSchedule(s.lr, s.warmup, s.steps, s.min_lr),
+                        betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay,
+                        max_grad_norm=s.grad_clip or None)
+    sampler = BatchSampler(s.data.splits["train"], s.batch_size, s.seq_len, s.seed)
+    if s.ckpt is None:
+        if s.init is not None:
+            s.init.load_params(model)
+        elif s.init_from is not None:
+            model.load_state_dict(s.init_state)
+        else:
+            model.init_weights(s.seed)
+        return loop, sampler, 0
+    s.ckpt.load_params(model)
+    s.ckpt.load_optimizer(loop.opt)
+    if loop.opt.step_count != s.ckpt.step:
+        raise CheckpointError(f"checkpoint {s.ckpt.path}: optimizer step_count "
+                              f"{loop.opt.step_count} differs from step {s.ckpt.step}")
+    data_pos = s.ckpt.get("data") or {}
+    try:
+        sampler.set_state({"bit_generator": s.ckpt.get("rng"),
+                           "batches_drawn": data_pos.get("batches_drawn", 0)})
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {s.ckpt.path}: attribute 'rng': {exc}") from None
+    return loop, sampler, s.ckpt.step
+
+
+def checkpoint_meta(s, opt, sampler, step):
+    """What a checkpoint of this run records beside the tensors (nntile.checkpoint.save)."""
+    state = sampler.state()
+    return dict(
+        config=s.config.to_dict(), tiling=s.tiles, dtype=s.dtype, step=step,
+        schedule=opt.schedule.state(),
+        optimizer=dict(name="AdamW", step_count=opt.step_count, betas=list(opt.betas),
+                       eps=opt.eps, weight_decay=opt.weight_decay,
+                       max_grad_norm=opt.max_grad_norm, decoupled=opt.decoupled),
+        rng=state["bit_generator"],
+        data=dict(path=s.data_dir, batches_drawn=state["batches_drawn"],
+                  tokens_drawn=state["tokens_drawn"],
+                  train_tokens=len(s.data.splits["train"]),
+                  val_tokens=len(s.data.splits["val"])),
+        train={**{k: getattr(s, k) for k in TRAIN_DEFAULTS}, "seq_len": s.seq_len,
+               "data": s.data_dir},
+        tokenizer=s.tokenizer,
+        **({"source": {"transformers": os.path.abspath(s.init_from)}} if s.init_from
+           else {}))
+
+
+class Saver:
+    """Saves the run's checkpoints into its directory, keeping the last ``--keep``."""
+
+    def __init__(self, s, loop, sampler, ctx, watchdog):
+        self.s, self.loop, self.sampler, self.ctx, self.watchdog = s, loop, sampler, ctx, watchdog
+        self.step = s.ckpt.step if s.ckpt else None
+        self.path = s.ckpt.path if s.ckpt else None
+
+    def save(self, step):
+        from nntile.checkpoint import checkpoint_name, prune, save
+        path = os.path.join(self.s.out, checkpoint_name(step))
+        with self.watchdog.paused():
+            save(path, self.loop.model, self.loop.opt,  # collective under MPI
+                 checkpoint_meta(self.s, self.loop.opt, self.sampler, step))
+        if self.ctx.rank == 0:
+            prune(self.s.out, self.s.keep, keep_path=path)
+        self.step, self.path = step, path
+
+
+class Outputs:
+    """Where each step's record goes: metrics.jsonl and TensorBoard's event file (rank 0
+    writes them), the progress bar."""
+
+    def __init__(self, s, args, ctx, tqdm, start_step):
+        self.metrics_path = os.path.join(s.out, METRICS)
+        # the loss is the same number on every rank (to_array gathers it); rank 0 logs it
+        with output_errors(self.metrics_path):
+            self.metrics = open(self.metrics_path if ctx.rank == 0 else os.devnull, "a")
+        with output_errors(s.out):
+            self.events = EventWriter(s.out) if ctx.rank == 0 else None  # TensorBoard's
+        self.bar = Progress(tqdm, s.steps, start_step, not args.no_progress and ctx.rank == 0)
+
+    def write(self, record):
+        with output_errors(self.metrics_path):
+            self.metrics.write(json.dumps(record) + "\n")
+            self.metrics.flush()
+        if self.events is not None:
+            with output_errors(self.events.path):
+                self.events.scalars(record["step"],
+                                    {k: v for k, v in record.items() if k != "step"})
+
+    def close(self):
+        self.bar.close()
+        with output_errors(self.metrics_path):
+            self.metrics.close()
+            if self.events is not None:
+                self.events.close()
+
+
 def _run(s, args, ctx, stop, echo, tqdm):
-    from nntile.checkpoint import CheckpointError, checkpoint_name, prune, save
-    from nntile.data import BatchSampler, eval_batches
+    from nntile.data import eval_batches
     from nntile.distributed import Watchdog
     from nntile.nn.warm_up import before_first_step
-    from nntile.optim import AdamW, LRSchedule
-    from nntile.parallel import DataParallel
-
-    config = s.config
-    model = family_model(config)(config, tiling=model_tiling(s.tiles), dtype=s.dtype,
-                                 recompute=s.recompute.value)
-    replicas = DataParallel(model, ctx)  # the model itself with one process
-    opt = AdamW(model.named_parameters(), lr=LRSchedule(s.lr, s.warmup, s.steps, s.min_lr),
-                betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay,
-                max_grad_norm=s.grad_clip or None, sharding=replicas.sharding)
-    sampler = BatchSampler(s.data.splits["train"], s.batch_size, s.seq_len, s.seed)
-    start_step = 0
-    if s.ckpt is not None:
-        s.ckpt.load_params(model)
-        s.ckpt.load_optimizer(opt)
-        start_step = s.ckpt.step
-        if opt.step_count != start_step:
-            raise CheckpointError(f"checkpoint {s.ckpt.path}: optimizer step_count "
-                                  f"{opt.step_count} differs from step {start_step}")
-        rng = s.ckpt.get("rng")
-        data_pos = s.ckpt.get("data") or {}
-        try:
-            sampler.set_state({"bit_generator": rng,
-                               "batches_drawn": data_pos.get("batches_drawn", 0)})
-        except ValueError as exc:
-            raise CheckpointError(f"checkpoint {s.ckpt.path}: attribute 'rng': {exc}") from None
-    elif s.init is not None:
-        s.init.load_params(model)
-    elif s.init_from is not None:
-        model.load_state_dict(s.init_state)
-    else:
-        model.init_weights(s.seed)
+    loop, sampler, start_step = _start_training(s, ctx)
     if ctx.rank == 0:
         start_outputs(s, args.overwrite, echo)
-    val_batches = eval_batches(s.data.splits["val"], s.batch_size, s.seq_len, s.eval_batches)
-    metrics_path = os.path.join(s.out, METRICS)
-    tokens_per_step = s.batch_size * s.seq_len * s.grad_accum
-    flops_tok = config.flops_per_token(s.seq_len)
     for note in s.notes:
         echo(f"nntile-train: note: {note}")
     echo(banner(s, ctx, start_step, args.verbose))
-    pin_wait_s, _, _ = before_first_step(model, s.batch_size, s.seq_len)
+    pin_wait_s, _, _ = before_first_step(loop.model, s.batch_size, s.seq_len)
     if pin_wait_s >= 1.0:
         echo(f"nntile-train: waited {pin_wait_s:.0f} s for host memory pinned ahead")
-
-    def checkpoint_meta(step):
-        state = sampler.state()
-        return dict(
-            config=config.to_dict(), tiling=s.tiles, dtype=s.dtype, step=step,
-            schedule=opt.schedule.state(),
-            optimizer=dict(name="AdamW", step_count=opt.step_count, betas=list(opt.betas),
-                           eps=opt.eps, weight_decay=opt.weight_decay,
-                           max_grad_norm=opt.max_grad_norm, decoupled=opt.decoupled),
-            rng=state["bit_generator"],
-            data=dict(path=s.data_dir, batches_drawn=state["batches_drawn"],
-                      tokens_drawn=state["tokens_drawn"],
-                      train_tokens=len(s.data.splits["train"]),
-                      val_tokens=len(s.data.splits["val"])),
-            train={**{k: getattr(s, k) for k in TRAIN_DEFAULTS}, "seq_len": s.seq_len,
-                   "data": s.data_dir},
-            tokenizer=s.tokenizer,
-            **({"source": {"transformers": os.path.abspath(s.init_from)}} if s.init_from
-               else {}))
-
-    saved = {"step": start_step if s.ckpt else None, "path": s.ckpt.path if s.ckpt else None}
-
-    def save_checkpoint(step):
-        path = os.path.join(s.out, checkpoint_name(step))
-        with watchdog.paused():
-            save(path, model, opt, checkpoint_meta(step))  # collective under MPI
-        if ctx.rank == 0:
-            prune(s.out, s.keep, keep_path=path)
-        saved.update(step=step, path=path)
-        return path
-
-    def evaluate():
-        losses = [replicas.loss(x, y) for x, y in val_batches]
-        if model.free_activations:  # no backward reads the last loss's activations
-            replicas.free_buffers()
-        return float(np.mean(losses))
-
-    step = start_step
-    first_loss = last_loss = val_loss = None
-    run_start = time.perf_counter()
-    tokens_done = 0
-    bar = Progress(tqdm, s.steps, start_step, not args.no_progress and ctx.rank == 0)
-    # the loss is the same number on every rank (to_array gathers it); rank 0 logs it
-    with output_errors(metrics_path):
-        metrics = open(metrics_path if ctx.rank == 0 else os.devnull, "a")
-    with output_errors(s.out):
-        events = EventWriter(s.out) if ctx.rank == 0 else None  # TensorBoard's
+    val_batches = eval_batches(s.data.splits["val"], s.batch_size, s.seq_len, s.eval_batches)
+    out = Outputs(s, args, ctx, tqdm, start_step)
     watchdog = Watchdog(ctx.comm, "nntile-train", ctx.mpi_timeout)  # a dead rank ends all
-    note_calibration = calibration_note(ctx, echo, args.verbose)
+    saver = Saver(s, loop, sampler, ctx, watchdog)
+    run_start = time.perf_counter()
     try:
-        last_time = time.perf_counter()
-        while step < s.steps and not stop.agreed(ctx):
-            sampler_state = sampler.state()
-            stop.tell(echo)
-            replicas.zero_grad()
-            loss_sum = 0.0
-            abandoned = False
-            for micro in range(s.grad_accum):
-                stop.tell(echo)
-                if stop.abandon:
-                    abandoned = True
-                    break
-                x, y = sampler.next()
-                loss_sum += replicas.loss(x, y)
-                replicas.backward(scale=1.0 / s.grad_accum, reduce=micro == s.grad_accum - 1)
-            if abandoned or stop.abandon:
-                stop.tell(echo)
-                ctx.wait()
-                sampler.set_state(sampler_state)  # the abandoned step's batches come again
-                break
-            lr = opt.step()
-            replicas.check()
-            # the norm that clipping measured (read here, no second pass); None unclipped
-            grad_norm = opt.grad_norm() if opt.max_grad_norm else None
-            step += 1
-            loss = loss_sum / s.grad_accum
-            if not math.isfinite(loss):
-                kept = (f"the last checkpoint, {saved['path']}, is kept" if saved["path"]
-                        else "no checkpoint was saved")
-                raise CLIError(f"the loss is {loss} at step {step}: training diverged (NaN or "
-                               f"inf; lower --lr?); {kept}")
-            now = time.perf_counter()
-            tokens_s = tokens_per_step / (now - last_time)
-            last_time = now
-            tokens_done += tokens_per_step
-            tflops = tokens_s * flops_tok / 1e12
-            record = dict(step=step, loss=loss, lr=lr, grad_norm=grad_norm,
-                          tokens_per_s=tokens_s, tflops=tflops)
-            if step == s.steps or (s.eval_every and step % s.eval_every == 0):
-                val_loss = evaluate()
-                record["val_loss"] = val_loss
-                echo(f"step {step}: val loss {val_loss:.4f} (train loss {loss:.4f})")
-                last_time = time.perf_counter()  # evaluation time is not training time
-            with output_errors(metrics_path):
-                metrics.write(json.dumps(record) + "\n")
-                metrics.flush()
-            if events is not None:
-                with output_errors(events.path):
-                    events.scalars(step, {k: v for k, v in record.items() if k != "step"})
-            first_loss = loss if first_loss is None else first_loss
-            last_loss = loss
-            bar.update(step, f"loss {loss:.4f} | {tokens_s:,.0f} tok/s | {tflops:.4f} TFLOP/s")
-            watchdog.beat()
-            note_calibration()
-            if step == s.steps or (s.save_every and step % s.save_every == 0):
-                save_checkpoint(step)
+        run = _train_steps(s, args, ctx, stop, echo, (loop, sampler, val_batches), start_step,
+                           out, saver, watchdog)
         stop.tell(echo)
-        if saved["step"] != step:
-            save_checkpoint(step)
+        if saver.step != run["step"]:
+            saver.save(run["step"])
     finally:
         watchdog.stop()
-        bar.close()
-        with output_errors(metrics_path):
-            metrics.close()
-            if events is not None:
-                events.close()
-    elapsed = time.perf_counter() - run_start
-    if ctx.rank != 0:
-        return stop.exit_code
+        out.close()
+    if ctx.rank == 0:
+        print(_summary(s, stop, run, start_step, time.perf_counter() - run_start, saver.path,
+                       out.metrics_path), flush=True)
+    return stop.exit_code
+
+
+def _train_steps(s, args, ctx, stop, echo, training, start_step, out, saver, watchdog):
+    """Train from ``start_step`` until --steps or a stop: each step's record written, the
+    validation loss every --eval-every steps and at the end, a checkpoint every --save-every
+    steps and at the end. {"step", "first_loss", "last_loss", "val_loss", "tokens"}."""
+    loop, sampler, val_batches = training
+    tokens_per_step = s.batch_size * s.seq_len * s.grad_accum
+    flops_tok = s.config.flops_per_token(s.seq_len)
+    note_calibration = calibration_note(ctx, echo, args.verbose)
+    run = dict(step=start_step, first_loss=None, last_loss=None, val_loss=None, tokens=0)
+
+    def abandon():
+        stop.tell(echo)
+        return stop.abandon
+
+    last_time = time.perf_counter()
+    while run["step"] < s.steps and not stop.agreed(ctx):
+        sampler_state = sampler.state()
+        result = loop.step(sampler.next, abandon)
+        if result is None:
+            ctx.wait()
+            sampler.set_state(sampler_state)  # the abandoned step's batches come again
+            break
+        # the norm that clipping measured (read here, no second pass); None unclipped
+        grad_norm = loop.opt.grad_norm() if loop.opt.max_grad_norm else None
+        step = run["step"] = run["step"] + 1
+        if not math.isfinite(result.loss):
+            kept = (f"the last checkpoint, {saver.path}, is kept" if saver.path
+                    else "no checkpoint was saved")
+            raise CLIError(f"the loss is {result.loss} at step {step}: training diverged (NaN "
+                           f"or inf; lower --lr?); {kept}")
+        now = time.perf_counter()
+        tokens_s = tokens_per_step / (now - last_time)
+        last_time = now
+        run["tokens"] += tokens_per_step
+        tflops = tokens_s * flops_tok / 1e12
+        record = dict(step=step, loss=result.loss, lr=result.lr, grad_norm=grad_norm,
+                      tokens_per_s=tokens_s, tflops=tflops)
+        if step == s.steps or (s.eval_every and step % s.eval_every == 0):
+            run["val_loss"] = record["val_loss"] = loop.evaluate(val_batches)
+            echo(f"step {step}: val loss {run['val_loss']:.4f} (train loss {result.loss:.4f})")
+            last_time = time.perf_counter()  # evaluation time is not training time
+        out.write(record)
+        if run["first_loss"] is None:
+            run["first_loss"] = result.loss
+        run["last_loss"] = result.loss
+        out.bar.update(step, f"loss {result.loss:.4f} | {tokens_s:,.0f} tok/s | "
+                             f"{tflops:.4f} TFLOP/s")
+        watchdog.beat()
+        note_calibration()
+        if step == s.steps or (s.save_every and step % s.save_every == 0):
+            saver.save(step)
+    return run
+
+
+def _summary(s, stop, run, start_step, elapsed, checkpoint, metrics_path):
+    """The line nntile-train ends with (and the loss plot it names)."""
     records = read_metrics(metrics_path)
     png = plot_losses(records, os.path.join(s.out, "loss.png")) if records else None
-    rate = tokens_done / elapsed if elapsed > 0 and tokens_done else 0.0
-    parts = [f"nntile-train: step {step}/{s.steps}"]
+    rate = run["tokens"] / elapsed if elapsed > 0 and run["tokens"] else 0.0
+    parts = [f"nntile-train: step {run['step']}/{s.steps}"]
     if stop.signum:
         parts[0] += f" (stopped by {signal.Signals(stop.signum).name})"
-    parts.append(f"{plural(step - start_step, 'step')} in {_duration(elapsed)}")
-    if last_loss is not None:
-        parts.append(f"loss {first_loss:.4f} -> {last_loss:.4f}")
-    if val_loss is not None:
-        parts.append(f"val loss {val_loss:.4f}")
+    parts.append(f"{plural(run['step'] - start_step, 'step')} in {_duration(elapsed)}")
+    if run["last_loss"] is not None:
+        parts.append(f"loss {run['first_loss']:.4f} -> {run['last_loss']:.4f}")
+    if run["val_loss"] is not None:
+        parts.append(f"val loss {run['val_loss']:.4f}")
     if rate:
+        flops_tok = s.config.flops_per_token(s.seq_len)
         parts.append(f"{rate:,.0f} tokens/s, {rate * flops_tok / 1e12:.4f} TFLOP/s")
-    parts.append(f"checkpoint {saved['path']}")
+    parts.append(f"checkpoint {checkpoint}")
     if png:
         parts.append(f"plot {png}")
-    print(", ".join(parts), flush=True)
-    return stop.exit_code
+    return ", ".join(parts)
 
 
 def main(argv=None):

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from nntile import memory, plan
+from nntile import fit, machine, memory, plan
 from nntile.cli_common import default_tiles
 from nntile.models import GPT2Config, LlamaConfig
 from tests.test_train_cli import ROOT, assert_clean_error, cli, cli_env
@@ -43,13 +43,13 @@ def config_of(name, seq):
                        tie_word_embeddings=tied)
 
 
-def planned(name, batch, seq, recompute, machine=H100):
+def planned(name, batch, seq, recompute, described=H100):
     config = config_of(name, seq)
-    with memory.described(memory.parse_machine(machine)):
+    with machine.described(machine.parse_machine(described)):
         choices = default_tiles(config, batch, seq, {}, None, "bf16-mixed")
         tiling = {k: v for k, (v, _) in choices.items() if k != "batch_count"}
-        est = memory.preflight(config, batch, seq, tiling, "bf16-mixed", init="tiles",
-                               quiet_below=1 << 60, recompute=recompute)
+        est = fit.preflight(config, batch, seq, tiling, "bf16-mixed", init="tiles",
+                            quiet_below=1 << 60, recompute=recompute)
         return plan.plan(est, config, batch, seq, "bf16-mixed", choices)
 
 
@@ -124,14 +124,14 @@ def test_machine_needs_dry_run(run_files):
 
 
 def test_machine_descriptions():
-    pairs = memory.parse_machine("gpus=2x80GiB,host=128GiB,cores=16")
-    as_json = memory.parse_machine('{"gpus": "2x80GiB", "host": 137438953472, "cores": 16}')
-    assert pairs == as_json == memory.Described((80 << 30,) * 2, 128 << 30, 16)
-    assert memory.parse_machine("gpus=none,host=1GB").gpus == ()
-    with memory.described(pairs):
-        assert memory.machine().gpus == pairs.gpus and memory.machine().cores == 16
-        assert memory.host_memory() == 128 << 30
-    assert memory._described is None
+    pairs = machine.parse_machine("gpus=2x80GiB,host=128GiB,cores=16")
+    as_json = machine.parse_machine('{"gpus": "2x80GiB", "host": 137438953472, "cores": 16}')
+    assert pairs == as_json == machine.Described((80 << 30,) * 2, 128 << 30, 16)
+    assert machine.parse_machine("gpus=none,host=1GB").gpus == ()
+    with machine.described(pairs):
+        assert machine.probe().gpus == pairs.gpus and machine.probe().cores == 16
+        assert machine.host_memory() == 128 << 30
+    assert machine._described is None
 
 
 def test_scale_dry_run():

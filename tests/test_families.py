@@ -14,7 +14,7 @@ from nntile.cli_common import CLIError, resolve_tiling
 from nntile.models import (FAMILIES, CausalLM, GPT2Config, GPT2LMHead, LlamaConfig, LlamaLM,
                            config_from_dict, model_class, trainable)
 
-# DESIGN.md, "Model families": the parity targets' shapes (transformers' configs, no weights)
+# the parity targets people use (their transformers configs: shapes only, no weights)
 LLAMA3 = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
               original_max_position_embeddings=8192)
 TARGETS = {

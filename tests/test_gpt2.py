@@ -80,23 +80,28 @@ def check_against(model, ref, ids, targets, tol):
     assert not bad
 
 
-def test_no_tiling_takes_the_tiles_of_the_situation(ctx):
-    """A model built with no tiling in a running Context gets nntile.policy's tiles for its
-    workers (here the batch in one tile per CPU worker), which describe() names, and the same
-    numbers as transformers: a batch of 3 in tiles of 2 and 1."""
+def test_the_tiles_of_the_situation_as_a_model_takes_them(ctx):
+    """The tiles nntile.policy picks for this Context's workers (cli_common.default_tiles:
+    here the batch in one tile per CPU worker), given to a model, compute the same numbers as
+    transformers on a batch of 3 (tiles of 2 and 1). A model given no tiling takes its
+    config's (one tile per dimension) and asks nothing of the running Context."""
+    from types import SimpleNamespace
+    from nntile.cli_common import default_tiles
     hf = hf_model(False, torch.float32)
-    model = GPT2LMHead.from_transformers(hf, None, "fp32")
     workers = ctx.ncpu_workers
+    flags = SimpleNamespace(ncpu=workers, ncuda=0, sched=None)
+    choices = default_tiles(GPT2Config(**CONFIG), None, None, {}, flags)
+    model = GPT2LMHead.from_transformers(hf, {k: v for k, (v, _) in choices.items()}, "fp32")
     assert model.tiles["batch"] is None and model.batch_count == workers
-    assert model.tiles["vocab"] == CONFIG["vocab_size"] and model.tiles["embd"] == 96
-    assert (f"tiles: batch - (the batch in {workers} tiles, one per CPU worker ({workers}))"
-            in ctx.describe())
     rng = np.random.default_rng(3)
     ids = rng.integers(0, CONFIG["vocab_size"], (3, T))
     targets = rng.integers(0, CONFIG["vocab_size"], (3, T))
     ref_logits, ref_loss, _ = hf_loss_and_grads(hf, ids, targets)
     assert rel(model.forward(ids), ref_logits) < 1e-5
     model.unregister()
+    plain = GPT2LMHead(GPT2Config(**CONFIG), create=False)
+    assert plain.batch_count == 1 and plain.tiles["batch"] is None
+    assert plain.tiles["vocab"] == CONFIG["vocab_size"] and plain.tiles["embd"] == 96
 
 
 def adamw_like_torch(hf, model, batches, loss_and_grads=hf_loss_and_grads):

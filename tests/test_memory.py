@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nntile import memory
+from nntile import fit, machine, memory
 from nntile.precision import precision_dtypes
 from nntile._core.core import current_context, live_tensor_count
 from nntile.cli_common import CLIError
@@ -242,21 +242,21 @@ def test_preflight_recomputes_where_only_that_fits(monkeypatch, capsys):
     config = GPT2Config(vocab_size=1000, n_positions=256, n_embd=256, n_layer=6, n_head=4)
     est = {rc: memory.estimate(config, 4, 256, dict(batch=2), "fp32", recompute=rc)
            for rc in (False, True)}
-    host = (est[False].total + est[True].total) // 2 / memory.STARPU_MARGIN
-    monkeypatch.setattr(memory, "_host_memory_of_this_process", lambda: int(host))
+    host = (est[False].total + est[True].total) // 2 / fit.STARPU_MARGIN
+    monkeypatch.setattr(machine, "host_memory_of_this_process", lambda: int(host))
     monkeypatch.delenv("NNTILE_MEMORY_CHECK", raising=False)
     monkeypatch.delenv("STARPU_DISK_SWAP", raising=False)
     monkeypatch.delenv("STARPU_LIMIT_CPU_MEM", raising=False)
-    chosen = memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, recompute=None)
+    chosen = fit.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, recompute=None)
     assert chosen.recompute.value and "nowhere" in chosen.recompute.reason
     assert chosen.total == est[True].total
-    assert memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0,
-                            recompute=True).recompute == (True, "argument")
+    assert fit.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0,
+                         recompute=True).recompute == (True, "argument")
     with pytest.raises(CLIError, match=r"activation recomputation \(--recompute\)"):
-        memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, recompute=False)
-    monkeypatch.setattr(memory, "_host_memory_of_this_process", lambda: 10 * int(host))
-    assert not memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0,
-                                recompute=None).recompute.value
+        fit.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, recompute=False)
+    monkeypatch.setattr(machine, "host_memory_of_this_process", lambda: 10 * int(host))
+    assert not fit.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0,
+                             recompute=None).recompute.value
 
 
 def test_forward_only_estimate(ctx):
@@ -330,18 +330,18 @@ def test_estimate_scales_as_expected():
 def test_check_fits_passes_and_reports_the_budget():
     est = _estimate()
     host = 10 * est.total
-    b = memory.check_fits(est, 0, host)
+    b = fit.check_fits(est, 0, host)
     assert b["host"] == int(0.9 * host) and b["gpu"] == 0
     assert b["needs"] == est.total
-    b = memory.check_fits(est, 80 * memory.GiB, 10 * est.total, limit_cuda_mem=1000)
+    b = fit.check_fits(est, 80 * memory.GiB, 10 * est.total, limit_cuda_mem=1000)
     assert b["gpu"] == 1000 * memory.MiB and "STARPU_LIMIT_CUDA_MEM" in b.summary()
 
 
 def test_check_fits_names_the_numbers_and_what_to_change():
     est = _estimate(n_layer=8, batch=8)
     host = int(0.8 * est.total / 0.9)
-    with pytest.raises(memory.MemoryBudgetError) as info:
-        memory.check_fits(est, 0, host)
+    with pytest.raises(fit.MemoryBudgetError) as info:
+        fit.check_fits(est, 0, host)
     assert isinstance(info.value, MemoryError)
     message = str(info.value)
     assert "\n" not in message
@@ -352,58 +352,58 @@ def test_check_fits_names_the_numbers_and_what_to_change():
     assert "STARPU_DISK_SWAP" in message
     # the disk it names is enough, beside a GPU too
     for gpu in (0, est.alloc_bytes // 20):
-        with pytest.raises(memory.MemoryBudgetError) as info:
-            memory.check_fits(est, gpu, host)
+        with pytest.raises(fit.MemoryBudgetError) as info:
+            fit.check_fits(est, gpu, host)
         size, unit = re.search(r"disk swap \(STARPU_DISK_SWAP\) of at least ([\d.]+) (\w+)",
                                str(info.value)).groups()
         units = {"GiB": memory.GiB, "MiB": memory.MiB, "KiB": 1 << 10}
-        memory.check_fits(est, gpu, host, disk_bytes=int((float(size) + 0.1) * units[unit]))
+        fit.check_fits(est, gpu, host, disk_bytes=int((float(size) + 0.1) * units[unit]))
     assert info.value.estimate is est and info.value.budget["host"] == int(0.9 * host)
     # what it suggests does fit
     layers = int(message.split("n_layer <= ")[1].split(";")[0])
     assert layers < 8
-    memory.check_fits(_estimate(n_layer=layers, batch=8), 0, host)
+    fit.check_fits(_estimate(n_layer=layers, batch=8), 0, host)
     with pytest.raises(MemoryError):
-        memory.check_fits(_estimate(n_layer=layers + 1, batch=8), 0, host)
+        fit.check_fits(_estimate(n_layer=layers + 1, batch=8), 0, host)
 
 
 def test_gpu_and_host_together_or_the_disk_alone_hold_the_run():
     est = _estimate()
-    slack = memory.SWAP_SLACK_TILES * est.largest_tile
-    host = int(0.6 * est.alloc_bytes / memory.STARPU_MARGIN)
-    budget_host = memory.budget(0, host)["host"]
+    slack = fit.SWAP_SLACK_TILES * est.largest_tile
+    host = int(0.6 * est.alloc_bytes / fit.STARPU_MARGIN)
+    budget_host = fit.budget(0, host)["host"]
 
     def gpu_for(room):  # a GPU whose budget is `room` or up to 2 MiB more (whole MiB)
-        gpu = int(room / memory.STARPU_MARGIN) + 2 * memory.MiB
-        assert 0 <= memory.budget(gpu, host)["gpu"] - room <= 2 * memory.MiB
+        gpu = int(room / fit.STARPU_MARGIN) + 2 * memory.MiB
+        assert 0 <= fit.budget(gpu, host)["gpu"] - room <= 2 * memory.MiB
         return gpu
 
-    memory.check_fits(est, gpu_for(est.alloc_bytes + slack - budget_host), host)
-    with pytest.raises(memory.MemoryBudgetError, match="GPU and host memory together must "
+    fit.check_fits(est, gpu_for(est.alloc_bytes + slack - budget_host), host)
+    with pytest.raises(fit.MemoryBudgetError, match="GPU and host memory together must "
                        "hold that plus .* livelocks"):
-        memory.check_fits(est, gpu_for(est.alloc_bytes - budget_host), host)
-    with pytest.raises(memory.MemoryBudgetError, match="GPU and host memory together hold less"):
-        memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host)
+        fit.check_fits(est, gpu_for(est.alloc_bytes - budget_host), host)
+    with pytest.raises(fit.MemoryBudgetError, match="GPU and host memory together hold less"):
+        fit.check_fits(est, gpu_for(est.alloc_bytes // 4), host)
     # a disk swap that holds the run by itself counts instead of them (host memory caches
     # it), and never refuses what fits without; host and disk together do not count
     disk = est.alloc_bytes + slack
-    memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk)
-    with pytest.raises(memory.MemoryBudgetError, match="the disk swap must hold that plus"):
-        memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk - 1)
-    memory.check_fits(est, gpu_for(est.alloc_bytes + slack - budget_host), host, disk_bytes=1)
+    fit.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk)
+    with pytest.raises(fit.MemoryBudgetError, match="the disk swap must hold that plus"):
+        fit.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk - 1)
+    fit.check_fits(est, gpu_for(est.alloc_bytes + slack - budget_host), host, disk_bytes=1)
     # a smaller disk swap is not counted beside them, and the refusal says so
-    with pytest.raises(memory.MemoryBudgetError, match="together hold less than that; a disk "
+    with pytest.raises(fit.MemoryBudgetError, match="together hold less than that; a disk "
                        "swap smaller than they are adds nothing to them") as refused:
-        memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk // 2)
+        fit.check_fits(est, gpu_for(est.alloc_bytes // 4), host, disk_bytes=disk // 2)
     # and names the disk swap that would hold the run
     size = re.search(r"disk swap \(STARPU_DISK_SWAP\) of at least ([\d.]+) MiB",
                      str(refused.value)).group(1)
-    memory.check_fits(est, gpu_for(est.alloc_bytes // 4), host,
-                      disk_bytes=int((float(size) + 0.1) * memory.MiB))
+    fit.check_fits(est, gpu_for(est.alloc_bytes // 4), host,
+                   disk_bytes=int((float(size) + 0.1) * memory.MiB))
     # with neither, host memory holds it all
-    with pytest.raises(memory.MemoryBudgetError, match="without a GPU or a disk swap"):
-        memory.check_fits(est, 0, host)
-    memory.check_fits(est, 0, int(est.total / memory.STARPU_MARGIN) + 1)
+    with pytest.raises(fit.MemoryBudgetError, match="without a GPU or a disk swap"):
+        fit.check_fits(est, 0, host)
+    fit.check_fits(est, 0, int(est.total / fit.STARPU_MARGIN) + 1)
 
 
 def test_gpu_and_host_memory_full_to_within_four_percent_is_refused():
@@ -416,29 +416,29 @@ def test_gpu_and_host_memory_full_to_within_four_percent_is_refused():
         return memory.estimate(config, 1, 1024, dict(batch=1, embd=4096, inner=4096, head=32,
                                                       vocab=8192), "tf32", init="tiles")
     gpu, host = int(79.6 * memory.GiB), int(124.4 * memory.GiB)
-    memory.check_fits(run(14592), gpu, host)
+    fit.check_fits(run(14592), gpu, host)
     stalled = run(14848)
-    room = memory.budget(gpu, host)
-    assert stalled.alloc_bytes + memory.SWAP_SLACK_TILES * stalled.largest_tile < \
+    room = fit.budget(gpu, host)
+    assert stalled.alloc_bytes + fit.SWAP_SLACK_TILES * stalled.largest_tile < \
         room["gpu"] + room["host"]
-    with pytest.raises(memory.MemoryBudgetError, match=r"plus 7.5 GiB \(4% of them\)"):
-        memory.check_fits(stalled, gpu, host)
+    with pytest.raises(fit.MemoryBudgetError, match=r"plus 7.5 GiB \(4% of them\)"):
+        fit.check_fits(stalled, gpu, host)
 
 
 def test_weights_written_from_numpy_must_fit_in_host_memory():
     est = _estimate()
-    with pytest.raises(memory.MemoryBudgetError, match="writing the weights"):
-        memory.check_fits(est, 100 * est.total, est["parameters"], disk_bytes=100 * est.total)
+    with pytest.raises(fit.MemoryBudgetError, match="writing the weights"):
+        fit.check_fits(est, 100 * est.total, est["parameters"], disk_bytes=100 * est.total)
 
 
 def test_tiles_too_large_for_the_gpu():
     est = _estimate()
-    with pytest.raises(memory.MemoryBudgetError, match="smaller tiles"):
-        memory.check_fits(est, int(2 * est.largest_tile / 0.9), 10 * est.total)
+    with pytest.raises(fit.MemoryBudgetError, match="smaller tiles"):
+        fit.check_fits(est, int(2 * est.largest_tile / 0.9), 10 * est.total)
 
 
 def test_available_reads_host_memory():
-    gpu, host = memory.available()
+    gpu, host = machine.available()
     assert isinstance(gpu, int) and gpu >= 0
     assert 0 < host <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -449,29 +449,29 @@ def test_gpu_memory_from_nvidia_smi_and_visible_devices(tmp_path, monkeypatch):
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert memory.gpu_memory() == [81559 * memory.MiB, 40960 * memory.MiB]
-    assert memory.available(ncuda=1)[0] == 81559 * memory.MiB
+    assert machine.gpu_memory() == [81559 * memory.MiB, 40960 * memory.MiB]
+    assert machine.available(ncuda=1)[0] == 81559 * memory.MiB
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert memory.gpu_memory() == [40960 * memory.MiB]
+    assert machine.gpu_memory() == [40960 * memory.MiB]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa")
-    assert memory.gpu_memory() == [81559 * memory.MiB]
+    assert machine.gpu_memory() == [81559 * memory.MiB]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert memory.gpu_memory() == [] and memory.available()[0] == 0
+    assert machine.gpu_memory() == [] and machine.available()[0] == 0
 
 
 def test_preflight_refuses_with_one_line_and_can_be_overridden(monkeypatch, capsys):
     config = GPT2Config(vocab_size=1000, n_positions=256, n_embd=512, n_layer=4, n_head=8)
-    monkeypatch.setattr(memory, "host_memory", lambda: 10 * memory.MiB)
+    monkeypatch.setattr(machine, "host_memory", lambda: 10 * memory.MiB)
     monkeypatch.delenv("NNTILE_MEMORY_CHECK", raising=False)
     with pytest.raises(CLIError, match="not enough memory") as info:
-        memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0)
+        fit.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0)
     assert "\n" not in str(info.value)
     monkeypatch.setenv("NNTILE_MEMORY_CHECK", "0")
-    est = memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, prog="x")
+    est = fit.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, prog="x")
     assert est.total > 10 * memory.MiB
     assert "x: warning: not enough memory" in capsys.readouterr().err
-    monkeypatch.setattr(memory, "host_memory", lambda: 1 << 40)
-    memory.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, prog="x", quiet_below=0)
+    monkeypatch.setattr(machine, "host_memory", lambda: 1 << 40)
+    fit.preflight(config, 4, 256, dict(batch=2), "fp32", ncuda=0, prog="x", quiet_below=0)
     assert capsys.readouterr().err.startswith("x: memory: needs ")
 
 
@@ -482,11 +482,11 @@ def test_preflight_notes_a_run_whose_tiles_do_not_all_fit_in_host_memory(monkeyp
     monkeypatch.delenv("STARPU_DISK_SWAP", raising=False)
     for key in ("STARPU_LIMIT_CUDA_MEM", "STARPU_LIMIT_CPU_MEM"):
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(memory, "_gpus_of_this_process", lambda ncuda: [est.alloc_bytes])
+    monkeypatch.setattr(machine, "gpus_of_this_process", lambda ncuda: [est.alloc_bytes])
     notes = []
     for host in (est.alloc_bytes // 2, 2 * est.alloc_bytes):
-        monkeypatch.setattr(memory, "_host_memory_of_this_process", lambda: host)
-        memory.preflight(config, 4, 256, dict(batch=2), "fp32", prog="x")
+        monkeypatch.setattr(machine, "host_memory_of_this_process", lambda: host)
+        fit.preflight(config, 4, 256, dict(batch=2), "fp32", prog="x")
         notes.append("x: note: host memory cannot hold every tile" in capsys.readouterr().err)
     assert notes == [True, False]
 
@@ -513,12 +513,12 @@ def test_train_refuses_a_model_that_cannot_fit_before_starting(tmp_path):
 
 def test_default_gpu_limit_leaves_a_fixed_reserve_on_large_gpus_and_90_percent_on_small():
     h100 = 81559 * memory.MiB  # nvidia-smi's total of an H100 80GB
-    limit = memory.default_cuda_limit_mib(h100) * memory.MiB
+    limit = fit.default_cuda_limit_mib(h100) * memory.MiB
     assert h100 - limit == pytest.approx(3 * memory.GiB, abs=memory.MiB)
     assert limit > 0.95 * h100
     for small in (8 * memory.GiB, 16 * memory.GiB):  # 10% is under 3 GiB: StarPU's own margin
-        assert memory.default_cuda_limit_mib(small) == int(0.9 * small) // memory.MiB
-    b = memory.budget(2 * h100, 100 * memory.GiB, ngpu=2)
+        assert fit.default_cuda_limit_mib(small) == int(0.9 * small) // memory.MiB
+    b = fit.budget(2 * h100, 100 * memory.GiB, ngpu=2)
     assert b["gpu"] == 2 * limit and "nntile's default" in b.summary()
 
 
@@ -575,25 +575,25 @@ def test_rank_that_cannot_fit_is_told_more_ranks_would_help():
     dist = Distribution.data_parallel(2)
     est = memory.estimate(config, 2, 64, dict(batch=1, embd=32, inner=128, vocab=250), "fp32",
                           distribution=dist, rank=1)
-    with pytest.raises(memory.MemoryBudgetError) as info:
-        memory.check_fits(est, 0, est.total - 1)
+    with pytest.raises(fit.MemoryBudgetError) as info:
+        fit.check_fits(est, 0, est.total - 1)
     text = str(info.value)
     assert "rank 1 of 2 (2 data x 1 tensor)" in text and "more ranks" in text
-    assert memory.check_fits(est, 0, int(est.total / memory.STARPU_MARGIN) + 1)["needs"] == est.total
+    assert fit.check_fits(est, 0, int(est.total / fit.STARPU_MARGIN) + 1)["needs"] == est.total
 
 
 # ---- disk swap --------------------------------------------------------------------------------
 
 def test_disk_swap_needs_slack_for_tiles_in_transit():
     est = _estimate()
-    host = int(0.5 * est.total / memory.STARPU_MARGIN) + 1
+    host = int(0.5 * est.total / fit.STARPU_MARGIN) + 1
     just = est.total  # the disk holds every tile, exactly
-    with pytest.raises(memory.MemoryBudgetError, match="livelocks"):
-        memory.check_fits(est, 0, host, disk_bytes=just)
-    slack = memory.SWAP_SLACK_TILES * est.largest_tile
-    memory.check_fits(est, 0, host, disk_bytes=just + slack)
-    with pytest.raises(memory.MemoryBudgetError, match="the disk swap holds less"):
-        memory.check_fits(est, 0, host, disk_bytes=est.total - int(0.5 * est.total) + slack)
+    with pytest.raises(fit.MemoryBudgetError, match="livelocks"):
+        fit.check_fits(est, 0, host, disk_bytes=just)
+    slack = fit.SWAP_SLACK_TILES * est.largest_tile
+    fit.check_fits(est, 0, host, disk_bytes=just + slack)
+    with pytest.raises(fit.MemoryBudgetError, match="the disk swap holds less"):
+        fit.check_fits(est, 0, host, disk_bytes=est.total - int(0.5 * est.total) + slack)
 
 
 def test_disk_swap_smaller_than_starpu_accepts_is_refused_before_it_starts(monkeypatch):
@@ -604,8 +604,8 @@ def test_disk_swap_smaller_than_starpu_accepts_is_refused_before_it_starts(monke
         with pytest.raises(ValueError, match=message):
             nntile.Context(ncpu=1, ncuda=0, start=False).start()
         with pytest.raises(CLIError, match=message):
-            memory.preflight(GPT2Config(vocab_size=37, n_positions=12, n_embd=16, n_layer=1,
-                                        n_head=2), 1, 12, ncuda=0)
+            fit.preflight(GPT2Config(vocab_size=37, n_positions=12, n_embd=16, n_layer=1,
+                                     n_head=2), 1, 12, ncuda=0)
 
 
 def _train_with_disk_swap(tmp_path, host_mib, disk_mib, steps=2):
@@ -623,7 +623,8 @@ def _train_with_disk_swap(tmp_path, host_mib, disk_mib, steps=2):
 SWAP_RUN = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--seq-len", "32",
             "--batch-size", "4", "--tile-batch", "4", "--tile-embd", "64", "--tile-inner", "256",
             "--ncpu", "2",
-            "--eval-every", "0", "--save-every", "0", "--no-progress",
+            # one validation batch: the final evaluation reads through the disk swap too
+            "--eval-every", "0", "--eval-batches", "1", "--save-every", "0", "--no-progress",
             # at the edge recomputation would make the run fit, and the policy take it
             "--no-recompute"]
 
@@ -636,7 +637,7 @@ def test_training_through_disk_swap_and_the_refusal_at_its_edge(tmp_path):
     est = estimate_of_train_run(SWAP_RUN)
     host = 16
     assert host * memory.MiB < est.total
-    slack = memory.SWAP_SLACK_TILES * est.largest_tile
+    slack = fit.SWAP_SLACK_TILES * est.largest_tile
     enough = -(-(est.total + slack) // memory.MiB) + 1
     result = _train_with_disk_swap(tmp_path, host, enough)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -27,7 +27,6 @@ construction; ``state_dict``, ``load_state_dict``, ``gradients``, ``from_transfo
 import numpy as np
 
 from nntile._core.core cimport Tensor
-from nntile._core.core import current_context
 from nntile import ops
 from nntile.declare import TensorSpec
 from nntile.models.config import TILING_KEYS
@@ -49,7 +48,9 @@ cdef class CausalLM(Module):
     by the group), inner (MLP) and vocab; a missing key means one tile for that dimension
     (the vocabulary: tiles of 8192 where it is larger, CausalLMConfig.sizes). Batch and seq
     tiles are clipped to the data's shape, so any [batch, seq] with seq <= the model's
-    positions can be used. ``dtype`` is a precision (nntile.precision): fp32, tf32, fp64,
+    positions can be used; without a batch tile, ``batch_count`` cuts any batch into that many
+    tiles. The tiles nntile.policy picks for a machine are the caller's to pass
+    (nntile.cli_common.default_tiles). ``dtype`` is a precision (nntile.precision): fp32, tf32, fp64,
     bf16 or bf16-mixed.
 
     ``create=False`` builds the layers and their declarations only, and no tensor: what
@@ -147,18 +148,16 @@ cdef class CausalLM(Module):
     @staticmethod
     def check_tiling(tiling, config):
         """Tile sizes for every key: given ones checked against the config's sizes and its
-        rules (config.check_tiles), the others its defaults."""
-        unknown = set(tiling) - set(TILING_KEYS)
+        rules (config.check_tiles), the others the config's defaults. The tiles chosen for a
+        machine are the caller's to give (nntile.policy.tiles, through the programs'
+        default_tiles)."""
+        unknown = set(tiling) - set(TILING_KEYS) - {"batch_count"}
         if unknown:
             raise ValueError(f"tiling: unknown keys {sorted(unknown)}; use {list(TILING_KEYS)}")
         sizes = {key: size for key, (size, _) in config.sizes().items()}
         defaults = {key: tile for key, (_, tile) in config.sizes().items()}
-        ctx = current_context()
-        if ctx is not None and hasattr(ctx, "default_tiles"):
-            # in a running Context: the tiles nntile.policy picks for its workers
-            chosen = ctx.default_tiles(config, given=tiling)
-            defaults = {key: value for key, (value, _) in chosen.items()}
-        tiles = {"batch_count": defaults.pop("batch_count", 1)}
+        # batch None: the batch in ``batch_count`` tiles of whatever size it comes in
+        tiles = {"batch_count": int(tiling.get("batch_count") or 1)}
         for key in TILING_KEYS:
             value = tiling.get(key, defaults[key])
             if value is None:  # batch: one tile for the whole batch unless told otherwise

@@ -1,6 +1,6 @@
 # The attention core, for the layers and models that cimport it.
 from nntile._core.core cimport Tensor
-from nntile.nn.layers cimport Module
+from nntile.nn.module cimport Module
 
 
 cdef class CoreAttention(Module):

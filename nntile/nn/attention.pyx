@@ -20,7 +20,7 @@ import math
 
 from nntile._core.core cimport Tensor
 from nntile import ops
-from nntile.nn.layers cimport Module
+from nntile.nn.module cimport Module
 
 
 cdef class CoreAttention(Module):

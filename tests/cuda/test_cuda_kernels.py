@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tests.kernel_header import args_structs, find_blas, op_table, value_structs
+from tests.kernel_header import args_structs, find_blas, op_buffers, op_table, value_structs
 from tests.unary_refs import ACTIVATIONS
 import pytest
 
@@ -49,13 +49,19 @@ if _SKIP:
     pytest.skip(_SKIP, allow_module_level=True)
 
 DT = ["fp32", "fp64", "bf16"]
-# Mixed precision (bf16 data, fp32 accumulators): each op's buffers, T data, A accumulator,
-# I int64 (as in kernels.h's NNTILE_BUFFERS_<op>(P, T, ACC)); cast exists only there.
-MIXED = {"add": "TA", "cast": "AT", "add_fiber": "AT", "sum_fiber": "TA",
-         "sumprod_slice": "TTA", "maxsumexp": "TA", "softmax_inplace": "AT",
-         "softmax_backward": "TAT", "xent_picked": "TIA", "xent_grad_inplace": "AIT",
-         "layernorm_forward": "AAAAT", "gemm": "TTA", "adam_step_refresh": "AAAATA",
-         "rmsnorm_forward": "AAAT", "rope_forward": "IAT", "rope_backward": "IAT"}
+
+
+def _mixed_roles():
+    """{op: a letter per buffer of its bf16_fp32 kernel}, from the op table's buffers
+    (kernels.h): T for the data type (bf16 bits), A for the accumulator's (fp32), I for
+    int64."""
+    buffers = op_buffers()
+    return {op: "".join("I" if "int64" in typ else "A" if "ACC" in typ else "T"
+                        for typ, _, _ in buffers[op])
+            for op, _, _, columns in op_table() if columns in ("MIXED", "MIXED_ONLY")}
+
+
+MIXED = _mixed_roles()  # mixed precision: bf16 data, fp32 accumulators
 RTOL = {"fp32": 1e-6, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 GEMM_RTOL = {"fp32": 1e-5, "fp64": 1e-12, "bf16": 2e-2, "tf32": 2e-3}
 
