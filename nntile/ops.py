@@ -11,32 +11,27 @@ __all__ = [*core.OPS, "task_priority", "task_workers", "task_device"]
 
 
 @contextmanager
-def task_priority(priority):
-    """Tasks submitted inside the block get ``priority`` (see ``set_task_priority``)."""
-    previous = core.set_task_priority(priority)
+def _while(setter, value):
+    """``setter(value)`` for the tasks submitted inside the block, then the value before."""
+    previous = setter(value)
     try:
         yield
     finally:
-        core.set_task_priority(previous)
+        setter(previous)
 
 
-@contextmanager
+def task_priority(priority):
+    """Tasks submitted inside the block get ``priority`` (see ``set_task_priority``)."""
+    return _while(core.set_task_priority, priority)
+
+
 def task_workers(kind):
     """Tasks submitted inside the block run only on ``kind`` workers (see
     ``set_task_workers``)."""
-    previous = core.set_task_workers(kind)
-    try:
-        yield
-    finally:
-        core.set_task_workers(previous)
+    return _while(core.set_task_workers, kind)
 
 
-@contextmanager
 def task_device(device):
-    """Tasks submitted inside the block run on the CUDA workers of ``device`` (see
+    """Tasks submitted inside the block run on the workers of ``device`` (see
     ``set_task_device``)."""
-    previous = core.set_task_device(device)
-    try:
-        yield
-    finally:
-        core.set_task_device(previous)
+    return _while(core.set_task_device, device)
