@@ -252,7 +252,7 @@ def test_warm_up_runs_each_fused_attention_tile_shape_once(ctx):
     assert shapes == [(2, 8, 2, 2, 8, "bf16", True, 0, 1 / math.sqrt(8), 2)]  # layers alike
     assert attention_tile_shapes(model, 4, 8)[0][-1] == 1  # one seq tile: the diagonal only
     from nntile.models.mistral import MistralLM
-from nntile.models.mistral_config import MistralConfig
+    from nntile.models.mistral_config import MistralConfig
     mistral = MistralLM(MistralConfig(  # a window reaching 2 seq tiles back
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, sliding_window=13),
