@@ -348,7 +348,7 @@ def run(args):
                         limit_cuda_mem=args.limit_cuda_mem, limit_cpu_mem=args.limit_cpu_mem,
                         verbose=args.verbose and rank == 0, distribution=distribution,
                         mpi_stats=nranks > 1, run_bytes=est.total, training=args.dtype,
-                        run_breakdown=est.breakdown,
+                        run_breakdown=est.breakdown, run_batch=args.batch,
                         device_replicas=None if args.device_replicas is None
                         else args.device_replicas == "on") as ctx:
         if not args.verbose:

@@ -414,12 +414,13 @@ def calibration_note(ctx, echo, verbose):
 
 
 def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=None,
-                  training=None, run_breakdown=None):
+                  training=None, run_breakdown=None, run_batch=None):
     """Start StarPU with the runtime flags (and StarPU-MPI under mpirun); print its workers
     and settings on stderr. ``run_bytes``: the pre-check's estimate, and ``training``: the
     precision a training run updates in, which some defaults depend on (nntile.Context);
     ``tiles``: {key: Choice} of the run's tiles, for describe(); ``run_breakdown``: the
-    estimate's bytes by category (whether a replica per GPU fits)."""
+    estimate's bytes by category (whether a replica per GPU fits), and ``run_batch`` its
+    batch rows (whether the GPUs share them equally)."""
     import nntile
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
@@ -427,7 +428,8 @@ def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=N
     try:
         ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                              distribution=distribution, run_bytes=run_bytes,
-                             training=training, run_breakdown=run_breakdown)
+                             training=training, run_breakdown=run_breakdown,
+                             run_batch=run_batch)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CLIError(f"cannot start StarPU: {exc}") from None
     ctx.tiles = tiles

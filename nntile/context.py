@@ -92,7 +92,7 @@ class Context(Runtime):
                  distribution=None, mpi_stats=False, workers_per_gpu=None, mpi_timeout=None,
                  run_bytes=None, pinned_host_mem=None, history_max_error=None,
                  write_behind=None, cuda_pool=None, cpu_update=None, training=None,
-                 device_replicas=None, run_breakdown=None):
+                 device_replicas=None, run_breakdown=None, run_batch=None):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
@@ -117,6 +117,7 @@ class Context(Runtime):
         # the run's bytes by category (nntile.memory.Estimate.breakdown), for the rule that
         # keeps a replica per GPU where one fits (nntile.policy.device_replicas)
         self.run_breakdown = run_breakdown
+        self.run_batch = _positive_int_or_none("run_batch", run_batch, False)  # its rows
         self.device_replicas = 1  # replicas of a model on this process's GPUs, once started
         if cpu_update is not None and (isinstance(cpu_update, bool)
                                        or policy.share(cpu_update) is None):
@@ -274,10 +275,17 @@ class Context(Runtime):
         gpus = self.machine().gpus
         need = (policy.device_replica_bytes(self.run_breakdown, devices)
                 if self.run_breakdown and devices > 1 else None)
-        self.device_replicas_choice = policy.device_replicas(
-            None if given is None else bool(given), devices, self.owner_ranks, need,
-            min(gpus) if gpus else None)
-        return self.device_replicas_choice.value
+        rows = self.run_batch
+        if rows is not None and self.replicated:
+            rows //= self.world_size
+        choice = policy.device_replicas(None if given is None else bool(given), devices,
+                                        self.owner_ranks, need, min(gpus) if gpus else None,
+                                        rows)
+        if rows is not None and rows % choice.value:
+            raise ValueError(f"Context(device_replicas={given!r}): a batch of {rows} rows "
+                             f"does not share equally over {choice.value} replicas")
+        self.device_replicas_choice = choice
+        return choice.value
 
     def _gpus_of_local_rank(self):
         """Several ranks on one node would all take GPU 0: give each local rank its own

@@ -182,7 +182,7 @@ def device_replica_bytes(breakdown, devices):
                + (shared + per_batch) / devices)
 
 
-def device_replicas(given, devices, owner_ranks, replica_bytes=None, gpu_bytes=None):
+def device_replicas(given, devices, owner_ranks, replica_bytes=None, gpu_bytes=None, rows=None):
     """How many replicas of a model one process trains on its CUDA devices
     (nntile.parallel.DeviceReplicas): one per device where there are several (1.39x on
     Llama-3.2-1B's shape, 1.11x on the wide 4.05B model, bf16-mixed on two H200s), unless
@@ -190,14 +190,18 @@ def device_replicas(given, devices, owner_ranks, replica_bytes=None, gpu_bytes=N
     (``replica_bytes``, policy.device_replica_bytes, against ``gpu_bytes``: Llama-3.1-8B at
     batch 8 on two H200s ran at 0.82x of any GPU running any task). With one (1) every GPU
     may run any task: the weight tiles then follow the tasks from GPU to GPU, and a gradient
-    tile moves on every task that accumulates into it (docs/performance.md, "A node in one
-    process")."""
+    tile moves on every task that accumulates into it (docs/performance.md, "Several GPUs in
+    one process"). ``rows``: the batch rows the process trains (None: not known), which the
+    replicas share equally."""
     if devices < 2:
         return Choice(1, "one device")
     if owner_ranks > 1:
         return Choice(1, "ranks own the tiles (StarPU-MPI)")
     if given is not None:
         return Choice(devices if given else 1, "given")
+    if rows is not None and rows % devices:
+        return Choice(1, f"nntile default: a batch of {rows} rows does not share equally "
+                         f"over {devices} GPUs")
     if replica_bytes is not None and gpu_bytes and replica_bytes > gpu_bytes:
         return Choice(1, f"nntile default: a replica per GPU would need "
                          f"{replica_bytes / 2**30:.1f} GiB of {gpu_bytes / 2**30:.1f} GiB a GPU")

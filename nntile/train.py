@@ -781,7 +781,8 @@ def train_main(argv=None):
     stop = StopRequest()
     # described once the state is loaded
     ctx = start_context(args, verbose=False, distribution=distribution, run_bytes=est.total,
-                        tiles=s.tile_choices, training=s.dtype, run_breakdown=est.breakdown)
+                        tiles=s.tile_choices, training=s.dtype, run_breakdown=est.breakdown,
+                        run_batch=s.batch_size)
     ctx.recompute = s.recompute
     stop.install()  # after StarPU started: its handlers must not replace ours
     stop.can_abandon = ctx.world_size == 1

@@ -98,6 +98,8 @@ def test_homes_share_the_bytes_and_bad_devices_are_refused():
             nntile.Context(ncpu=2, ncuda=0, device_replicas=3)
         with pytest.raises(ValueError, match="device_replicas"):
             nntile.Context(ncpu=2, ncuda=0, device_replicas="yes", start=False)
+        with pytest.raises(ValueError, match="batch of 3 rows"):
+            nntile.Context(ncpu=2, ncuda=0, device_replicas=2, run_batch=3)
         assert nntile.current_context() is None
         with nntile.Context(ncpu=2, ncuda=0, device_replicas=2) as ctx:
             model = LlamaLM(LLAMA, tiling={"batch": 1, "embd": 16, "inner": 32}, dtype="fp32")
@@ -135,6 +137,8 @@ def test_policy_keeps_a_replica_per_gpu_where_it_fits():
                                   136 * gib).value == 4
     assert policy.device_replicas(True, 2, 1, need, 136 * gib).value == 2
     assert policy.device_replicas(None, 2, 2).value == 1  # StarPU-MPI owners
+    assert policy.device_replicas(None, 2, 1, rows=5).value == 1  # not shared equally
+    assert policy.device_replicas(None, 2, 1, rows=6).value == 2
     assert policy.device_replicas(None, 1, 1).value == 1
     fp32 = dict(llama_8b_b8, compute_copies=0)
     assert policy.device_replica_bytes(fp32, 2) == int(32 * gib + 48 * gib + (64 + 73) * gib / 2)
