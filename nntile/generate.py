@@ -16,6 +16,7 @@ from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, 
                                check_inference_memory, checkpoint_seq_len, checkpoint_tokenizer,
                                model_from_checkpoint, nonneg_float, nonneg_int, positive_int,
                                probability, run_cli, start_context)
+from nntile.models.kv_cache import pick_token, token_probs  # noqa: F401 (nntile.generate's API)
 
 
 def build_parser():
@@ -41,38 +42,6 @@ def build_parser():
     add_tiling_args(p)
     add_runtime_args(p)
     return p
-
-
-def token_probs(logits, temperature=1.0, top_k=0, top_p=1.0):
-    """The distribution the next token is drawn from (float64): softmax(logits / temperature),
-    cut to the ``top_k`` likeliest tokens (0: all), then to the fewest likeliest whose
-    probabilities add up to ``top_p`` at least, renormalised."""
-    logits = np.asarray(logits, dtype=np.float64)
-    if not np.isfinite(logits).all():
-        raise ValueError("the model's logits hold NaN or inf")
-    # the largest logit subtracted before dividing: a tiny temperature then sends the others
-    # to -inf (probability 0), never to inf - inf = NaN
-    with np.errstate(over="ignore"):
-        z = (logits - logits.max()) / temperature
-    if top_k and top_k < len(z):
-        z = np.where(z < np.partition(z, -top_k)[-top_k], -np.inf, z)
-    probs = np.exp(z)
-    probs /= probs.sum()
-    if top_p < 1:
-        order = np.argsort(-probs, kind="stable")
-        keep = order[:np.searchsorted(np.cumsum(probs[order]), top_p) + 1]
-        nucleus = np.zeros_like(probs)
-        nucleus[keep] = probs[keep]
-        probs = nucleus / nucleus.sum()
-    return probs
-
-
-def pick_token(logits, rng, temperature, top_k, greedy, top_p=1.0):
-    """The next token from a vector of logits."""
-    if greedy or temperature == 0:
-        return int(np.argmax(logits))
-    probs = token_probs(logits, temperature, top_k, top_p)
-    return int(rng.choice(len(probs), p=probs))
 
 
 class Printer:

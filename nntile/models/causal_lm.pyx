@@ -101,6 +101,7 @@ cdef class CausalLM(Module):
         else:
             self.lm_head = self.add_param("lm_head.weight", (config.vocab_size, E),
                                           (t["vocab"], t["embd"]), gemm=True)
+        self._first_positions = {}
         self.name_map = config.name_map()
         self._check_name_map()
         self._loss_spec = TensorSpec("loss_value", (1,), (1,), self.master, "workspaces")
@@ -198,6 +199,10 @@ cdef class CausalLM(Module):
         """[batch, seq] and their tiles (clipped to the data's shape)."""
         cdef int batch_tile = self.tiles["batch"] or -(-B // self.batch_count)
         return (B, T), (min(batch_tile, B), min(self.tiles["seq"], T))
+
+    def data_tiles(self, int batch, int seq):
+        """The tiles of data [batch, seq]: (batch tile, seq tile), clipped to its shape."""
+        return self._lead_for(batch, seq)[1]
 
     def declare(self, tuple lead, tuple tiles):
         """The tensors of a [batch, seq] shape of the data: token ids, targets and positions,
@@ -322,12 +327,14 @@ cdef class CausalLM(Module):
                              f"[0, {self.config.vocab_size})")
         return array
 
-    cdef dict _workspace(self, int B, int T):
+    cdef dict _workspace(self, int B, int T, int start):
+        """The model's buffers for [batch, seq] = [B, T], the positions start, start + 1, ...
+        (written again only where they change)."""
         lead = self._lead_for(B, T)
-        new = lead not in self._buffers
         cdef dict ws = self._buffers_for(lead)
-        if new:
-            ws["positions"].write(np.broadcast_to(np.arange(T), (B, T)))
+        if self._first_positions.get(lead) != start:
+            ws["positions"].write(np.broadcast_to(np.arange(start, start + T), (B, T)))
+            self._first_positions[lead] = start
         return ws
 
     cdef _prioritize(self, int distance):
@@ -338,12 +345,12 @@ cdef class CausalLM(Module):
         if self.layer_priorities:
             ops.set_task_priority(distance)
 
-    cdef Tensor _forward(self, input_ids):
+    cdef Tensor _forward(self, input_ids, int start=0):
         if self.loss_value is None:
             raise RuntimeError(f"{type(self).__name__}(create=False) declares its tensors but "
                                "holds none; call create() before running it")
         ids = self._check_tokens(input_ids, "input_ids")
-        cdef dict ws = self._workspace(ids.shape[0], ids.shape[1])
+        cdef dict ws = self._workspace(ids.shape[0], ids.shape[1], start)
         self._ws = ws
         ws["ids"].write(ids)
         cdef int L = len(self.blocks), i
@@ -361,12 +368,24 @@ cdef class CausalLM(Module):
         ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws["logits"])
         return ws["logits"]
 
-    def forward(self, input_ids):
-        """Logits [batch, seq, vocab] as a numpy array."""
+    def forward(self, input_ids, int start=0):
+        """Logits [batch, seq, vocab] as a numpy array. ``start``: the position of the first
+        token (the tokens a key/value cache holds before these; nntile.models.kv_cache)."""
         self._ready_for_backward = False
-        logits = self._forward(input_ids)
+        P = self.config.max_position_embeddings
+        if start < 0 or start + np.shape(input_ids)[-1] > P:
+            raise ValueError(f"tokens at positions from {start} on, {np.shape(input_ids)[-1]} "
+                             f"of them, do not fit in positions [0, {P})")
+        logits = self._forward(input_ids, start)
         self._prioritize(0)
         return logits.to_array()
+
+    def generate(self, input_ids, max_new_tokens, **sampling):
+        """The prompts ``input_ids`` [batch, seq] continued by up to ``max_new_tokens`` tokens
+        each, with a key/value cache: nntile.models.kv_cache.generate says what ``sampling``
+        takes and what comes back."""
+        from nntile.models.kv_cache import generate
+        return generate(self, input_ids, max_new_tokens, **sampling)
 
     def loss(self, input_ids, targets):
         """Mean cross-entropy of next-token targets (already shifted) as a float; activations
