@@ -123,3 +123,34 @@ def test_bad_input_is_refused(byte_model):
         byte_model.generate(np.ones((1, 4), dtype=np.int64), -1)
     with pytest.raises(ValueError, match="tokenizer"):
         byte_model.generate(np.ones((1, 4), dtype=np.int64), 4, stop="x")
+
+
+def test_load_and_nntile_generate(ctx, tmp_path):
+    """nntile.load of a transformers directory and of the checkpoint imported from it, and
+    nntile-generate on two prompts with a stop text: the texts model.generate gives."""
+    from tests.test_llama_programs import save_hf
+    from tests.test_train_cli import cli
+    hf = save_hf(tmp_path / "hf", tied=True)
+    model, tok = nntile.load(str(tmp_path / "hf"))
+    try:
+        assert tok is None  # the directory holds no tokenizer
+        ids = np.array([list(b"ab"), list(b"cd")])
+        with torch.no_grad():
+            want = hf(torch.from_numpy(ids)).logits.numpy()
+        np.testing.assert_allclose(model.forward(ids), want, rtol=1e-4, atol=1e-4)
+    finally:
+        model.unregister()
+    assert cli("convert", "import", tmp_path / "hf", tmp_path / "m.h5").returncode == 0
+    model, tok = nntile.load(str(tmp_path / "m.h5"))
+    try:
+        assert tok.name == "byte"
+        new = model.generate(ids, 8, tokenizer=tok)
+    finally:
+        model.unregister()
+    stop = tok.decode(new[0][2:4])
+    result = cli("generate", "--checkpoint", tmp_path / "m.h5", "--prompt", "ab", "--prompt",
+                 "cd", "--greedy", "--max-new-tokens", "8", "--stop", stop)
+    assert result.returncode == 0, result.stderr
+    cut = next(n for n in range(1, 9) if stop in tok.decode(new[0][:n]))
+    assert stop not in tok.decode(new[1])  # only the first text stops
+    assert result.stdout == f"ab{tok.decode(new[0][:cut])}\n\ncd{tok.decode(new[1])}\n\n"

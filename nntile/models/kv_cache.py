@@ -114,7 +114,7 @@ class KVCache:
         self.tensors.clear()
 
 
-def _prompts(model, input_ids, max_new_tokens):
+def _prompts(model, input_ids, max_new_tokens, window):
     """The prompts as an int64 array [batch, seq], checked before any task is submitted."""
     try:
         ids = np.array(input_ids)
@@ -127,49 +127,59 @@ def _prompts(model, input_ids, max_new_tokens):
             or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     P = model.config.max_position_embeddings
-    if ids.shape[1] + max_new_tokens > P:
+    if window is None and ids.shape[1] + max_new_tokens > P:
         raise ValueError(f"generate: a prompt of {ids.shape[1]} tokens and {max_new_tokens} new "
-                         f"ones exceed the model's {P} positions")
+                         f"ones exceed the model's {P} positions (pass a window)")
+    if window is not None and not 1 <= window <= P:
+        raise ValueError(f"generate: window={window!r} must be between 1 and the model's {P} "
+                         "positions")
     return ids.astype(np.int64) if ids.dtype.kind in "iu" else ids
 
 
 def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0,
-             eos_token_id=None, stop=None, tokenizer=None, on_tokens=None):
+             eos_token_id=None, stop=None, tokenizer=None, window=None, on_tokens=None):
     """The prompts ``input_ids`` [batch, seq] (one length) continued by up to
     ``max_new_tokens`` tokens each: a list of the new tokens of each sequence (lists of
     ints). ``temperature`` 0 is greedy decoding, else sampling from ``token_probs`` with
     ``top_k`` and ``top_p`` (numpy's Generator seeded ``seed``). A sequence stops after
     ``eos_token_id`` (default: the tokenizer's end-of-text), or after the token that
     completes ``stop`` in its text (decoded by ``tokenizer``), both kept. With a
-    ``tokenizer``, only its tokens are drawn. ``on_tokens(tokens)``: called with each step's
+    ``tokenizer``, only its tokens are drawn. ``window``: the most tokens the model sees
+    (None: prompt and new tokens must fit in its positions); a longer text goes on from its
+    later half, run again from position 0. ``on_tokens(tokens)``: called with each step's
     tokens [batch] (those of finished sequences included)."""
-    ids = _prompts(model, input_ids, max_new_tokens)
+    text = _prompts(model, input_ids, max_new_tokens, window)
     if stop and tokenizer is None:
         raise ValueError("generate: a stop text needs the tokenizer that decodes the tokens")
     if eos_token_id is None and tokenizer is not None:
         eos_token_id = tokenizer.eot
     vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
     rng = np.random.default_rng(seed)
-    B = ids.shape[0]
-    new = [[] for _ in range(B)]
-    done = np.zeros(B, dtype=bool)
+    new = [[] for _ in range(text.shape[0])]
+    done = np.zeros(text.shape[0], dtype=bool)
     if max_new_tokens == 0:
         return new
-    cache = KVCache(model, B, ids.shape[1] + max_new_tokens)
+    capacity = min(text.shape[1] + max_new_tokens, window or model.config.max_position_embeddings)
+    cache = KVCache(model, text.shape[0], capacity)
     try:
         with cache.attached():
-            logits = cache.step(ids)
-            for _ in range(max_new_tokens):
+            logits = cache.step(text[:, -capacity:])
+            for step in range(max_new_tokens):
                 tokens = np.array([pick_token(row[-1, :vocab], rng, temperature, top_k,
                                               temperature == 0, top_p) for row in logits])
+                text = np.concatenate([text, tokens[:, None]], axis=1)
                 for b in np.flatnonzero(~done):
                     new[b].append(int(tokens[b]))
                     done[b] = _finished(new[b], eos_token_id, stop, tokenizer)
                 if on_tokens is not None:
                     on_tokens(tokens)
-                if done.all() or len(new[0]) == max_new_tokens:
+                if done.all() or step == max_new_tokens - 1:
                     break
-                logits = cache.step(tokens[:, None])
+                if cache.length == capacity:  # full: the later half again, from position 0
+                    cache.length = 0
+                    logits = cache.step(text[:, -max(capacity // 2, 1):])
+                else:
+                    logits = cache.step(tokens[:, None])
     finally:
         cache.unregister()
     return new
