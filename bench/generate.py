@@ -62,37 +62,44 @@ def best_time(run, repeat):
     return min(times)
 
 
+def measure(hf, model, args, batch):
+    """(ours, transformers') best times to continue ``batch`` random prompts."""
+    import torch
+    prompts = np.random.default_rng(batch).integers(0, hf.config.vocab_size,
+                                                    size=(batch, args.prompt))
+    ids = torch.from_numpy(prompts).to(args.device)
+    mask = torch.ones_like(ids)
+
+    def theirs(new=args.new):
+        with torch.no_grad():
+            hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                        do_sample=False, pad_token_id=0)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    def ours(new=args.new):
+        model.generate(prompts, max_new_tokens=new)
+
+    theirs(4)
+    ours(4)
+    return best_time(ours, args.repeat), best_time(theirs, args.repeat)
+
+
+def result_line(args, batch, t_ours, t_theirs):
+    return (f"RESULT generate shape={args.shape} device={args.device} dtype={args.dtype} "
+            f"batch={batch} prompt={args.prompt} new={args.new} nntile={t_ours:.3f}s "
+            f"transformers={t_theirs:.3f}s ratio={t_theirs / t_ours:.2f}x")
+
+
 def main(argv=None):
     args = parse_args(argv)
-    import torch
     import nntile
     from nntile.models import LlamaLM
     hf = hf_model(args)
     ctx = nntile.Context(ncuda=1 if args.device == "cuda" else 0)
     model = LlamaLM.from_transformers(hf, dtype=args.dtype)
-    rng = np.random.default_rng(0)
     for batch in args.batch:
-        prompts = rng.integers(0, hf.config.vocab_size, size=(batch, args.prompt))
-        ids = torch.from_numpy(prompts).to(args.device)
-        mask = torch.ones_like(ids)
-
-        def theirs(new=args.new):
-            with torch.no_grad():
-                hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                            do_sample=False, pad_token_id=0)
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-
-        def ours(new=args.new):
-            model.generate(prompts, max_new_tokens=new)
-
-        theirs(4)
-        ours(4)
-        t_theirs, t_ours = best_time(theirs, args.repeat), best_time(ours, args.repeat)
-        print(f"RESULT generate shape={args.shape} device={args.device} dtype={args.dtype} "
-              f"batch={batch} prompt={args.prompt} new={args.new} "
-              f"nntile={t_ours:.3f}s transformers={t_theirs:.3f}s "
-              f"ratio={t_theirs / t_ours:.2f}x", flush=True)
+        print(result_line(args, batch, *measure(hf, model, args, batch)), flush=True)
     model.unregister()
     ctx.shutdown()
 
