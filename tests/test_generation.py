@@ -121,6 +121,8 @@ def test_bad_input_is_refused(byte_model):
         byte_model.generate(np.ones((1, 100), dtype=np.int64), 29)
     with pytest.raises(ValueError, match="max_new_tokens"):
         byte_model.generate(np.ones((1, 4), dtype=np.int64), -1)
+    with pytest.raises(ValueError, match="positions 126 to 129 .*max_position_embeddings=128"):
+        byte_model.forward(np.ones((1, 4), dtype=np.int64), start=126)
     with pytest.raises(ValueError, match="tokenizer"):
         byte_model.generate(np.ones((1, 4), dtype=np.int64), 4, stop="x")
 

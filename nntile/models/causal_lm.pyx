@@ -327,6 +327,12 @@ cdef class CausalLM(Module):
                              f"[0, {self.config.vocab_size})")
         return array
 
+    def _check_positions(self, ids, int start):
+        P = self.config.max_position_embeddings
+        if start < 0 or start + ids.shape[1] > P:
+            raise ValueError(f"tokens at positions {start} to {start + ids.shape[1] - 1} do not "
+                             f"fit in {self.config.field_name('max_position_embeddings')}={P}")
+
     cdef dict _workspace(self, int B, int T, int start):
         """The model's buffers for [batch, seq] = [B, T], the positions start, start + 1, ...
         (written again only where they change)."""
@@ -372,10 +378,8 @@ cdef class CausalLM(Module):
         """Logits [batch, seq, vocab] as a numpy array. ``start``: the position of the first
         token (the tokens a key/value cache holds before these; nntile.models.kv_cache)."""
         self._ready_for_backward = False
-        P = self.config.max_position_embeddings
-        if start < 0 or start + np.shape(input_ids)[-1] > P:
-            raise ValueError(f"tokens at positions from {start} on, {np.shape(input_ids)[-1]} "
-                             f"of them, do not fit in positions [0, {P})")
+        if start:  # from position 0, _check_tokens says what does not fit
+            self._check_positions(self._check_tokens(input_ids, "input_ids"), start)
         logits = self._forward(input_ids, start)
         self._prioritize(0)
         return logits.to_array()
