@@ -114,6 +114,18 @@ def test_sampling_eos_and_stop_text(byte_model):
     assert stop in tok.decode(out) and stop not in tok.decode(out[:-1])
 
 
+def test_an_unfused_model_generates_as_the_fused_one(byte_model):
+    """The cache runs the fused kernels whatever the model trains with."""
+    prompt = np.arange(40, 48)[None]
+    config = byte_model.config.replace(attention="unfused")
+    unfused = FAMILIES["llama"](config, TILES, "fp64")
+    try:
+        unfused.load_state_dict(byte_model.state_dict())
+        assert unfused.generate(prompt, 12) == byte_model.generate(prompt, 12)
+    finally:
+        unfused.unregister()
+
+
 def test_bad_input_is_refused(byte_model):
     with pytest.raises(ValueError, match="one length"):
         byte_model.generate([[1, 2, 3], [4, 5]], 4)

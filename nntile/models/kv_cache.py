@@ -68,6 +68,7 @@ class KVCache:
         bt, lt = model.data_tiles(batch, capacity)
         self.cores = [m for _, m in model.named_modules() if isinstance(m, CoreAttention)]
         self.tensors = {}
+        self.outputs = {}  # o and lse of each query shape and dtype, shared by the cores
         for core in self.cores:
             shape = (batch, capacity, core.n_kv_head, core.head_dim)
             tiles = (bt, lt, core.head_tile // core.group, core.head_dim)
@@ -102,16 +103,29 @@ class KVCache:
         at = (0, self.length, 0, 0)
         ops.copy_into(k, keys, at)
         ops.copy_into(v, values, at)
-        buffers = core.buffers(q)
-        ops.flash_attention(q, keys, values, buffers["o"], buffers["lse"], core.scale, True,
-                            self.length, core.window)
-        return buffers["o"]
+        o, lse = self._outputs(core, q)
+        ops.flash_attention(q, keys, values, o, lse, core.scale, True, self.length,
+                            core.window)
+        return o
+
+    def _outputs(self, core, q):
+        """Flash attention's o and lse for queries like q (whether the core is fused or not:
+        the cache always runs the fused kernels). The cores share them: each core's output
+        projection reads o before the next core writes it (StarPU orders the two)."""
+        key = (q.shape, q.basetile, q.dtype)
+        if key not in self.outputs:
+            self.outputs[key] = (
+                core.buffer_spec("kv_cache.o", q.shape, q.basetile).create(),
+                core.buffer_spec("kv_cache.lse", q.shape[:3], q.basetile[:3],
+                                 core.lse_dtype).create())
+        return self.outputs[key]
 
     def unregister(self):
-        for tensors in self.tensors.values():
+        for tensors in list(self.tensors.values()) + list(self.outputs.values()):
             for tensor in tensors:
                 tensor.unregister()
         self.tensors.clear()
+        self.outputs.clear()
 
 
 def _prompts(model, input_ids, max_new_tokens, window):
