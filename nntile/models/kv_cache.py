@@ -94,6 +94,8 @@ class KVCache:
                              f"holding {self.length}")
         logits = self.model.forward(ids, start=self.length)
         self.length += n
+        if n > 1:  # a prefill's activations (its logits too) are not read again: dropped
+            self.model.free_buffers()
         return logits
 
     def attend(self, core, q, k, v):
