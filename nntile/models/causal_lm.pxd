@@ -30,5 +30,5 @@ cdef class CausalLM(Module):
     cdef tuple _lead_for(self, int B, int T)
     cdef dict _workspace(self, int B, int T, int start)
     cdef _prioritize(self, int distance)
-    cdef Tensor _forward(self, input_ids, int start=*)
+    cdef Tensor _forward(self, input_ids, int start=*, bint head=*)
     cdef _drop(self, list modules, tuple names, bint scratch=*, Tensor keep=*)

@@ -351,7 +351,7 @@ cdef class CausalLM(Module):
         if self.layer_priorities:
             ops.set_task_priority(distance)
 
-    cdef Tensor _forward(self, input_ids, int start=0):
+    cdef Tensor _forward(self, input_ids, int start=0, bint head=True):
         if self.loss_value is None:
             raise RuntimeError(f"{type(self).__name__}(create=False) declares its tensors but "
                                "holds none; call create() before running it")
@@ -369,20 +369,23 @@ cdef class CausalLM(Module):
             x = self.blocks[i].forward(x, positions)
             if self.recompute:  # backward runs the block again from its input
                 self._drop([self.blocks[i]], (), False, x)
+        if not head:
+            return None
         self._prioritize(L + 2)
         self._h = self.norm.forward(x)
         ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws["logits"])
         return ws["logits"]
 
-    def forward(self, input_ids, int start=0):
+    def forward(self, input_ids, int start=0, bint head=True):
         """Logits [batch, seq, vocab] as a numpy array. ``start``: the position of the first
-        token (the tokens a key/value cache holds before these; nntile.models.kv_cache)."""
+        token (the tokens a key/value cache holds before these; nntile.models.kv_cache).
+        ``head=False``: the blocks only, and nothing returned (a prompt filling a cache)."""
         self._ready_for_backward = False
         if start:  # from position 0, _check_tokens says what does not fit
             self._check_positions(self._check_tokens(input_ids, "input_ids"), start)
-        logits = self._forward(input_ids, start)
+        logits = self._forward(input_ids, start, head)
         self._prioritize(0)
-        return logits.to_array()
+        return logits.to_array() if head else None
 
     def generate(self, input_ids, max_new_tokens, **sampling):
         """The prompts ``input_ids`` [batch, seq] continued by up to ``max_new_tokens`` tokens

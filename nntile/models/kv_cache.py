@@ -59,7 +59,7 @@ class KVCache:
     """The keys and values of every attention core of ``model`` for ``batch`` sequences of
     up to ``capacity`` tokens (see the module); ``length``: the tokens cached so far.
     ``attached()`` hands the cache to the cores for a block of code; ``step(ids)`` runs the
-    model on the next tokens [batch, n] and returns their logits."""
+    model on the next tokens [batch, n] and returns the last one's logits."""
 
     def __init__(self, model, batch, capacity):
         self.model = model
@@ -86,17 +86,21 @@ class KVCache:
                 core.kv_cache = None
 
     def step(self, ids):
-        """Logits [batch, n, vocab] of the next tokens ``ids`` [batch, n] (numpy), which
-        join the cache."""
+        """Logits [batch, vocab] of the last of the next tokens ``ids`` [batch, n] (numpy),
+        which join the cache. Of a prompt (n > 1), only the last token runs the head: the
+        others run the blocks, whose activations are then dropped (what is read again is in
+        the cache)."""
         n = np.shape(ids)[1]
         if self.length + n > self.capacity:
             raise ValueError(f"{n} more tokens do not fit in a cache of {self.capacity} "
                              f"holding {self.length}")
-        logits = self.model.forward(ids, start=self.length)
-        self.length += n
-        if n > 1:  # a prefill's activations (its logits too) are not read again: dropped
+        if n > 1:
+            self.model.forward(ids[:, :-1], start=self.length, head=False)
             self.model.free_buffers()
-        return logits
+            self.length += n - 1
+        logits = self.model.forward(ids[:, -1:], start=self.length)
+        self.length += 1
+        return logits[:, -1]
 
     def attend(self, core, q, k, v):
         """What a core attached to the cache runs: k and v written at the cached length,
@@ -181,7 +185,7 @@ def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=0, top_p=1
         with cache.attached():
             logits = cache.step(text[:, -capacity:])
             for step in range(max_new_tokens):
-                tokens = np.array([pick_token(row[-1, :vocab], rng, temperature, top_k,
+                tokens = np.array([pick_token(row[:vocab], rng, temperature, top_k,
                                               temperature == 0, top_p) for row in logits])
                 text = np.concatenate([text, tokens[:, None]], axis=1)
                 for b in np.flatnonzero(~done):
