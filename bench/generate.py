@@ -22,7 +22,8 @@ SHAPES = {
     # Llama-3.2-1B's config.json, without its weights
     "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                          num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                         tie_word_embeddings=True, rope_theta=500000.0,
+                         tie_word_embeddings=True, max_position_embeddings=131072,
+                         rope_theta=500000.0,
                          rope_scaling=dict(rope_type="llama3", factor=32.0,
                                            low_freq_factor=1.0, high_freq_factor=4.0,
                                            original_max_position_embeddings=8192)),
@@ -46,9 +47,9 @@ def hf_model(args):
     import torch
     import transformers
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**SHAPES[args.shape], bos_token_id=None,
-                                      eos_token_id=None, pad_token_id=None,
-                                      max_position_embeddings=args.prompt + args.new)
+    fields = dict(dict(max_position_embeddings=args.prompt + args.new), **SHAPES[args.shape])
+    config = transformers.LlamaConfig(**fields, bos_token_id=None, eos_token_id=None,
+                                      pad_token_id=None)
     model = transformers.LlamaForCausalLM(config).eval()
     return model.to(device=args.device, dtype=getattr(torch, TORCH_DTYPES[args.dtype]))
 
