@@ -20,6 +20,9 @@ _SUBPACKAGES = ("models", "nn", "optim", "memory", "checkpoint", "data")
 
 
 def __getattr__(name):
+    if name == "load":  # nntile.load(CHECKPOINT_OR_TRANSFORMERS_DIR) -> (model, tokenizer)
+        from nntile.pretrained import load
+        return load
     if name in _SUBPACKAGES:
         import importlib
         return importlib.import_module(f"nntile.{name}")  # binds it here: one lookup only
@@ -27,4 +30,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_SUBPACKAGES))
+    return sorted(set(globals()) | set(_SUBPACKAGES) | {"load"})

@@ -2,9 +2,9 @@
 
     nntile-generate --checkpoint checkpoints/ckpt-600.h5 --prompt "def main(" --max-new-tokens 200
 
-The tiled model always runs on one [1, seq_len] window, padded on the right: the model is
-causal, so the logits at position t depend only on tokens up to t, and no tensor is
-reallocated as the text grows. Longer texts slide the window.
+The prompt runs through the model once; each new token then runs alone against the keys and
+values of the tokens before it (nntile.models.kv_cache). Several --prompt run as one batch
+(they must be as many tokens long). A text longer than --seq-len goes on from its later half.
 """
 import codecs
 import sys
@@ -13,17 +13,21 @@ import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
-                               check_inference_memory, checkpoint_seq_len,
-                               model_from_checkpoint, nonneg_float, nonneg_int, positive_int,
-                               probability, run_cli, start_context)
+                               check_inference_memory, checkpoint_seq_len, checkpoint_tiles,
+                               model_tiling, nonneg_float, nonneg_int, positive_int, probability,
+                               run_cli, start_context)
 from nntile.data import checkpoint_tokenizer
+from nntile.models.kv_cache import pick_token, token_probs  # noqa: F401 (nntile.generate's API)
 
 
 def build_parser():
     p = ArgumentParser(prog="nntile-generate", description=__doc__.split("\n\n")[0],
                        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="an nntile checkpoint (.h5)")
-    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--prompt", action="append", help="text to continue; given several times, "
+                   "the prompts run as one batch and must be as many tokens long")
+    p.add_argument("--stop", help="stop a text after the token that completes this text (and "
+                   "after the tokenizer's end-of-text token)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=200, help="tokens to add")
     p.add_argument("--temperature", type=nonneg_float, default=0.8,
                    help="divides the logits: lower is more conservative (0: greedy)")
@@ -33,8 +37,8 @@ def build_parser():
                    "likeliest tokens whose probabilities add up to p (nucleus sampling; 1: all)")
     p.add_argument("--greedy", action="store_true", help="always take the likeliest token")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the sampling")
-    p.add_argument("--seq-len", type=positive_int, help="window length (default: the "
-                   "checkpoint's training length, else n_positions)")
+    p.add_argument("--seq-len", type=positive_int, help="the most tokens the model sees at "
+                   "once (default: the checkpoint's training length, else n_positions)")
     p.add_argument("--tokenizer", help="byte, gpt2 or a local tokenizer directory (default: "
                    "what the checkpoint was trained with)")
     add_dtype_arg(p)
@@ -42,38 +46,6 @@ def build_parser():
     add_tiling_args(p)
     add_runtime_args(p)
     return p
-
-
-def token_probs(logits, temperature=1.0, top_k=0, top_p=1.0):
-    """The distribution the next token is drawn from (float64): softmax(logits / temperature),
-    cut to the ``top_k`` likeliest tokens (0: all), then to the fewest likeliest whose
-    probabilities add up to ``top_p`` at least, renormalised."""
-    logits = np.asarray(logits, dtype=np.float64)
-    if not np.isfinite(logits).all():
-        raise ValueError("the model's logits hold NaN or inf")
-    # the largest logit subtracted before dividing: a tiny temperature then sends the others
-    # to -inf (probability 0), never to inf - inf = NaN
-    with np.errstate(over="ignore"):
-        z = (logits - logits.max()) / temperature
-    if top_k and top_k < len(z):
-        z = np.where(z < np.partition(z, -top_k)[-top_k], -np.inf, z)
-    probs = np.exp(z)
-    probs /= probs.sum()
-    if top_p < 1:
-        order = np.argsort(-probs, kind="stable")
-        keep = order[:np.searchsorted(np.cumsum(probs[order]), top_p) + 1]
-        nucleus = np.zeros_like(probs)
-        nucleus[keep] = probs[keep]
-        probs = nucleus / nucleus.sum()
-    return probs
-
-
-def pick_token(logits, rng, temperature, top_k, greedy, top_p=1.0):
-    """The next token from a vector of logits."""
-    if greedy or temperature == 0:
-        return int(np.argmax(logits))
-    probs = token_probs(logits, temperature, top_k, top_p)
-    return int(rng.choice(len(probs), p=probs))
 
 
 class Printer:
@@ -107,46 +79,70 @@ class Printer:
         self.out.flush()
 
 
+def check_utf8(prompts):
+    for text in prompts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # bytes that are not UTF-8 arrive as lone surrogates
+            raise CLIError(f"--prompt is not UTF-8 text (at character {exc.start + 1}): pass "
+                           "text in UTF-8") from None
+
+
+def prompt_ids(prompts, tok):
+    """The token ids of each prompt [batch, seq]; a CLIError for prompts of different
+    lengths."""
+    ids = []
+    for text in prompts:
+        one = [int(i) for i in tok.encode(text)]
+        if not one:  # nothing to condition on: start from a newline (or end-of-text)
+            one = [tok.eot] if tok.eot is not None else [int(tok.encode("\n")[0])]
+        ids.append(one)
+    if len({len(one) for one in ids}) > 1:
+        raise CLIError(f"the prompts are {', '.join(str(len(one)) for one in ids)} tokens long: "
+                       "prompts of one batch must be as many tokens long")
+    return np.array(ids, dtype=np.int64)
+
+
+def continue_prompts(model, ids, args, tok, seq, printer):
+    """The new tokens of each prompt, shown as they come where ``printer`` is given."""
+    try:
+        return model.generate(ids, args.max_new_tokens, temperature=0 if args.greedy
+                              else args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              seed=args.seed, stop=args.stop, tokenizer=tok, window=seq,
+                              on_tokens=printer and (lambda t: printer.add(int(t[0]))))
+    except ValueError as exc:  # the model's logits hold NaN or inf
+        raise CLIError(f"cannot sample: {exc}") from None
+
+
 def generate_main(argv=None):
     from nntile.checkpoint import Checkpoint
+    from nntile.pretrained import load
     args = build_parser().parse_args(argv)
-    try:
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:  # bytes that are not UTF-8 arrive as lone surrogates
-        raise CLIError(f"--prompt is not UTF-8 text (at character {exc.start + 1}): pass text "
-                       "in UTF-8") from None
+    prompts = args.prompt or [""]
+    check_utf8(prompts)
     ckpt = Checkpoint(args.checkpoint)
     tok = checkpoint_tokenizer(ckpt, args.checkpoint, args.tokenizer)
     seq = checkpoint_seq_len(ckpt, args.seq_len)
-    ids = [int(i) for i in tok.encode(args.prompt)]
-    if not ids:  # nothing to condition on: start from a newline (or end-of-text)
-        ids = [tok.eot] if tok.eot is not None else [int(tok.encode("\n")[0])]
-    rng = np.random.default_rng(args.seed)
-    est = check_inference_memory(ckpt, args, 1, seq, args.dtype, "nntile-generate")
+    ids = prompt_ids(prompts, tok)
+    batch = len(prompts)
+    est = check_inference_memory(ckpt, args, batch, seq, args.dtype, "nntile-generate")
     ctx = start_context(args, verbose=args.verbose, run_bytes=est.total)
     if hasattr(sys.stdout, "reconfigure"):  # a terminal that cannot show a character: escape it
         sys.stdout.reconfigure(errors="backslashreplace")
-    printer = Printer(tok)
-    sys.stdout.write(args.prompt)
-    sys.stdout.flush()
+    printer = Printer(tok) if batch == 1 else None
+    if printer:
+        sys.stdout.write(prompts[0])
+        sys.stdout.flush()
     try:
-        model = model_from_checkpoint(ckpt, args, 1, seq, args.dtype)
-        window = np.zeros((1, seq), dtype=np.int64)
-        for _ in range(args.max_new_tokens):
-            context = ids[-seq:]
-            window[0, :len(context)] = context
-            window[0, len(context):] = 0  # padding: never seen by the positions we read
-            logits = model.forward(window)[0, len(context) - 1, :tok.vocab_size]
-            try:
-                token = pick_token(logits, rng, args.temperature, args.top_k, args.greedy,
-                                   args.top_p)
-            except ValueError as exc:
-                raise CLIError(f"cannot sample: {exc}") from None
-            ids.append(token)
-            printer.add(token)
+        model = load(args.checkpoint, args.dtype,
+                     model_tiling(checkpoint_tiles(ckpt, args, batch, seq)))[0]
+        new = continue_prompts(model, ids, args, tok, seq, printer)
     finally:
         ctx.shutdown()
-    printer.finish()
+    if printer:
+        printer.finish()
+    for text, tokens in zip(prompts if not printer else (), new):
+        print(text + tok.decode(tokens), end="\n\n")
     return 0
 
 

@@ -115,6 +115,7 @@ def _scenarios():
         "fill": lambda: ops.fill(1.0, x()),
         "copy": lambda: ops.copy(x(), x()),
         "copy_retile": lambda: ops.copy(x(), T((4, 6), (4, 6))),
+        "copy_into": lambda: ops.copy_into(T((2, 6), (2, 3)), x(), (1, 0)),
         "add": lambda: (ops.add(1.0, x(), 0.0, x()), ops.add(1.0, x(), 2.0, x())),
         "scal": lambda: ops.scal(2.0, x()),
         "prod": lambda: ops.prod(2.0, x(), x(), x()),
@@ -170,6 +171,10 @@ EXPECTED = {
     'copy_retile': [
         ('fill', ('W',)),
         ('subcopy', ('R', 'W')),
+        ('subcopy', ('R', 'RW')),
+    ],
+    'copy_into': [
+        ('fill', ('W',)),
         ('subcopy', ('R', 'RW')),
     ],
     'add': [

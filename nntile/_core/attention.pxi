@@ -303,10 +303,12 @@ cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, nntile_mask m, bint t
 
 
 cdef Py_ssize_t _check_groups(str op, Tensor q, str qrole, Tensor k, str krole,
-                              Py_ssize_t offset=0) except -1:
+                              Py_ssize_t offset=0, bint cache=False) except -1:
     """q [B, T, H, D] tiled (bt, tt, ht, D) and k [B, T + offset, Hkv, D] tiled
     (bt, tt, ht / g, D), g = H / Hkv query heads sharing each kv head (grouped-query
-    attention), a head tile of q covering whole groups; returns g."""
+    attention), a head tile of q covering whole groups; returns g. ``cache``: k may be a
+    key/value cache, longer than T + offset (keys past the last query's, which causal
+    attention hides) and tiled apart along the sequence."""
     for t, role in ((q, qrole), (k, krole)):
         if t.traits.ndim != 4:
             raise ValueError(f"{op}: {role} has shape {t.traits.shape}; it must be "
@@ -314,9 +316,11 @@ cdef Py_ssize_t _check_groups(str op, Tensor q, str qrole, Tensor k, str krole,
     cdef tuple qs = q.traits.shape, qt = q.traits.basetile, ks = k.traits.shape
     if qt[3] != qs[3]:
         raise ValueError(f"{op}: {qrole} is tiled {qt}; its head dimension must be one tile")
-    if ks[0] != qs[0] or ks[1] != qs[1] + offset or ks[3] != qs[3]:
+    if ks[0] != qs[0] or ks[3] != qs[3] or not (
+            ks[1] == qs[1] + offset or cache and ks[1] > qs[1] + offset):
+        longer = " at least" if cache else ""
         raise ValueError(f"{op}: {krole}{ks} must match {qrole}{qs} in batch and head_dim, "
-                         f"and its sequence must be {qrole}'s + the offset ({offset})")
+                         f"and its sequence must be{longer} {qrole}'s + the offset ({offset})")
     if qs[2] % ks[2]:
         raise ValueError(f"{op}: {qrole} has {qs[2]} heads, {krole} has {ks[2]}: the query "
                          "heads must be a whole number of groups of one kv head each")
@@ -324,7 +328,8 @@ cdef Py_ssize_t _check_groups(str op, Tensor q, str qrole, Tensor k, str krole,
     if qt[2] % g:
         raise ValueError(f"{op}: a head tile of {qt[2]} query heads does not cover whole "
                          f"groups of {g} (the heads that share a kv head); use a multiple of {g}")
-    _expect_traits(op, k, krole, ks, (qt[0], qt[1], qt[2] // g, qt[3]),
+    _expect_traits(op, k, krole, ks,
+                   (qt[0], k.traits.basetile[1] if cache else qt[1], qt[2] // g, qt[3]),
                    f"{qrole}'s tiles, with {g} query heads per kv head")
     return g
 

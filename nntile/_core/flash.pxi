@@ -11,17 +11,17 @@ from libc.math cimport isfinite
 
 
 cdef int _check_flash(str op, list data, Tensor lse, tuple outputs, scale,
-                      Py_ssize_t offset) except -1:
+                      Py_ssize_t offset, bint cache=False) except -1:
     """Every check of flash_attention and its backward: ``data`` the (tensor, role) pairs of
-    q, k, v, o and, for backward, dout, dq, dk, dv; ``outputs`` the roles written. Returns the
-    op table column."""
+    q, k, v, o and, for backward, dout, dq, dk, dv; ``outputs`` the roles written; ``cache``:
+    k and v may be a key/value cache (_check_groups). Returns the op table column."""
     cdef int column = _column(op, data, [(lse, "lse")])
     cdef dict t = {role: tensor for tensor, role in data}
     cdef Tensor q = t["q"], k = t["k"]
     if q.dtype == "bf16" and lse.dtype != "fp32":
         raise TypeError(f"{op}: lse must be fp32 for bf16 data (the log-sum-exp of every row "
                         f"is kept in fp32), got {lse.dtype}")
-    _check_groups(op, q, "q", k, "k", offset)
+    _check_groups(op, q, "q", k, "k", offset, cache)
     if lse.traits.ndim != 3:
         raise ValueError(f"{op}: lse has shape {lse.traits.shape}; it must be "
                          "[batch, seq, heads]")
@@ -129,7 +129,9 @@ def flash_attention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, scale,
     """o = softmax(scale * q k^T) v per head, with the keys each query does not see masked
     (``causal``: those after it; ``window`` > 0: also those ``window`` or more before it;
     ``offset``: the key position of query 0, when k and v hold ``offset`` keys more than q;
-    kernels.h, nntile_mask);
+    kernels.h, nntile_mask); causal attention also takes a key/value cache as k and v: longer
+    than q's + offset (the keys past the last query's are hidden) and with sequence tiles of
+    its own;
     lse = the log of each row's sum of exp of its scaled, masked scores (what backward
     needs). q, o [batch, seq, heads, head_dim]; k, v [batch, seq, kv_heads, head_dim] with
     heads a multiple of kv_heads (grouped-query attention; query head h reads kv head
@@ -138,7 +140,7 @@ def flash_attention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, scale,
     are ht, a whole number of groups."""
     cdef nntile_mask mask = _mask("flash_attention", causal, offset, window)
     cdef int column = _check_flash("flash_attention", [(q, "q"), (k, "k"), (v, "v"), (o, "o")],
-                                   lse, ("o", "lse"), scale, mask.offset)
+                                   lse, ("o", "lse"), scale, mask.offset, causal)
     _flash_tasks(NNTILE_OP_flash_forward, column, q, k,
                  [(q, "q"), (k, "k"), (v, "k"), (o, "q"), (lse, "lse")], scale, mask, False)
 

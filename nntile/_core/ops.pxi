@@ -270,16 +270,35 @@ def copy(Tensor src, Tensor dst):
             h[1] = dst.handles[i]
             submit(NNTILE_OP_copy, src.dtype_id, 2, h, &args, sizeof(args))
         return
-    _copy_retile(src, dst)
+    _subcopy_tasks(src, dst)
 
 
-cdef _copy_retile(Tensor src, Tensor dst):
+def copy_into(Tensor src, Tensor dst, offset):
+    """dst[offset[0]:offset[0] + src.shape[0], ...] = src: src written into a box of dst that
+    starts at ``offset`` (one int per axis), the rest of dst left as it is; the two may be
+    tiled differently (a key/value cache receives one step's keys this way)."""
+    _usable(src, "src")
+    _usable(dst, "dst")
+    _same_dtype("copy_into", src, "src", dst, "dst")
+    offset = tuple(offset)
+    if (len(offset) != dst.traits.ndim or src.traits.ndim != dst.traits.ndim
+            or any(isinstance(o, bool) or not isinstance(o, int) or o < 0 for o in offset)
+            or any(o + s > d for o, s, d in zip(offset, src.traits.shape, dst.traits.shape))):
+        raise ValueError(f"copy_into: src of shape {src.traits.shape} does not fit in dst of "
+                         f"shape {dst.traits.shape} at offset {offset}")
+    _subcopy_tasks(src, dst, offset)
+
+
+cdef _subcopy_tasks(Tensor src, Tensor dst, tuple offset=None):
+    """Tasks of subcopy that write src into dst at ``offset`` (None: dst's shape, at 0)."""
     cdef Py_ssize_t ndim = src.traits.ndim
     if ndim > 8:
         raise ValueError(f"copy between different tilings supports at most 8 dimensions, "
                          f"got {ndim}")
     if src.dtype == "int64":
         raise TypeError("copy between different tilings is not available for int64 tensors")
+    offset = offset or (0,) * ndim
+    cdef tuple box_end = tuple(o + s for o, s in zip(offset, src.traits.shape))
     cdef nntile_subcopy_args args
     cdef starpu_data_handle_t h[2]
     cdef Py_ssize_t d, j
@@ -287,25 +306,30 @@ cdef _copy_retile(Tensor src, Tensor dst):
     for j in range(dst.traits.ntiles):
         dst_off = dst.traits.tile_offset(j)
         dst_shape = dst.traits.tile_shape(j)
-        # Source tiles that overlap this destination tile, along each axis.
-        ranges = [range(dst_off[d] // src.traits.basetile[d],
-                        (dst_off[d] + dst_shape[d] - 1) // src.traits.basetile[d] + 1)
+        lo_box = [max(dst_off[d], offset[d]) for d in range(ndim)]
+        hi_box = [min(dst_off[d] + dst_shape[d], box_end[d]) for d in range(ndim)]
+        if any(hi_box[d] <= lo_box[d] for d in range(ndim)):
+            continue  # this tile of dst is outside the box
+        # The source tiles that overlap this destination tile, along each axis.
+        ranges = [range((lo_box[d] - offset[d]) // src.traits.basetile[d],
+                        (hi_box[d] - offset[d] - 1) // src.traits.basetile[d] + 1)
                   for d in range(ndim)]
-        first = True
+        # Pieces that cover the whole destination tile: the first need not read it.
+        first = all(lo_box[d] == dst_off[d] and hi_box[d] == dst_off[d] + dst_shape[d]
+                    for d in range(ndim))
         for src_index in _product(ranges):
             src_off = src.traits.tile_offset(src_index)
             src_shape = src.traits.tile_shape(src_index)
             for d in range(ndim):
-                lo = max(src_off[d], dst_off[d])
-                hi = min(src_off[d] + src_shape[d], dst_off[d] + dst_shape[d])
+                lo = max(src_off[d] + offset[d], dst_off[d])
+                hi = min(src_off[d] + offset[d] + src_shape[d], dst_off[d] + dst_shape[d])
                 args.src_shape[d] = src_shape[d]
                 args.dst_shape[d] = dst_shape[d]
                 args.copy_shape[d] = hi - lo
-                args.src_offset[d] = lo - src_off[d]
+                args.src_offset[d] = lo - offset[d] - src_off[d]
                 args.dst_offset[d] = lo - dst_off[d]
             h[0] = src.handles[src.traits.index_to_linear(src_index)]
             h[1] = dst.handles[j]
-            # The pieces cover the whole destination tile, so the first need not read it.
             submit(NNTILE_OP_subcopy, src.dtype_id, 2, h, &args, sizeof(args), not first)
             first = False
 

@@ -312,6 +312,9 @@ bool shape_of(const nntile_flash_args *a, bool backward,
         right_bound = a->q_offset + a->mask.offset - a->k_offset;
         if (right_bound < 0)
             return false; /* some queries see no key */
+        if (right_bound + a->tq < a->tk)
+            return false; /* keys past the last query's (a key/value cache not full yet):
+                           * the band moves with every new token, a graph each; ours */
         if (a->mask.window > 0) {
             /* the window as cuDNN's left bound: key - query > right_bound - window */
             left_bound = a->mask.window - right_bound;

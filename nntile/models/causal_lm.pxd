@@ -14,6 +14,7 @@ cdef class CausalLM(Module):
     cdef readonly Tensor loss_value
     cdef object _loss_spec
     cdef dict _ws
+    cdef dict _first_positions  # [batch, seq] and tiles -> the position its tokens start at
     cdef Tensor _h
     cdef bint _ready_for_backward
     cdef public bint layer_priorities
@@ -27,7 +28,7 @@ cdef class CausalLM(Module):
     cdef Tensor _embed(self, dict ws)
     cdef _embed_backward(self, Tensor dx)
     cdef tuple _lead_for(self, int B, int T)
-    cdef dict _workspace(self, int B, int T)
+    cdef dict _workspace(self, int B, int T, int start)
     cdef _prioritize(self, int distance)
-    cdef Tensor _forward(self, input_ids)
+    cdef Tensor _forward(self, input_ids, int start=*, bint head=*)
     cdef _drop(self, list modules, tuple names, bint scratch=*, Tensor keep=*)

@@ -102,6 +102,7 @@ cdef class CausalLM(Module):
         else:
             self.lm_head = self.add_param("lm_head.weight", (config.vocab_size, E),
                                           (t["vocab"], t["embd"]), gemm=True)
+        self._first_positions = {}
         self.name_map = config.name_map()
         self._check_name_map()
         self._loss_spec = TensorSpec("loss_value", (1,), (1,), self.master, "workspaces")
@@ -197,6 +198,10 @@ cdef class CausalLM(Module):
         """[batch, seq] and their tiles (clipped to the data's shape)."""
         cdef int batch_tile = self.tiles["batch"] or -(-B // self.batch_count)
         return (B, T), (min(batch_tile, B), min(self.tiles["seq"], T))
+
+    def data_tiles(self, int batch, int seq):
+        """The tiles of data [batch, seq]: (batch tile, seq tile), clipped to its shape."""
+        return self._lead_for(batch, seq)[1]
 
     def declare(self, tuple lead, tuple tiles):
         """The tensors of a [batch, seq] shape of the data: token ids, targets and positions,
@@ -321,12 +326,20 @@ cdef class CausalLM(Module):
                              f"[0, {self.config.vocab_size})")
         return array
 
-    cdef dict _workspace(self, int B, int T):
+    def _check_positions(self, ids, int start):
+        P = self.config.max_position_embeddings
+        if start < 0 or start + ids.shape[1] > P:
+            raise ValueError(f"tokens at positions {start} to {start + ids.shape[1] - 1} do not "
+                             f"fit in {self.config.field_name('max_position_embeddings')}={P}")
+
+    cdef dict _workspace(self, int B, int T, int start):
+        """The model's buffers for [batch, seq] = [B, T], the positions start, start + 1, ...
+        (written again only where they change)."""
         lead = self._lead_for(B, T)
-        new = lead not in self._buffers
         cdef dict ws = self._buffers_for(lead)
-        if new:
-            ws["positions"].write(np.broadcast_to(np.arange(T), (B, T)))
+        if self._first_positions.get(lead) != start:
+            ws["positions"].write(np.broadcast_to(np.arange(start, start + T), (B, T)))
+            self._first_positions[lead] = start
         return ws
 
     cdef _prioritize(self, int distance):
@@ -337,19 +350,19 @@ cdef class CausalLM(Module):
         if self.layer_priorities:
             ops.set_task_priority(distance)
 
-    cdef Tensor _forward(self, input_ids):
-        for _ in self._forward_steps(input_ids):
+    cdef Tensor _forward(self, input_ids, int start=0, bint head=True):
+        for _ in self._forward_steps(input_ids, start, head):
             pass
-        return self._ws["logits"]
+        return self._ws["logits"] if head else None
 
-    def _forward_steps(self, input_ids):
-        """Submit forward up to the logits, yielding after the embeddings and after each
-        block (see ``submit_loss_steps``)."""
+    def _forward_steps(self, input_ids, int start=0, bint head=True):
+        """Submit forward up to the logits (``head``: else the blocks only), yielding after
+        the embeddings and after each block (see ``submit_loss_steps``)."""
         if self.loss_value is None:
             raise RuntimeError(f"{type(self).__name__}(create=False) declares its tensors but "
                                "holds none; call create() before running it")
         ids = self._check_tokens(input_ids, "input_ids")
-        cdef dict ws = self._workspace(ids.shape[0], ids.shape[1])
+        cdef dict ws = self._workspace(ids.shape[0], ids.shape[1], start)
         self._ws = ws
         ws["ids"].write(ids)
         cdef int L = len(self.blocks), i
@@ -364,16 +377,29 @@ cdef class CausalLM(Module):
             if self.recompute:  # backward runs the block again from its input
                 self._drop([self.blocks[i]], (), False, x)
             yield
+        if not head:
+            return
         self._prioritize(L + 2)
         self._h = self.norm.forward(x)
         ops.gemm(1.0, self._h, "N", self.lm_head.compute, "T", 0.0, ws["logits"])
 
-    def forward(self, input_ids):
-        """Logits [batch, seq, vocab] as a numpy array."""
+    def forward(self, input_ids, int start=0, bint head=True):
+        """Logits [batch, seq, vocab] as a numpy array. ``start``: the position of the first
+        token (the tokens a key/value cache holds before these; nntile.models.kv_cache).
+        ``head=False``: the blocks only, and nothing returned (a prompt filling a cache)."""
         self._ready_for_backward = False
-        logits = self._forward(input_ids)
+        if start:  # from position 0, _check_tokens says what does not fit
+            self._check_positions(self._check_tokens(input_ids, "input_ids"), start)
+        logits = self._forward(input_ids, start, head)
         self._prioritize(0)
-        return logits.to_array()
+        return logits.to_array() if head else None
+
+    def generate(self, input_ids, max_new_tokens, **sampling):
+        """The prompts ``input_ids`` [batch, seq] continued by up to ``max_new_tokens`` tokens
+        each, with a key/value cache: nntile.models.kv_cache.generate says what ``sampling``
+        takes and what comes back."""
+        from nntile.models.kv_cache import generate
+        return generate(self, input_ids, max_new_tokens, **sampling)
 
     def loss(self, input_ids, targets):
         """Mean cross-entropy of next-token targets (already shifted) as a float; activations

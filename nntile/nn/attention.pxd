@@ -9,5 +9,6 @@ cdef class CoreAttention(Module):
     cdef readonly double scale
     cdef readonly str lse_dtype
     cdef Tensor q, k, v, o, lse, p
+    cdef public object kv_cache  # None, or a KVCache (nntile.models.kv_cache) while generating
     cpdef Tensor forward(self, Tensor q, Tensor k, Tensor v)
     cpdef backward(self, Tensor do, Tensor dq, Tensor dk, Tensor dv)

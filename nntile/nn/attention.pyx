@@ -74,7 +74,10 @@ cdef class CoreAttention(Module):
         return specs
 
     cpdef Tensor forward(self, Tensor q, Tensor k, Tensor v):
-        """o [batch, seq, n_head, head_dim] (kept until backward)."""
+        """o [batch, seq, n_head, head_dim] (kept until backward). With a ``kv_cache``
+        attached (generation), k and v join the cache and q attends to every key cached."""
+        if self.kv_cache is not None:
+            return self.kv_cache.attend(self, q, k, v)
         cdef dict buffers = self.buffers(q)
         cdef Tensor o = buffers["o"]
         if self.fused:
