@@ -421,12 +421,12 @@ def start_context(args, verbose=True, distribution=None, run_bytes=None, tiles=N
     ``tiles``: {key: Choice} of the run's tiles, for describe(); ``run_breakdown``: the
     estimate's bytes by category (whether a replica per GPU fits), and ``run_batch`` its
     batch rows (whether the GPUs share them equally)."""
-    import nntile
+    from nntile.context import Context
     # StarPU's own SIGINT handler would replace Python's; the programs handle signals.
     os.environ.setdefault("STARPU_CATCH_SIGNALS", "0")
     starpu_messages(getattr(args, "verbose", False))
     try:
-        ctx = nntile.Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
+        ctx = Context(ncpu=args.ncpu, ncuda=args.ncuda, sched=args.sched,
                              distribution=distribution, run_bytes=run_bytes,
                              training=training, run_breakdown=run_breakdown,
                              run_batch=run_batch)

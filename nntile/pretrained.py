@@ -53,10 +53,10 @@ def _read_checkpoint(path, dtype, tiling):
 
 
 def _running_context():
-    import nntile
-    if nntile.current_context() is None:
+    from nntile.context import Context, current_context
+    if current_context() is None:
         global _context
-        _context = nntile.Context()  # stops at exit
+        _context = Context()  # stops at exit
 
 
 _context = None

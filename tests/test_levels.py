@@ -24,7 +24,8 @@ LEVELS = (
                  "nntile.parallel")),
     ("programs", ("nntile", "nntile.cli_common", "nntile.train", "nntile.train_config",
                   "nntile.training", "nntile.generate", "nntile.evaluate", "nntile.convert",
-                  "nntile.data", "nntile.events", "nntile.transformers_io", "nntile.plan")),
+                  "nntile.data", "nntile.events", "nntile.transformers_io", "nntile.plan",
+                  "nntile.pretrained")),
 )
 MAX_FUNCTION_LINES = 100
 _CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+\(?([\w\s,*]+)"
