@@ -494,6 +494,6 @@ def test_ops_exports_the_tensor_ops_of_core():
             "attn_ptv", "set_task_priority"} <= set(core.OPS)
     assert not {"Context", "Tensor", "TensorTraits", "DTYPES", "current_context",
                 "launcher_rank"} & set(core.OPS)
-    assert set(ops.__all__) == set(core.OPS) | {"task_priority", "task_workers"}
+    assert set(ops.__all__) == set(core.OPS) | {"task_priority", "task_workers", "task_device"}
     for name in core.OPS:
         assert getattr(ops, name) is getattr(core, name), name
