@@ -26,6 +26,7 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atte
 # of the cache's sequence tile (8).
 GENERATION = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
 }
 TILES = {"seq": 8, "head": 2, "embd": 16}  # partial tiles: the prompt 12, the cache 76
