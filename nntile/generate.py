@@ -11,7 +11,8 @@ import sys
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
+from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
+                               add_checkpoint_arg, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
                                check_inference_memory, checkpoint_seq_len,
                                model_from_checkpoint, nonneg_float, nonneg_int, positive_int,
@@ -22,7 +23,7 @@ from nntile.data import checkpoint_tokenizer
 def build_parser():
     p = ArgumentParser(prog="nntile-generate", description=__doc__.split("\n\n")[0],
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="an nntile checkpoint (.h5)")
+    add_checkpoint_arg(p)
     p.add_argument("--prompt", default="", help="text to continue")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=200, help="tokens to add")
     p.add_argument("--temperature", type=nonneg_float, default=0.8,
