@@ -205,6 +205,10 @@ def command_line(cmdline):
     return " ".join(words).strip()
 
 
+def add_checkpoint_arg(parser):
+    parser.add_argument("--checkpoint", required=True, help="an nntile checkpoint (.h5)")
+
+
 def add_verbose_arg(parser):
     parser.add_argument("-v", "--verbose", action="store_true", help="say more: StarPU's "
                         "workers, the cores of its threads, every runtime setting, the CPU's "

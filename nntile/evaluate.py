@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
+from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
+                               add_checkpoint_arg, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
                                check_inference_memory, checkpoint_seq_len,
                                model_from_checkpoint, positive_int, run_cli, start_context)
@@ -26,7 +27,7 @@ from nntile.data import EVAL_BATCHES, checkpoint_tokenizer, eval_batches, window
 def build_parser():
     p = ArgumentParser(prog="nntile-eval", description=__doc__.split("\n\n")[0],
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="an nntile checkpoint (.h5)")
+    add_checkpoint_arg(p)
     p.add_argument("--data", help="data directory (default: the one the checkpoint trained on)")
     p.add_argument("--split", choices=("val", "train"), default="val")
     p.add_argument("--batches", type=positive_int, help="batches to average (default: the "

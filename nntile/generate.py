@@ -11,7 +11,8 @@ import sys
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter, add_dtype_arg,
+from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
+                               add_checkpoint_arg, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
                                check_inference_memory, checkpoint_seq_len, checkpoint_tiles,
                                model_tiling, nonneg_float, nonneg_int, positive_int, probability,
@@ -23,7 +24,7 @@ from nntile.models.kv_cache import pick_token, token_probs  # noqa: F401 (nntile
 def build_parser():
     p = ArgumentParser(prog="nntile-generate", description=__doc__.split("\n\n")[0],
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="an nntile checkpoint (.h5)")
+    add_checkpoint_arg(p)
     p.add_argument("--prompt", action="append", help="text to continue; given several times, "
                    "the prompts run as one batch and must be as many tokens long")
     p.add_argument("--stop", help="stop a text after the token that completes this text (and "

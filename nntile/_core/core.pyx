@@ -9,6 +9,7 @@ include "collective.pxi"
 _BEFORE_OPS = frozenset(globals())
 include "ops.pxi"
 include "nn_ops.pxi"
+include "norm_ops.pxi"
 include "attention.pxi"
 include "llama_ops.pxi"
 include "flash.pxi"

@@ -541,124 +541,13 @@ def embedding_backward(Tensor ids, Tensor dy, Tensor dtable):
     _embedding(NNTILE_OP_embedding_backward, ids, dtable, dy, True)
 
 
-# ---- layer norm over the last axis --------------------------------------------------------
-
-cdef int _check_layernorm(str op, Tensor x, Tensor stats, list vectors) except -1:
-    if x.traits.ndim < 1:
-        raise ValueError(f"{op}: x must have at least 1 dimension")
-    cdef Py_ssize_t last = x.traits.ndim - 1
-    _check_stats(op, x, "x", stats, "stats", last)
-    for t, role in vectors:
-        _check_fiber(op, x, "x", t, role, last)
-    return 0
-
+# ---- the rows of a tile: the product of its dimensions but the last -------------------
 
 cdef inline Py_ssize_t _rows(TensorTraits t, const Py_ssize_t *coords) noexcept:
     cdef Py_ssize_t d, r = 1
     for d in range(t.ndim - 1):
         r *= t.tile_dim(d, coords[d])
     return r
-
-
-def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Tensor y):
-    """y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis of x.
-
-    stats (shape x.shape[:-1] + (2,), last dimension in one tile) receives (mean, M2) per
-    row, M2 being the sum of squared deviations; it is reused by layernorm_backward. y may be
-    bf16 where the others are fp32 (the cast to the next GEMM's input fused into the norm).
-    """
-    ts = [(x, "x"), (gamma, "gamma"), (beta, "beta"), (stats, "stats"), (y, "y")]
-    cdef int column = _column("layernorm_forward", [(y, "y")], ts[:4])
-    _check_layernorm("layernorm_forward", x, stats, [(gamma, "gamma"), (beta, "beta")])
-    _same_traits("layernorm_forward", x, "x", y, "y")
-    _distinct("layernorm_forward", ts)
-    if not eps >= 0:
-        raise ValueError(f"layernorm_forward: eps={eps} must be >= 0")
-    cdef nntile_layernorm_stats_args sargs
-    cdef nntile_layernorm_forward_args fargs
-    cdef starpu_data_handle_t h[5]
-    cdef Py_ssize_t coords[MAX_NDIM]
-    cdef Py_ssize_t i, last = x.traits.ndim - 1
-    for i in range(x.traits.ntiles):
-        x.traits.tile_coords(i, coords)
-        sargs.rows = _rows(x.traits, coords)
-        sargs.e = x.traits.tile_dim(last, coords[last])
-        sargs.e_offset = coords[last] * x.traits._basetile[last]
-        h[0] = x.handles[i]
-        h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)]
-        submit(NNTILE_OP_layernorm_stats, stats.dtype_id, 2, h, &sargs, sizeof(sargs),
-               coords[last] != 0)
-    fargs.e_total = x.traits.shape[last]
-    fargs.eps = eps
-    for i in range(x.traits.ntiles):
-        x.traits.tile_coords(i, coords)
-        fargs.rows = _rows(x.traits, coords)
-        fargs.e = x.traits.tile_dim(last, coords[last])
-        h[0] = x.handles[i]
-        h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)]
-        h[2] = gamma.handles[coords[last]]
-        h[3] = beta.handles[coords[last]]
-        h[4] = y.handles[i]
-        submit(NNTILE_OP_layernorm_forward, column, 5, h, &fargs, sizeof(fargs))
-
-
-def layernorm_backward(Tensor x, Tensor dy, Tensor stats, Tensor gamma, eps, Tensor rowacc,
-                       Tensor dgamma, Tensor dbeta, beta, Tensor dx):
-    """Backward of layernorm_forward over the last axis.
-
-    dgamma += sum over rows of dy * xhat, dbeta += sum over rows of dy (the caller zeroes
-    them), dx = (input gradient) + beta * dx. rowacc is a workspace shaped like stats.
-    """
-    ts = [(x, "x"), (dy, "dy"), (stats, "stats"), (gamma, "gamma"), (rowacc, "rowacc"),
-          (dgamma, "dgamma"), (dbeta, "dbeta"), (dx, "dx")]
-    _float_same("layernorm_backward", ts)
-    _check_layernorm("layernorm_backward", x, stats,
-                     [(gamma, "gamma"), (dgamma, "dgamma"), (dbeta, "dbeta")])
-    _same_traits("layernorm_backward", x, "x", dy, "dy")
-    _same_traits("layernorm_backward", x, "x", dx, "dx")
-    _same_traits("layernorm_backward", stats, "stats", rowacc, "rowacc")
-    _distinct("layernorm_backward", ts)
-    if not eps >= 0:
-        raise ValueError(f"layernorm_backward: eps={eps} must be >= 0")
-    cdef nntile_layernorm_backward_reduce_args rargs
-    cdef nntile_layernorm_backward_args bargs
-    cdef starpu_data_handle_t h[7]
-    cdef Py_ssize_t coords[MAX_NDIM]
-    cdef Py_ssize_t i, last = x.traits.ndim - 1
-    cdef Py_ssize_t s_lin
-    rargs.e_total = x.traits.shape[last]
-    rargs.eps = eps
-    for i in range(x.traits.ntiles):
-        x.traits.tile_coords(i, coords)
-        rargs.rows = _rows(x.traits, coords)
-        rargs.e = x.traits.tile_dim(last, coords[last])
-        rargs.init = 1 if coords[last] == 0 else 0
-        s_lin = _drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)
-        h[0] = x.handles[i]
-        h[1] = dy.handles[i]
-        h[2] = stats.handles[s_lin]
-        h[3] = gamma.handles[coords[last]]
-        h[4] = rowacc.handles[s_lin]
-        h[5] = dgamma.handles[coords[last]]
-        h[6] = dbeta.handles[coords[last]]
-        submit(NNTILE_OP_layernorm_backward_reduce, x.dtype_id, 7, h, &rargs,
-               sizeof(rargs), not rargs.init)
-    bargs.e_total = x.traits.shape[last]
-    bargs.eps = eps
-    bargs.beta = beta
-    for i in range(x.traits.ntiles):
-        x.traits.tile_coords(i, coords)
-        bargs.rows = _rows(x.traits, coords)
-        bargs.e = x.traits.tile_dim(last, coords[last])
-        s_lin = _drop_axis_tile(stats.traits, coords, x.traits.ndim, last, True)
-        h[0] = x.handles[i]
-        h[1] = dy.handles[i]
-        h[2] = stats.handles[s_lin]
-        h[3] = gamma.handles[coords[last]]
-        h[4] = rowacc.handles[s_lin]
-        h[5] = dx.handles[i]
-        submit(NNTILE_OP_layernorm_backward, x.dtype_id, 6, h, &bargs, sizeof(bargs),
-               bargs.beta != 0)
 
 
 # ---- cross entropy over the last axis ------------------------------------------------------

@@ -73,18 +73,17 @@ template <> __host__ __device__ __forceinline__ bf16 st<bf16>(float x)
 
 /* ---------------------------------------------------------------- math */
 
-__device__ __forceinline__ float m_exp(float x) { return expf(x); }
-__device__ __forceinline__ double m_exp(double x) { return exp(x); }
-__device__ __forceinline__ float m_log(float x) { return logf(x); }
-__device__ __forceinline__ double m_log(double x) { return log(x); }
-__device__ __forceinline__ float m_erf(float x) { return erff(x); }
-__device__ __forceinline__ double m_erf(double x) { return erf(x); }
-__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
-__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
-__device__ __forceinline__ double m_cos(double x) { return cos(x); }
-__device__ __forceinline__ float m_sin(float x) { return sinf(x); }
-__device__ __forceinline__ double m_sin(double x) { return sin(x); }
+/* m_<fn>(x): the libm function fn of the compute type (<fn>f for float) */
+#define NNTILE_CUDA_MATH(fn)                                                  \
+    __device__ __forceinline__ float m_##fn(float x) { return fn##f(x); }     \
+    __device__ __forceinline__ double m_##fn(double x) { return fn(x); }
+NNTILE_CUDA_MATH(exp)
+NNTILE_CUDA_MATH(log)
+NNTILE_CUDA_MATH(erf)
+NNTILE_CUDA_MATH(sqrt)
+NNTILE_CUDA_MATH(cos)
+NNTILE_CUDA_MATH(sin)
+#undef NNTILE_CUDA_MATH
 
 template <typename C> __device__ __forceinline__ C ninf();
 template <> __device__ __forceinline__ float ninf<float>()

@@ -101,18 +101,23 @@ __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi)
  * 2t+1), c[2], c[3] at row g + 8 (g = lane/4, t = lane%4).  A fragments are
  * 16 x KS, B fragments KS x 8 (two registers). */
 
+/* c += a b by the mma.sync instruction INSTR: row-major A, column-major B,
+ * f32 accumulators in place */
+#define NNTILE_MMA_SYNC(INSTR)                                                \
+    static __device__ __forceinline__ void mma(float (&c)[4],                 \
+                                               const uint32_t (&a)[4],        \
+                                               uint32_t b0, uint32_t b1)      \
+    {                                                                         \
+        asm(INSTR " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "           \
+                  "{%0, %1, %2, %3};\n"                                       \
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                  \
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));  \
+    }
+
 struct Bf16Mma {
     typedef bf16 T;
     static constexpr int KS = 16;
-    static __device__ __forceinline__ void mma(float (&c)[4],
-                                               const uint32_t (&a)[4],
-                                               uint32_t b0, uint32_t b1)
-    {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, "
-            "%3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
+    NNTILE_MMA_SYNC("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
     /* an operand register as loaded (bf16 pairs need no conversion) */
     static __device__ __forceinline__ uint32_t operand(uint32_t x)
     {
@@ -145,15 +150,7 @@ struct Bf16Mma {
 struct Tf32Mma {
     typedef float T;
     static constexpr int KS = 8;
-    static __device__ __forceinline__ void mma(float (&c)[4],
-                                               const uint32_t (&a)[4],
-                                               uint32_t b0, uint32_t b1)
-    {
-        asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, "
-            "%3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
+    NNTILE_MMA_SYNC("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32")
     static __device__ __forceinline__ uint32_t operand(uint32_t x)
     {
         return tf32_bits(__uint_as_float(x));

@@ -193,7 +193,7 @@ __global__ void layernorm_forward_k(int64_t rows, int64_t e, int64_t e_total,
 {
     NNTILE_GRID_STRIDE(int64_t, idx, rows * e) {
         const int64_t r = idx / e, j = idx - r * e;
-        const float rstd = ln_rstd<float>(stats[2 * r + 1], e_total, eps);
+        const float rstd = norm_rstd<float>(stats[2 * r + 1], e_total, eps);
         y[idx] = st<bf16>(ln_y(x[idx], stats[2 * r], rstd, gamma[j], beta_[j]));
     }
 }

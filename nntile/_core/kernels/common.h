@@ -97,67 +97,50 @@ static inline uint16_t nntile_double_to_bf16(double x)
  * 1-2 ulp.  exp(-inf) = 0 exactly; results below the smallest normal number
  * flush to 0; a result above ~2^127.5 (float) / 2^1023.5 (double) gives +inf;
  * NaN propagates. */
-static inline float nntile_vexpf(float x)
-{
-    const float lo = -87.33f, hi = 88.37f;
-    float xc = x > hi ? hi : x;
-    xc = xc < lo ? lo : xc;
-    const float magic = 12582912.0f; /* 0x1.8p23 */
-    const float t = xc * 1.44269504088896341f + magic;
-    const float nf = t - magic;
-    const float r = (xc - nf * 0.693359375f) - nf * -2.12194440e-4f;
-    float p = 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    uint32_t tb;
-    memcpy(&tb, &t, sizeof tb);
-    const uint32_t sb = (tb << 23) + (127u << 23);
-    float scale;
-    memcpy(&scale, &sb, sizeof scale);
-    float res = p * scale;
-    res = x > hi ? (float)INFINITY : res;
-    res = x < lo ? 0.0f : res;
-    return res;
-}
+/* One body for both precisions: F the floating type and U the integer type of
+ * its bits, MANT its mantissa bits and BIAS its exponent bias; [lo, hi] the
+ * range that neither flushes nor overflows; magic = 1.5 * 2^MANT (adding it
+ * rounds to an integer); ln2 = ln2_hi + ln2_lo; then the Taylor coefficients,
+ * highest degree first. */
+#define NNTILE_VEXP(name, F, U, MANT, BIAS, lo_, hi_, magic_, log2e, ln2_hi,  \
+                    ln2_lo, ...)                                              \
+    static inline F name(F x)                                                 \
+    {                                                                         \
+        static const F coef[] = {__VA_ARGS__};                                \
+        const F lo = lo_, hi = hi_;                                           \
+        F xc = x > hi ? hi : x;                                               \
+        xc = xc < lo ? lo : xc;                                               \
+        const F magic = magic_;                                               \
+        const F t = xc * log2e + magic;                                       \
+        const F nf = t - magic;                                               \
+        const F r = (xc - nf * ln2_hi) - nf * ln2_lo;                         \
+        F p = coef[0];                                                        \
+        for (size_t i = 1; i < sizeof coef / sizeof coef[0]; ++i)             \
+            p = p * r + coef[i];                                              \
+        U tb;                                                                 \
+        memcpy(&tb, &t, sizeof tb);                                           \
+        const U sb = (tb << MANT) + ((U)BIAS << MANT);                        \
+        F scale;                                                              \
+        memcpy(&scale, &sb, sizeof scale);                                    \
+        F res = p * scale;                                                    \
+        res = x > hi ? (F)INFINITY : res;                                     \
+        res = x < lo ? (F)0 : res;                                            \
+        return res;                                                           \
+    }
 
-static inline double nntile_vexp(double x)
-{
-    const double lo = -708.39, hi = 709.43;
-    double xc = x > hi ? hi : x;
-    xc = xc < lo ? lo : xc;
-    const double magic = 6755399441055744.0; /* 0x1.8p52 */
-    const double t = xc * 1.44269504088896338700e+00 + magic;
-    const double nf = t - magic;
-    const double r = (xc - nf * 6.93147180369123816490e-01)
-                   - nf * 1.90821492927058770002e-10;
-    double p = 1.0 / 6227020800.0; /* 1/13! */
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    uint64_t tb;
-    memcpy(&tb, &t, sizeof tb);
-    const uint64_t sb = (tb << 52) + ((uint64_t)1023 << 52);
-    double scale;
-    memcpy(&scale, &sb, sizeof scale);
-    double res = p * scale;
-    res = x > hi ? (double)INFINITY : res;
-    res = x < lo ? 0.0 : res;
-    return res;
-}
+/* magic 0x1.8p23; 1/7! .. 1/0! */
+NNTILE_VEXP(nntile_vexpf, float, uint32_t, 23, 127, -87.33f, 88.37f,
+            12582912.0f, 1.44269504088896341f, 0.693359375f, -2.12194440e-4f,
+            1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f,
+            1.0f, 1.0f)
+
+/* magic 0x1.8p52; 1/13! .. 1/0! */
+NNTILE_VEXP(nntile_vexp, double, uint64_t, 52, 1023, -708.39, 709.43,
+            6755399441055744.0, 1.44269504088896338700e+00,
+            6.93147180369123816490e-01, 1.90821492927058770002e-10,
+            1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0,
+            1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+            1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0)
+#undef NNTILE_VEXP
 
 #endif /* NNTILE_KERNELS_COMMON_H */

@@ -112,13 +112,17 @@ NNTILE_FORMULA C NNTILE_F(xent_grad)(C e, C inv, C alpha, int is_label)
     return is_label ? alpha * (e * inv - (C)1) : e * (alpha * inv);
 }
 
-/* ---- layer norm: stats (mean, M2) of a row of e_total elements */
+/* ---- the norms over a row of e_total elements: LayerNorm's statistic is
+ * M2, the sum of squared deviations from the mean; RMSNorm's the sum of x^2 */
 
-/* 1/sqrt(var + eps), var = M2 / e_total (biased, as torch) */
-NNTILE_FORMULA C NNTILE_F(ln_rstd)(double m2, int64_t e_total, double eps)
+/* 1/sqrt(s / e_total + eps): LayerNorm's biased variance (as torch) or
+ * RMSNorm's mean square, plus eps */
+NNTILE_FORMULA C NNTILE_F(norm_rstd)(double s, int64_t e_total, double eps)
 {
-    return (C)(1.0 / sqrt(m2 / (double)e_total + eps));
+    return (C)(1.0 / sqrt(s / (double)e_total + eps));
 }
+
+/* ---- layer norm: stats (mean, M2) */
 
 /* y = (x - mean) rstd gamma + beta */
 NNTILE_FORMULA C NNTILE_F(ln_y)(C x, C mean, C rstd, C gamma, C beta)
@@ -133,13 +137,7 @@ NNTILE_FORMULA C NNTILE_F(ln_dx)(C rstd, C g, C xhat, C c0, C c1)
     return rstd * (g - c0 - xhat * c1);
 }
 
-/* ---- RMSNorm: stats = sum of x^2 over a row of e_total elements */
-
-/* 1/sqrt(mean(x^2) + eps) */
-NNTILE_FORMULA C NNTILE_F(rms_rstd)(double sumsq, int64_t e_total, double eps)
-{
-    return (C)(1.0 / sqrt(sumsq / (double)e_total + eps));
-}
+/* ---- RMSNorm: stats = sum of x^2 */
 
 /* the input gradient from xhat = x rstd, g = dy * weight and c = mean g xhat
  * (y = weight xhat, xhat = x / rms(x)) */

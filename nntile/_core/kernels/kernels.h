@@ -129,26 +129,26 @@ struct nntile_xent_grad_inplace_args {
 };
 struct nntile_embedding_args { int64_t rows, e, v_offset, v; };
 struct nntile_embedding_backward_args { int64_t rows, e, v_offset, v; };
+/* LayerNorm and RMSNorm over the last axis, tiled over columns: one design
+ * with two statistics (norm.inc).  Each statistic has its own stats args
+ * (LayerNorm's (mean, M2) merges a tile at its columns' offset; RMSNorm's sum
+ * of squares adds a tile unless init); the rest are shared.  rowacc holds each
+ * row's sums of backward: LayerNorm's g and g * xhat, RMSNorm's g * xhat. */
 struct nntile_layernorm_stats_args { int64_t rows, e, e_offset; };
-struct nntile_layernorm_forward_args {
-    int64_t rows, e, e_total; double eps;
-};
-struct nntile_layernorm_backward_reduce_args {
-    int64_t rows, e, e_total; double eps; int64_t init;
-};
-struct nntile_layernorm_backward_args {
-    int64_t rows, e, e_total; double eps; double beta;
-};
-/* RMSNorm over the last axis, tiled over columns as the layer norm: stats
- * hold each row's sum of squares, rowacc each row's sum of g * xhat */
 struct nntile_rmsnorm_stats_args { int64_t rows, e; int64_t init; };
-struct nntile_rmsnorm_forward_args { int64_t rows, e, e_total; double eps; };
-struct nntile_rmsnorm_backward_reduce_args {
+struct nntile_norm_forward_args { int64_t rows, e, e_total; double eps; };
+struct nntile_norm_backward_reduce_args {
     int64_t rows, e, e_total; double eps; int64_t init;
 };
-struct nntile_rmsnorm_backward_args {
+struct nntile_norm_backward_args {
     int64_t rows, e, e_total; double eps; double beta;
 };
+#define nntile_layernorm_forward_args nntile_norm_forward_args
+#define nntile_layernorm_backward_reduce_args nntile_norm_backward_reduce_args
+#define nntile_layernorm_backward_args nntile_norm_backward_args
+#define nntile_rmsnorm_forward_args nntile_norm_forward_args
+#define nntile_rmsnorm_backward_reduce_args nntile_norm_backward_reduce_args
+#define nntile_rmsnorm_backward_args nntile_norm_backward_args
 /* rotary positions, in place on rows of heads vectors of head_dim elements */
 struct nntile_rope_forward_args {
     int64_t rows, heads, head_dim; double scale;

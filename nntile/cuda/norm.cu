@@ -1,0 +1,393 @@
+/* LayerNorm and RMSNorm over the last axis of a [rows, e_total] tensor whose
+ * columns are split into tiles [rows, e] (twins of _core/kernels/norm.inc).
+ * One design with two statistics:
+ *   LayerNorm: stats[rows, 2] = (mean, M2), M2 = sum of squared deviations
+ *              (biased variance M2 / e_total); xhat = (x - mean) * rstd;
+ *   RMSNorm:   stats[rows] = sum of x^2; xhat = x * rstd.
+ * Backward is shared: with g = dy * weight, each row sums its statistic's
+ * terms into rowacc (LayerNorm: g and g*xhat; RMSNorm: g*xhat), the weights'
+ * gradients are column sums (LayerNorm: dy*xhat and dy; RMSNorm: dy*xhat),
+ * and dx comes from g, xhat and the row's sums.  One group of threads per
+ * row. */
+#include "common.cuh"
+
+NNTILE_CUDA_BEGIN
+
+/* LayerNorm's row r: its mean and 1/std from its stats, in the compute
+ * type, and the terms of backward. */
+template <typename T> struct LnRow {
+    typedef C_t<T> C;
+    static constexpr int kTerms = 2;
+    C mean, rstd;
+    __device__ LnRow(const T *stats, int64_t r, int64_t e_total, double eps)
+        : mean(ld(stats[2 * r])),
+          rstd(norm_rstd<C>((double)ld(stats[2 * r + 1]), e_total, eps))
+    {
+    }
+    __device__ C xhat(T x) const { return (ld(x) - mean) * rstd; }
+    /* rowacc's terms: sum g, sum g*xhat, g = dy*weight (g loaded first: the
+     * order each statistic had when written apart, and its register count) */
+    __device__ void row_terms(T x, T dy, T weight, double (&a)[2]) const
+    {
+        const C g = ld(dy) * ld(weight);
+        a[0] += (double)g;
+        a[1] += (double)(g * xhat(x));
+    }
+    /* the weights' gradient terms: dgamma, dbeta */
+    __device__ static void col_terms(C d, C xh, double (&a)[2])
+    {
+        a[0] += (double)(d * xh);
+        a[1] += (double)d;
+    }
+    /* dx = rstd*(g - rowacc0/e_total - xhat*rowacc1/e_total) */
+    struct Dx {
+        C rstd, c0, c1;
+        __device__ Dx(const LnRow &nr, const T *rowacc, int64_t r,
+                      int64_t e_total)
+            : rstd(nr.rstd),
+              c0((C)((double)ld(rowacc[2 * r]) * (1.0 / (double)e_total))),
+              c1((C)((double)ld(rowacc[2 * r + 1]) * (1.0 / (double)e_total)))
+        {
+        }
+        __device__ C operator()(C g, C xh) const
+        {
+            return ln_dx(rstd, g, xh, c0, c1);
+        }
+    };
+};
+
+/* RMSNorm's row r: its 1/rms from its stats, and the terms of backward. */
+template <typename T> struct RmsRow {
+    typedef C_t<T> C;
+    static constexpr int kTerms = 1;
+    C rstd;
+    __device__ RmsRow(const T *stats, int64_t r, int64_t e_total, double eps)
+        : rstd(norm_rstd<C>((double)ld(stats[r]), e_total, eps))
+    {
+    }
+    __device__ C xhat(T x) const { return ld(x) * rstd; }
+    /* rowacc's term: sum g*xhat, g = dy*weight (xhat loaded first, for the same reason) */
+    __device__ void row_terms(T x, T dy, T weight, double (&a)[1]) const
+    {
+        const C xh = xhat(x);
+        a[0] += (double)(ld(dy) * ld(weight) * xh);
+    }
+    /* the weight's gradient term: dweight */
+    __device__ static void col_terms(C d, C xh, double (&a)[1])
+    {
+        a[0] += (double)(d * xh);
+    }
+    /* dx = rstd*(g - xhat*rowacc/e_total) */
+    struct Dx {
+        C rstd, c;
+        __device__ Dx(const RmsRow &nr, const T *rowacc, int64_t r,
+                      int64_t e_total)
+            : rstd(nr.rstd), c((C)((double)ld(rowacc[r]) / (double)e_total))
+        {
+        }
+        __device__ C operator()(C g, C xh) const
+        {
+            return rms_dx(rstd, g, xh, c);
+        }
+    };
+};
+
+/* LayerNorm: merge this tile's columns into (mean, M2) with Chan's parallel
+ * update. */
+struct LnStatsRow {
+    int64_t e, e_offset;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        T *stats) const
+    {
+        typedef C_t<T> C;
+        __shared__ double sh[kBlock / 32];
+        const double na = (double)e_offset, nb = (double)e;
+        const double inv_nb = 1.0 / nb;
+        const double nab = na + nb;
+        const double wb = nb / nab, wab = na * nb / nab;
+        const T *xr = x + r * e;
+        double s = 0.0;
+        if (active)
+            #pragma unroll 4
+            for (int64_t j = tid; j < e; j += TPR)
+                s += (double)ld(xr[j]);
+        const double mean_b = group_allreduce<TPR>(s, SumOp(), sh) * inv_nb;
+        double q = 0.0;
+        if (active)
+            #pragma unroll 4
+            for (int64_t j = tid; j < e; j += TPR) {
+                const double d = (double)ld(xr[j]) - mean_b;
+                q += d * d;
+            }
+        const double m2_b = group_allreduce<TPR>(q, SumOp(), sh);
+        if (active && tid == 0) {
+            T *st_ = stats + 2 * r;
+            if (e_offset == 0) {
+                st_[0] = st<T>((C)mean_b);
+                st_[1] = st<T>((C)m2_b);
+            } else {
+                const double mean_a = (double)ld(st_[0]);
+                const double m2_a = (double)ld(st_[1]);
+                const double delta = mean_b - mean_a;
+                st_[0] = st<T>((C)(mean_a + delta * wb));
+                st_[1] = st<T>((C)(m2_a + m2_b + delta * delta * wab));
+            }
+        }
+    }
+};
+
+template <typename T>
+void layernorm_stats(const nntile_layernorm_stats_args *a, cudaStream_t s,
+                     const T *x, T *stats)
+{
+    const int64_t rows = a->rows, e = a->e;
+    if (rows <= 0)
+        return;
+    if (e <= 0) {
+        if (a->e_offset == 0)
+            cudaMemsetAsync(stats, 0, (size_t)(2 * rows) * sizeof(T), s);
+        return;
+    }
+    launch_rows(rows, e, LnStatsRow{e, a->e_offset}, s, x, stats);
+}
+
+/* RMSNorm: stats[r] (+)= sum_j x^2 */
+struct RmsStatsRow {
+    int64_t e;
+    int init;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        T *stats) const
+    {
+        __shared__ double sh[kBlock / 32];
+        const T *xr = x + r * e;
+        double s = 0.0;
+        if (active)
+            #pragma unroll 4
+            for (int64_t j = tid; j < e; j += TPR) {
+                const double v = (double)ld(xr[j]);
+                s += v * v;
+            }
+        s = group_allreduce<TPR>(s, SumOp(), sh);
+        if (active && tid == 0)
+            stats[r] = st<T>((C_t<T>)(init ? s : s + (double)ld(stats[r])));
+    }
+};
+
+template <typename T>
+void rmsnorm_stats(const nntile_rmsnorm_stats_args *a, cudaStream_t s,
+                   const T *x, T *stats)
+{
+    const int64_t rows = a->rows, e = a->e > 0 ? a->e : 0;
+    launch_rows(rows, e, RmsStatsRow{e, a->init != 0}, s, x, stats);
+}
+
+/* LayerNorm: y = (x - mean)*rstd*gamma + beta_ */
+struct LnForwardRow {
+    int64_t e, e_total;
+    double eps;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        const T *stats, const T *gamma, const T *beta_,
+                        T *y) const
+    {
+        if (!active)
+            return;
+        const LnRow<T> nr(stats, r, e_total, eps);
+        const T *xr = x + r * e;
+        T *yr = y + r * e;
+        #pragma unroll 4
+        for (int64_t j = tid; j < e; j += TPR)
+            yr[j] = st<T>(ln_y(ld(xr[j]), nr.mean, nr.rstd, ld(gamma[j]),
+                               ld(beta_[j])));
+    }
+};
+
+template <typename T>
+void layernorm_forward(const nntile_layernorm_forward_args *a, cudaStream_t s,
+                       const T *x, const T *stats, const T *gamma,
+                       const T *beta_, T *y)
+{
+    if (a->e > 0)
+        launch_rows(a->rows, a->e, LnForwardRow{a->e, a->e_total, a->eps}, s,
+                    x, stats, gamma, beta_, y);
+}
+
+/* RMSNorm: y = weight * xhat, xhat = x * rstd rounded to x's type
+ * (transformers).  A template over the data type T and the accumulator
+ * type A: the plain dtypes (A = T) and mixed precision (bf16 y, fp32 x,
+ * stats, weight). */
+struct RmsForwardRow {
+    int64_t e, e_total;
+    double eps;
+    template <int TPR, typename A, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const A *x,
+                        const A *stats, const A *weight, T *y) const
+    {
+        typedef C_t<A> C;
+        if (!active)
+            return;
+        const C rstd = RmsRow<A>(stats, r, e_total, eps).rstd;
+        const A *xr = x + r * e;
+        T *yr = y + r * e;
+        #pragma unroll 4
+        for (int64_t j = tid; j < e; j += TPR) {
+            const C xhat = ld(st<A>(ld(xr[j]) * rstd));
+            yr[j] = st<T>(ld(weight[j]) * xhat);
+        }
+    }
+};
+
+template <typename A, typename T>
+void rmsnorm_forward(const nntile_rmsnorm_forward_args *a, cudaStream_t s,
+                     const A *x, const A *stats, const A *weight, T *y)
+{
+    if (a->e > 0)
+        launch_rows(a->rows, a->e, RmsForwardRow{a->e, a->e_total, a->eps}, s,
+                    x, stats, weight, y);
+}
+
+/* rowacc[r] (+)= the row's sums of Row's terms, g = dy*weight */
+template <template <typename> class Row> struct NormRowAccRow {
+    int64_t e, e_total;
+    double eps;
+    int init;
+    template <int TPR, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        const T *dy, const T *stats, const T *weight,
+                        T *rowacc) const
+    {
+        typedef C_t<T> C;
+        constexpr int K = Row<T>::kTerms;
+        __shared__ double sh[K][kBlock / 32];
+        double a[K] = {};
+        if (active) {
+            const Row<T> nr(stats, r, e_total, eps);
+            const T *xr = x + r * e;
+            const T *dyr = dy + r * e;
+            #pragma unroll 4
+            for (int64_t j = tid; j < e; j += TPR)
+                nr.row_terms(xr[j], dyr[j], weight[j], a);
+        }
+        #pragma unroll
+        for (int k = 0; k < K; ++k)
+            a[k] = group_allreduce<TPR>(a[k], SumOp(), sh[k]);
+        if (active && tid == 0) {
+            if (!init)
+                #pragma unroll
+                for (int k = 0; k < K; ++k)
+                    a[k] += (double)ld(rowacc[K * r + k]);
+            #pragma unroll
+            for (int k = 0; k < K; ++k)
+                rowacc[K * r + k] = st<T>((C)a[k]);
+        }
+    }
+};
+
+/* the weights' gradients, column sums over rows of Row's terms */
+template <template <typename> class Row, typename T> struct NormColTerm {
+    static constexpr int K = Row<T>::kTerms;
+    const T *x, *dy, *stats;
+    int64_t e, e_total;
+    double eps;
+    __device__ void operator()(int64_t, int64_t r, int64_t j,
+                               double (&acc)[K]) const
+    {
+        const Row<T> nr(stats, r, e_total, eps);
+        const C_t<T> d = ld(dy[r * e + j]);
+        Row<T>::col_terms(d, nr.xhat(x[r * e + j]), acc);
+    }
+};
+template <typename T, int K> struct NormColEpi {
+    T *dweight[K];
+    __device__ void operator()(int64_t, int64_t j,
+                               const double (&acc)[K]) const
+    {
+        #pragma unroll
+        for (int k = 0; k < K; ++k)
+            dweight[k][j] =
+                st<T>((C_t<T>)((double)ld(dweight[k][j]) + acc[k]));
+    }
+};
+
+/* LayerNorm: dweights = (dgamma, dbeta); RMSNorm: (dweight) */
+template <template <typename> class Row, typename T, typename... D>
+void norm_backward_reduce(const nntile_norm_backward_reduce_args *a, cudaStream_t s, const T *x,
+                          const T *dy, const T *stats, const T *weight,
+                          T *rowacc, D *...dweights)
+{
+    constexpr int K = Row<T>::kTerms;
+    static_assert(sizeof...(D) == K, "one weight gradient per term");
+    const int64_t rows = a->rows > 0 ? a->rows : 0, e = a->e > 0 ? a->e : 0;
+    launch_rows(rows, e, NormRowAccRow<Row>{e, a->e_total, a->eps,
+                                            a->init != 0},
+                s, x, dy, stats, weight, rowacc);
+    colsum<K>(1, rows, e,
+              NormColTerm<Row, T>{x, dy, stats, e, a->e_total, a->eps},
+              NormColEpi<T, K>{{dweights...}}, s);
+}
+
+/* dx = Row's dx from g, xhat and rowacc, + beta*dx */
+template <template <typename> class Row, typename T> struct NormBackwardRow {
+    int64_t e, e_total;
+    double eps;
+    C_t<T> beta;
+    int accumulate;
+    template <int TPR>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        const T *dy, const T *stats, const T *weight,
+                        const T *rowacc, T *dx) const
+    {
+        typedef C_t<T> C;
+        if (!active)
+            return;
+        const Row<T> nr(stats, r, e_total, eps);
+        const typename Row<T>::Dx dx_of(nr, rowacc, r, e_total);
+        const T *xr = x + r * e;
+        const T *dyr = dy + r * e;
+        T *dxr = dx + r * e;
+        #pragma unroll 4
+        for (int64_t j = tid; j < e; j += TPR) {
+            /* xh before g: the other order costs LayerNorm's fp64 kernel 6-8
+             * registers (nvcc 13, sm_90) */
+            const C xh = nr.xhat(xr[j]);
+            const C g = ld(dyr[j]) * ld(weight[j]);
+            const C v = dx_of(g, xh);
+            dxr[j] = st<T>(accumulate ? v + beta * ld(dxr[j]) : v);
+        }
+    }
+};
+
+template <template <typename> class Row, typename T>
+void norm_backward(const nntile_norm_backward_args *a, cudaStream_t s, const T *x, const T *dy,
+                   const T *stats, const T *weight, const T *rowacc, T *dx)
+{
+    if (a->e > 0)
+        launch_rows(a->rows, a->e,
+                    NormBackwardRow<Row, T>{a->e, a->e_total, a->eps,
+                                            (C_t<T>)a->beta, a->beta != 0.0},
+                    s, x, dy, stats, weight, rowacc, dx);
+}
+
+NNTILE_CUDA_END
+
+/* a norm's four ops: its statistics and forward, and the shared backward */
+#define NNTILE_NORM_EXPORT(norm, Row)                                         \
+    NNTILE_CUDA_EXPORT(norm##_stats)                                          \
+    NNTILE_CUDA_EXPORT(norm##_forward)                                        \
+    NNTILE_CUDA_EXPORT_AS(norm##_backward_reduce,                             \
+                          nntile_cuda::norm_backward_reduce<nntile_cuda::Row>) \
+    NNTILE_CUDA_EXPORT_AS(norm##_backward,                                    \
+                          nntile_cuda::norm_backward<nntile_cuda::Row>)
+NNTILE_NORM_EXPORT(layernorm, LnRow)
+NNTILE_NORM_EXPORT(rmsnorm, RmsRow)
+
+/* mixed precision: fp32 x, stats and weight, bf16 y */
+extern "C" void nntile_cuda_rmsnorm_forward_bf16_fp32(
+    const struct nntile_rmsnorm_forward_args *args, cudaStream_t stream,
+    const float *x, const float *stats, const float *weight, uint16_t *y)
+{
+    nntile_cuda::rmsnorm_forward(args, stream, x, stats, weight,
+                                 nntile_cuda::storage(y));
+}
