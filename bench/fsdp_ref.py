@@ -2,10 +2,13 @@
 
     python3 -m torch.distributed.run --standalone --nproc-per-node N bench/fsdp_ref.py \
         --n-embd 8192 --n-layer 4 --batch 4 --steps 3 [--dtype tf32|bf16|bf16-mixed] \
-        [--model llama-3.2-1b ...] [--ddp]
+        [--model llama-3.2-1b ...] [--activation-checkpointing] [--ddp]
 
 FSDP2: the model is built on the meta device, sharded block by block (``fully_shard``), then
 materialised on each rank's GPU and initialised there, so no rank ever holds the whole model.
+Llama is transformers' LlamaForCausalLM (sdpa attention). With --activation-checkpointing each
+block is wrapped in PyTorch's checkpoint_wrapper before it is sharded: backward computes the
+block's forward again, and only the blocks' inputs stay live between forward and backward.
 DDP (``--ddp``): every rank holds the whole model, gradients all-reduced in buckets during
 backward; bf16-mixed is then autocast to bf16 over fp32 weights. Fused AdamW; ``--batch`` is
 the global batch, split over the ranks. Prints one RESULT line (status ok or oom) on rank 0,
@@ -17,15 +20,20 @@ import sys
 import time
 from contextlib import nullcontext
 
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
+# NVLink multicast stays off on shared hosts: NCCL's, symmetric memory's and NVSHMEM's
+for variable, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                        ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(variable, value)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noqa: E402
+    checkpoint_wrapper)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 
 import torch_reference  # noqa: E402
 from harness import model_flops_per_step, print_result  # noqa: E402
-from shapes import add_model_args, resolve_model  # noqa: E402
+from shapes import add_model_args, llama_config, resolve_model  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -36,6 +44,8 @@ def parse_args(argv=None):
                    "reduce_dtype=fp32), fp32 shards and Adam states")
     p.add_argument("--ddp", action="store_true",
                    help="DistributedDataParallel (replicated model) instead of FSDP2")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each block's forward in backward (checkpoint_wrapper)")
     return resolve_model(p.parse_args(argv))
 
 
@@ -43,9 +53,33 @@ def blocks(model):
     return model.transformer.h if hasattr(model, "transformer") else model.model.layers
 
 
+def checkpoint_blocks(model):
+    """Each block wrapped in PyTorch's non-reentrant checkpoint_wrapper. No dropout runs, so
+    the random state need not be saved for the recomputation."""
+    layers = blocks(model)
+    for i, block in enumerate(layers):
+        layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def compute_buffers(model):
+    """The buffers ``to_empty`` left uninitialised, computed again: they are not learned but
+    derived from the config (Llama's rotary frequencies), so the module holding them is built
+    once more, on the CPU, and its values copied."""
+    with torch.no_grad():
+        for module in model.modules():
+            own = dict(module.named_buffers(recurse=False))
+            if own:
+                fresh = type(module)(module.config)
+                for name, buffer in own.items():
+                    buffer.copy_(getattr(fresh, name))
+
+
 def build_ddp(args, device):
     torch.manual_seed(0)
-    model = torch_reference.of_args(args).to(device)
+    model = torch_reference.of_args(args)
+    if args.activation_checkpointing:
+        checkpoint_blocks(model)
+    model.to(device)
     if args.dtype == "bf16":
         model.to(torch.bfloat16)
     nparams = sum(p.numel() for p in model.parameters())
@@ -59,6 +93,8 @@ def build(args, device):
     with torch.device("meta"):
         model = torch_reference.of_args(args)
     nparams = sum(p.numel() for p in model.parameters())
+    if args.activation_checkpointing:
+        checkpoint_blocks(model)
     # bf16-mixed: fp32 shards, gathered and computed in bf16, gradients reduced in fp32
     mp = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                              reduce_dtype=torch.float32)) \
@@ -67,6 +103,7 @@ def build(args, device):
         fully_shard(block, **mp)
     fully_shard(model, **mp)
     model.to_empty(device=device)
+    compute_buffers(model)
     torch.manual_seed(0)
     with torch.no_grad():  # GPT-2's initialisation, on each rank's shards
         for name, p in model.named_parameters():
@@ -79,6 +116,14 @@ def build(args, device):
     if args.dtype == "bf16":
         model.to(torch.bfloat16)
     return model, nparams
+
+
+def step_flops(args, nparams, tokens):
+    """Model FLOPs of a step, counted as bench/scale.py counts them (recomputation is not
+    counted: the same model FLOPs with and without activation checkpointing)."""
+    if args.model == "gpt2":
+        return model_flops_per_step(nparams, args.n_layer, args.n_embd, args.seq, tokens)
+    return llama_config(args).flops_per_token(args.seq) * tokens
 
 
 def main(argv=None):
@@ -96,7 +141,8 @@ def main(argv=None):
     tokens = args.batch * args.seq
     result = dict(status="ok", model=args.model, n_embd=args.n_embd, n_layer=args.n_layer,
                   batch=args.batch, seq=args.seq, ranks=world, dtype=args.dtype,
-                  scheme="ddp" if args.ddp else "fsdp2")
+                  scheme="ddp" if args.ddp else "fsdp2",
+                  activation_checkpointing=args.activation_checkpointing)
     autocast = (torch.autocast(device.type if gpu else "cpu", dtype=torch.bfloat16)
                 if args.ddp and args.dtype == "bf16-mixed" else nullcontext())
     times, losses = [], []
@@ -113,7 +159,9 @@ def main(argv=None):
             start = time.perf_counter()
             opt.zero_grad()
             with autocast:
-                logits = model(ids).logits
+                # no key/value cache: it would keep every layer's keys and values, and a
+                # recomputed block would append to it again
+                logits = model(ids, use_cache=False).logits
             loss = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
             loss.backward()
@@ -129,8 +177,7 @@ def main(argv=None):
         result.setdefault("params", None)
     if times:
         best = min(times[1:]) if len(times) > 1 else times[0]
-        flops = model_flops_per_step(result["params"], args.n_layer, args.n_embd, args.seq,
-                                     tokens)
+        flops = step_flops(args, result["params"], tokens)
         result.update(step_s=best, steps_s=times, tokens_per_s=tokens / best,
                       tflops=flops / best / 1e12, losses=losses,
                       peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if gpu else 0)
