@@ -40,8 +40,16 @@
 #              transformers' LlamaForCausalLM in bf16-mixed and tf32 (compare_torch.py, with
 #              our per-op table); Llama-3.1-8B (batch 2 x 2048, bf16-mixed) past the GPU's
 #              memory (scale.py); each run limited to $NNTILE_LLAMA_LIMIT s (default 570)
-#   node-table ours with defaults beside PyTorch FSDP on every GPU (bench/node_table.py;
-#              configurations EMBDxBATCH in $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
+#   node-table ours with defaults beside PyTorch FSDP2, and FSDP2 with activation
+#              checkpointing, on every GPU (bench/node_table.py; configurations EMBDxBATCH in
+#              $NNTILE_NODE_CONFIGS, default 8192x4,8192x16,16384x4)
+#   node-llama the same for Llama: one table per ';'-separated run of $NNTILE_NODE_LLAMA
+#              (MODEL:BATCH, default "llama-3.2-1b:16;llama-3.1-8b:4"), sequence 2048, in
+#              $NNTILE_NODE_PRECISION (default bf16-mixed); each run limited to
+#              $NNTILE_LLAMA_LIMIT s
+#   node-capacity which Llama shapes of $NNTILE_NODE_CAPACITY (default
+#              llama-3.2-1b,llama-3.2-3b,llama-3.1-8b) each side trains, batch
+#              $NNTILE_NODE_CAPACITY_BATCH (default 8) x 2048, 2 steps, and the largest
 #   replicas   data parallelism: for each "SHAPE:PRECISION" of $NNTILE_REPLICA_RUNS (';'-separated),
 #              the sides of $NNTILE_REPLICA_SIDES (default "one ranks ddp fsdp2"): ours in one
 #              process on every GPU (one: a replica per GPU; off: --device-replicas off), ours
@@ -106,6 +114,9 @@ if want build || [ ! -f build/starpu-prefix ]; then
 fi
 python3 -c "import nntile; assert nntile.HAVE_CUDA, 'nntile built without CUDA'" || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# NVLink multicast stays off on shared hosts, for every torchrun and NCCL user started here:
+# NCCL's, PyTorch's symmetric memory's and NVSHMEM's
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 want kernels && step cuda-kernels python3 -m pytest -q -p no:cacheprovider tests/cuda
 want model && step gpu-model python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py
 want train && step gpu-train python3 -m nntile.train --ncuda 1 --ncpu 1 --steps 300 \
@@ -306,6 +317,26 @@ if want node-table; then
     step node-table python3 bench/node_table.py --configs "${NNTILE_NODE_CONFIGS:-8192x4,8192x16,16384x4}" \
         --timeout "$run_limit" --out "$logs/node-table.json" --logs "$logs/node-table"
     sed -n '/^## Node table/,$p' "$logs/node-table.log"
+fi
+if want node-llama; then
+    IFS=";" read -ra runs <<< "${NNTILE_NODE_LLAMA:-llama-3.2-1b:16;llama-3.1-8b:4}"
+    for run in "${runs[@]}"; do
+        model="${run%:*}" batch="${run##*:}"
+        step "node-$model-$batch" python3 bench/node_table.py --model "$model" --batch "$batch" \
+            --seq 2048 --precision "${NNTILE_NODE_PRECISION:-bf16-mixed}" --steps 4 \
+            --timeout "${NNTILE_LLAMA_LIMIT:-570}" --out "$logs/node-$model-$batch.json" \
+            --logs "$logs/node-$model-$batch"
+        sed -n '/^## Node table/,$p' "$logs/node-$model-$batch.log"
+    done
+fi
+if want node-capacity; then
+    step node-capacity python3 bench/node_table.py \
+        --capacity "${NNTILE_NODE_CAPACITY:-llama-3.2-1b,llama-3.2-3b,llama-3.1-8b}" \
+        --batch "${NNTILE_NODE_CAPACITY_BATCH:-8}" --seq 2048 \
+        --precision "${NNTILE_NODE_PRECISION:-bf16-mixed}" --steps 2 \
+        --timeout "${NNTILE_LLAMA_LIMIT:-570}" --out "$logs/node-capacity.json" \
+        --logs "$logs/node-capacity"
+    sed -n '/^## Node table/,$p' "$logs/node-capacity.log"
 fi
 grep -h "^RESULT\|^{" "$logs"/wide-*.log "$logs"/defaults-*.log "$logs"/mpi-*.log "$logs"/scale-*.log "$logs"/lever-*.log \
     "$logs"/largest-*.log "$logs"/depth-*.log \

@@ -1,5 +1,6 @@
-"""bench/node_table.py on the CPU: both sides train the same tiny wide GPT-2, and a run our
-memory pre-check refuses is reported as refused, not as a crash."""
+"""bench/node_table.py on the CPU: ours and FSDP2 (with and without activation checkpointing)
+train the same tiny wide GPT-2 and the same tiny Llama, and a run our memory pre-check refuses
+is reported as refused, not as a crash."""
 import json
 import math
 import os
@@ -10,6 +11,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "bench", "node_table.py")
+TINY_LLAMA = ["--model", "llama", "--n-embd", "64", "--n-inner", "128", "--n-head", "4",
+              "--n-kv-head", "2", "--batch", "2"]
 
 
 def node_table(tmp_path, *extra):
@@ -23,23 +26,53 @@ def node_table(tmp_path, *extra):
     return json.loads(out.read_text())["records"], proc.stdout
 
 
-def test_both_sides_train_and_the_ratio_is_printed(tmp_path):
-    pytest.importorskip("torch.distributed")
-    records, stdout = node_table(tmp_path, "--configs", "64x2")
-    (record,) = records
-    ours, fsdp = record["ours"], record["fsdp"]
-    assert ours["status"] == fsdp["status"] == "ok", (ours, fsdp)
-    # same model on both sides: a random initialisation starts near ln(vocab)
-    for losses in (ours["losses"], fsdp["losses"]):
+def assert_trained(record, sides):
+    """Every side trained the same model: a random initialisation starts near ln(vocab)."""
+    for side in sides:
+        assert record[side]["status"] == "ok", record[side]
+        losses = record[side]["losses"]
         assert all(math.isfinite(x) for x in losses)
         assert abs(losses[0] - math.log(100)) < 0.5
-    assert ours["params"] == fsdp["params"]
-    assert record["ratio"] == pytest.approx(ours["tokens_per_s"] / fsdp["tokens_per_s"])
+        assert record[side]["params"] == record["params"]
+    assert record["ratio"] == pytest.approx(record["ours"]["tokens_per_s"]
+                                            / record["fsdp"]["tokens_per_s"])
+
+
+def test_both_sides_train_and_the_ratio_is_printed(tmp_path):
+    pytest.importorskip("torch.distributed")
+    records, stdout = node_table(tmp_path, "--configs", "64x2", "--sides", "ours,fsdp")
+    (record,) = records
+    assert_trained(record, ["ours", "fsdp"])
+    assert record["fsdp-ac"] is None and record["ratio_ac"] is None
     assert "| 64, 2x32 |" in stdout
 
 
+def test_a_llama_trains_on_every_side(tmp_path):
+    pytest.importorskip("torch.distributed")
+    records, stdout = node_table(tmp_path, *TINY_LLAMA)
+    (record,) = records
+    assert_trained(record, ["ours", "fsdp", "fsdp-ac"])
+    fsdp, checkpointed = record["fsdp"], record["fsdp-ac"]
+    assert not fsdp["activation_checkpointing"] and checkpointed["activation_checkpointing"]
+    # recomputing a block's forward in backward changes no number
+    assert checkpointed["losses"] == pytest.approx(fsdp["losses"], rel=1e-5)
+    assert record["ratio_ac"] == pytest.approx(record["ours"]["tokens_per_s"]
+                                               / checkpointed["tokens_per_s"])
+    row = next(line for line in stdout.splitlines() if line.startswith("| llama, 2x32 |"))
+    assert row.endswith(f"| {record['ratio']:.2f} | {record['ratio_ac']:.2f} |")
+
+
 def test_a_run_the_pre_check_refuses_is_a_result(tmp_path):
-    records, stdout = node_table(tmp_path, "--configs", "65536x64", "--only", "ours")
+    records, stdout = node_table(tmp_path, "--configs", "65536x64", "--sides", "ours")
     assert records[0]["ours"]["status"] == "refused"
     assert "not enough memory" in records[0]["ours"]["error"]
     assert "refused" in stdout
+
+
+def test_capacity_names_the_largest_shape_each_side_trains(tmp_path):
+    records, stdout = node_table(tmp_path, "--capacity", "llama-3.2-3b,llama-3.1-8b",
+                                 "--sides", "ours", "--seq", "4096", "--batch", "64")
+    assert [r["model"] for r in records] == ["llama-3.2-3b", "llama-3.1-8b"]
+    assert all(r["ours"]["status"] == "refused" for r in records)
+    assert "| llama-3.1-8b, 64x4096 | 8.03B | refused |" in stdout
+    assert "largest trained, ours (defaults): none" in stdout
