@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "bench", "node_table.py")
 TINY_LLAMA = ["--model", "llama", "--n-embd", "64", "--n-inner", "128", "--n-head", "4",
-              "--n-kv-head", "2", "--batch", "2"]
+              "--n-kv-head", "2", "--tied", "--batch", "2"]
 
 
 def node_table(tmp_path, *extra):
@@ -56,6 +56,10 @@ def test_a_llama_trains_on_every_side(tmp_path):
     assert not fsdp["activation_checkpointing"] and checkpointed["activation_checkpointing"]
     # recomputing a block's forward in backward changes no number
     assert checkpointed["losses"] == pytest.approx(fsdp["losses"], rel=1e-5)
+    # both sides count a step's model FLOPs alike
+    for side in (fsdp, checkpointed):
+        assert side["tflops"] * side["step_s"] * 1e12 == pytest.approx(
+            record["ours"]["flops_per_step"])
     assert record["ratio_ac"] == pytest.approx(record["ours"]["tokens_per_s"]
                                                / checkpointed["tokens_per_s"])
     row = next(line for line in stdout.splitlines() if line.startswith("| llama, 2x32 |"))
