@@ -79,11 +79,14 @@ class Optimizer:
             raise ValueError(f"max_grad_norm={max_grad_norm} must be positive")
         self.max_grad_norm = max_grad_norm
         self.step_count = 0
-        specs = self.tensor_specs(self.params, max_grad_norm is not None,
-                                  current_context().owner_ranks)
+        ctx = current_context()
+        specs = self.tensor_specs(self.params, max_grad_norm is not None, ctx.owner_ranks,
+                                  ctx.device_replicas)
         tensors = {spec.name: spec.create(zero=sharding is None) for spec in specs}
         self.normsq = tensors.get("optimizer/normsq")
         self._normsq_parts = tensors.get("optimizer/normsq_parts")
+        if self._normsq_parts is not None and ctx.owner_ranks == 1:  # one partial per device
+            self._normsq_parts.set_homes(range(ctx.device_replicas))
         self.states = {name: tuple(tensors[f"{name}/{state}"] for state in self.STATES)
                        for name, _ in self.params}
         if sharding is not None:  # states start as zeros on the tiles this rank updates
@@ -98,12 +101,13 @@ class Optimizer:
                 _send_back(tensors)
 
     @classmethod
-    def tensor_specs(cls, named_parameters, grad_clip=True, nranks=1):
+    def tensor_specs(cls, named_parameters, grad_clip=True, nranks=1, ndevices=1):
         """The tensors this optimizer creates for these parameters (model.named_parameters(),
         of a model built or only declared), as TensorSpecs: with ``grad_clip`` the squared
-        gradient norm, then each parameter's ``STATES``. All are in the master dtype; a
-        state has its parameter's tiles and, under StarPU-MPI, the same owner per tile, so
-        that each update task finds all its tiles on one rank."""
+        gradient norm (and its partials, one per rank under StarPU-MPI or else one per device
+        of a replica per device), then each parameter's ``STATES``. All are in the master
+        dtype; a state has its parameter's tiles and, under StarPU-MPI, the same owner per
+        tile, so that each update task finds all its tiles on one rank."""
         values = [(name, param.specs[0]) for name, param in named_parameters]
         dtype = values[0][1].dtype
         specs = []
@@ -114,6 +118,11 @@ class Optimizer:
                 # partials (one number per rank) travel
                 specs.append(TensorSpec("optimizer/normsq_parts", (nranks, 1), (1, 1), dtype,
                                         "optimizer_states", owners=list(range(nranks))))
+            elif ndevices > 1:
+                # each device sums the tiles at home there, all devices at once: one number
+                # carried from device to device for every tile would make a serial chain
+                specs.append(TensorSpec("optimizer/normsq_parts", (ndevices, 1), (1, 1),
+                                        dtype, "optimizer_states"))
         for name, value in values:
             specs += [TensorSpec(f"{name}/{state}", value.shape, value.basetile, value.dtype,
                                  "optimizer_states", value.owners) for state in cls.STATES]
@@ -125,7 +134,9 @@ class Optimizer:
 
     def _submit_grad_norm(self):
         target = self.normsq if self._normsq_parts is None else self._normsq_parts
-        for i, (_, param) in enumerate(self.params):
+        # in the order backward finishes the gradients (the last parameters first), so that
+        # the sums run behind backward, not after it
+        for i, (_, param) in enumerate(reversed(self.params)):
             ops.sumsq(param.grad, 0.0 if i == 0 else 1.0, target, tiles=self._tiles(param))
         if self._normsq_parts is not None:
             ops.sum_slice(1.0, self._normsq_parts, 0.0, self.normsq, 0)

@@ -24,7 +24,8 @@ GPT2 = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
 
 
 def _train(model_type, config, devices, steps=3, accumulate=1):
-    """(losses, summed gradients of the first step by name, homes of the first weight) of
+    """(losses, summed gradients of the first step by name, homes of the first weight, the
+    gradient norm of each step) of
     ``steps`` AdamW steps on fixed batches of 4 x 16, ``accumulate`` micro-batches each.
     (Weights after AdamW are no measure: a gradient that is zero but for rounding, GPT-2's
     key bias's, gets a full step of either sign.)"""
@@ -37,7 +38,7 @@ def _train(model_type, config, devices, steps=3, accumulate=1):
         model.init_weights(1)
         replicas = DataParallel(model, ctx)
         opt = AdamW(model.named_parameters(), lr=1e-2, max_grad_norm=1.0)
-        losses, grads = [], None
+        losses, grads, norms = [], None, []
         for step in range(steps):
             replicas.zero_grad()
             for micro in range(accumulate):
@@ -47,9 +48,10 @@ def _train(model_type, config, devices, steps=3, accumulate=1):
             if grads is None:
                 grads = {name: p.grad.to_array() for name, p in model.named_parameters()}
             opt.step()
+            norms.append(opt.grad_norm())
         homes = next(iter(model.named_parameters()))[1].value.homes
         assert ctx.device_replicas == devices
-    return losses, grads, homes
+    return losses, grads, homes, norms
 
 
 def _train_apart(family, devices, steps=3, accumulate=1):
@@ -57,12 +59,13 @@ def _train_apart(family, devices, steps=3, accumulate=1):
     result = run_python(f"""
         import json
         from tests.test_device_replicas import _train, FAMILIES
-        losses, grads, homes = _train(*FAMILIES[{family!r}], {devices}, {steps}, {accumulate})
-        print(json.dumps([losses, {{k: v.tolist() for k, v in grads.items()}}, homes]))
+        losses, grads, homes, norms = _train(*FAMILIES[{family!r}], {devices}, {steps},
+                                             {accumulate})
+        print(json.dumps([losses, {{k: v.tolist() for k, v in grads.items()}}, homes, norms]))
         """, timeout=300)
     assert result.returncode == 0, result.stderr
-    losses, grads, homes = json.loads(result.stdout.splitlines()[-1])
-    return losses, {k: np.array(v) for k, v in grads.items()}, homes
+    losses, grads, homes, norms = json.loads(result.stdout.splitlines()[-1])
+    return losses, {k: np.array(v) for k, v in grads.items()}, homes, norms
 
 
 FAMILIES = {"llama": (LlamaLM, LLAMA), "gpt2": (GPT2LMHead, GPT2)}
@@ -70,9 +73,13 @@ FAMILIES = {"llama": (LlamaLM, LLAMA), "gpt2": (GPT2LMHead, GPT2)}
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_replicas_per_device_train_as_one_model(family):
-    one, grads_one, homes_one = _train_apart(family, 1)
-    two, grads_two, homes_two = _train_apart(family, 2)
+    one, grads_one, homes_one, norms_one = _train_apart(family, 1)
+    two, grads_two, homes_two, norms_two = _train_apart(family, 2)
     np.testing.assert_allclose(two, one, rtol=1e-6)
+    # the norm's partials, one per device, against numpy's norm of the summed gradients
+    numpy_norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads_one.values()))
+    np.testing.assert_allclose(norms_one[0], numpy_norm, rtol=1e-5)
+    np.testing.assert_allclose(norms_two, norms_one, rtol=1e-5)
     for name, value in grads_one.items():
         np.testing.assert_allclose(grads_two[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
     assert set(homes_one) == {None}
@@ -80,8 +87,8 @@ def test_replicas_per_device_train_as_one_model(family):
 
 
 def test_replicas_per_device_accumulate_micro_batches():
-    one, grads_one, _ = _train_apart("llama", 1, steps=2, accumulate=2)
-    two, grads_two, _ = _train_apart("llama", 2, steps=2, accumulate=2)
+    one, grads_one, _, _ = _train_apart("llama", 1, steps=2, accumulate=2)
+    two, grads_two, _, _ = _train_apart("llama", 2, steps=2, accumulate=2)
     np.testing.assert_allclose(two, one, rtol=1e-6)
     for name, value in grads_one.items():
         np.testing.assert_allclose(grads_two[name], value, rtol=1e-4, atol=1e-6, err_msg=name)

@@ -642,25 +642,33 @@ def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0
 
 # ---- norms and optimizer steps -------------------------------------------------------------
 
+def _sumsq_partials(Tensor src, Tensor dst):
+    """For sumsq: the partial of dst each src tile goes to (None: dst is one number)."""
+    if dst.traits.ntiles == 1:
+        _check_scalar("sumsq", dst, "dst")
+        return None
+    if dst.traits.size == dst.traits.ntiles:
+        if dst.owners is not None and tuple(dst.owners) == tuple(range(_mpi_size)):
+            return src.owners
+        if dst.homes == list(range(dst.traits.ntiles)):
+            return src.homes
+    raise ValueError("sumsq: dst must hold one element, or one one-element tile per rank owned "
+                     f"by that rank, or per CUDA device at home there (got {dst!r})")
+
+
 def sumsq(Tensor src, beta, Tensor dst, tiles=None):
     """dst = sum of src**2 + beta * dst; dst holds one element (chain tensors with beta=1).
     ``tiles``: the linear indices of the src tiles summed (default all).
 
-    Under StarPU-MPI dst may instead hold one one-element tile per rank, tile r owned by rank
-    r: each rank then sums the squares of the src tiles it owns into its own tile, so no src
-    tile leaves its rank (sum the partials afterwards, e.g. with sum_slice)."""
+    dst may instead hold one one-element partial per rank (under StarPU-MPI, tile r owned by
+    rank r) or per device (tile d at home on CUDA device d, Tensor.set_homes): the squares of
+    each src tile go into the partial of its owner or home, so no src tile leaves its rank or
+    device, and the devices sum at once (sum the partials afterwards, e.g. with sum_slice)."""
     _float_same("sumsq", [(src, "src"), (dst, "dst")])
     _distinct("sumsq", [(src, "src"), (dst, "dst")])
-    cdef bint per_rank = dst.traits.ntiles > 1
-    if per_rank:
-        if dst.traits.size != dst.traits.ntiles or dst.owners is None \
-                or tuple(dst.owners) != tuple(range(_mpi_size)):
-            raise ValueError("sumsq: dst must hold one element, or one one-element tile per "
-                             f"rank owned by that rank (got {dst!r})")
-        if beta != 0 and beta != 1:
-            raise ValueError(f"sumsq: with one partial per rank, beta must be 0 or 1, got {beta}")
-    else:
-        _check_scalar("sumsq", dst, "dst")
+    partials = _sumsq_partials(src, dst)
+    if partials is not None and beta != 0 and beta != 1:
+        raise ValueError(f"sumsq: with partials, beta must be 0 or 1, got {beta}")
     cdef nntile_sumsq_args args
     cdef nntile_fill_args fill_args
     cdef starpu_data_handle_t h[2]
@@ -668,14 +676,14 @@ def sumsq(Tensor src, beta, Tensor dst, tiles=None):
     cdef Py_ssize_t i, target
     started = [False] * dst.traits.ntiles
     for i in _tile_range(src, tiles):
-        target = src.owners[i] if per_rank and src.owners is not None else 0
+        target = partials[i] if partials is not None and partials[i] is not None else 0
         args.n = _tile_nelems(src, i)
         args.beta = 1.0 if started[target] else beta_value
         started[target] = True
         h[0] = src.handles[i]
         h[1] = dst.handles[target]
         submit(NNTILE_OP_sumsq, dst.dtype_id, 2, h, &args, sizeof(args), args.beta != 0)
-    # a rank that owns no tile of src still has to reset its partial
+    # a rank or device with no tile of src still has to reset its partial
     fill_args.value = 0.0
     fill_args.n = 1
     for i in range(dst.traits.ntiles):
