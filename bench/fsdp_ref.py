@@ -10,7 +10,8 @@ Llama is transformers' LlamaForCausalLM (sdpa attention). With --activation-chec
 block is wrapped in PyTorch's checkpoint_wrapper before it is sharded: backward computes the
 block's forward again, and only the blocks' inputs stay live between forward and backward.
 DDP (``--ddp``): every rank holds the whole model, gradients all-reduced in buckets during
-backward; bf16-mixed is then autocast to bf16 over fp32 weights. Fused AdamW; ``--batch`` is
+backward; bf16-mixed is then autocast to bf16 over fp32 weights. Gradients clipped to a global
+norm of 1 (``--max-grad-norm``) and fused AdamW, as ours; ``--batch`` is
 the global batch, split over the ranks. Prints one RESULT line (status ok or oom) on rank 0,
 with the best step after the first, like bench/scale.py.
 """
@@ -46,6 +47,8 @@ def parse_args(argv=None):
                    help="DistributedDataParallel (replicated model) instead of FSDP2")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's forward in backward (checkpoint_wrapper)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0,
+                   help="clip the gradients' global norm, as bench/scale.py does (0: off)")
     return resolve_model(p.parse_args(argv))
 
 
@@ -142,7 +145,8 @@ def main(argv=None):
     result = dict(status="ok", model=args.model, n_embd=args.n_embd, n_layer=args.n_layer,
                   batch=args.batch, seq=args.seq, ranks=world, dtype=args.dtype,
                   scheme="ddp" if args.ddp else "fsdp2",
-                  activation_checkpointing=args.activation_checkpointing)
+                  activation_checkpointing=args.activation_checkpointing,
+                  max_grad_norm=args.max_grad_norm)
     autocast = (torch.autocast(device.type if gpu else "cpu", dtype=torch.bfloat16)
                 if args.ddp and args.dtype == "bf16-mixed" else nullcontext())
     times, losses = [], []
@@ -165,6 +169,8 @@ def main(argv=None):
             loss = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
             loss.backward()
+            if args.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()
             if gpu:
                 torch.cuda.synchronize()
