@@ -124,9 +124,12 @@ class DeviceReplicas:
         named = list(model.named_parameters())
         homes = shard_owners({name: p.specs[0].tile_bytes() for name, p in named}, devices)
         for name, param in named:
-            for tensor in (param.value, param.grad, param.copy):
+            for tensor in (param.value, param.copy):
                 if tensor is not None:
                     tensor.set_homes(homes[name])
+        for replica in self.models:  # a gradient tile is summed at its home, in any replica
+            for name, param in replica.named_parameters():
+                param.grad.set_homes(homes[name])
 
     def each(self):
         """(device, replica) pairs, with the tasks submitted meanwhile on that device."""
@@ -164,16 +167,25 @@ class DeviceReplicas:
                 self.sum_gradients(finished)
 
     def sum_gradients(self, params):
-        """Add the gradients of ``params`` ([the same parameters of each replica]) into the
-        first replica's, on each tile's home device (the home of the first's tiles), then
-        drop the other replicas' (Tensor.invalidate): StarPU may reuse their buffers for the
+        """Sum the gradients of ``params`` ([the same parameters of each replica]) over the
+        replicas, each tile into the tile of the replica that runs on its home device, then
+        drop the other replicas' (Tensor.invalidate: StarPU may reuse their buffers for the
         rest of backward, as FSDP frees a block's gradients once reduce-scattered; the next
-        ``zero_grad`` writes them again."""
-        mine, *others = params
-        for index, param in enumerate(mine):
-            for theirs in others:
-                ops.add(1.0, theirs[index].grad, 1.0, param.grad)
-                theirs[index].grad.invalidate()
+        ``zero_grad`` writes them again). The first replica's gradient, which the optimizer
+        reads, then takes the summed tiles (Tensor.swap_tiles), so that a device holds one
+        replica's gradients and no second copy of the sums it is home to."""
+        for same in zip(*params):
+            grads = [param.grad for param in same]
+            by_home = {}
+            for tile, home in enumerate(grads[0].homes):
+                by_home.setdefault(home, []).append(tile)
+            for home, tiles in by_home.items():
+                for device, grad in enumerate(grads):
+                    if device != home:
+                        ops.add(1.0, grad, 1.0, grads[home], tiles=tiles)
+                        grad.invalidate(tiles)
+                if home != 0:
+                    grads[0].swap_tiles(grads[home], tiles)
 
     def unregister(self):
         for replica in self.models[1:]:

@@ -169,17 +169,15 @@ def scheduler(gpu_workers, cpu_workers):
 def device_replica_bytes(breakdown, devices):
     """What one of ``devices`` GPUs holds when each trains a replica (nntile.parallel.
     DeviceReplicas), from a run's bytes by category (nntile.memory.Estimate.breakdown): the
-    weights GEMMs read (compute copies, or the parameters themselves), its own gradients and
-    the first replica's gradient tiles it is home to (the sums; the first GPU's own are its
-    sums), its share of the masters and optimizer states, and its share of the batch's
-    activations and workspaces."""
+    weights GEMMs read (compute copies, or the parameters themselves), its own gradients
+    (whose tiles it is home to hold the sums), its share of the masters and optimizer states,
+    and its share of the batch's activations and workspaces."""
     shared = breakdown["parameters"] + breakdown["optimizer_states"]
     weights = breakdown["compute_copies"] or breakdown["parameters"]
     if not breakdown["compute_copies"]:
         shared -= breakdown["parameters"]  # the weights GEMMs read, counted whole above
     per_batch = breakdown["activations"] + breakdown["workspaces"] + breakdown["logits"]
-    return int(weights + breakdown["gradients"] * (devices + 1) / devices
-               + (shared + per_batch) / devices)
+    return int(weights + breakdown["gradients"] + (shared + per_batch) / devices)
 
 
 def device_replicas(given, devices, owner_ranks, replica_bytes=None, gpu_bytes=None, rows=None):

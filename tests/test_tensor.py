@@ -73,6 +73,27 @@ def test_add_and_scal(ctx, rng):
     np.testing.assert_array_equal(tb.to_array(), a)
 
 
+def test_add_some_tiles_then_swap_them(ctx, rng):
+    a, b = rng.standard_normal((9, 4)), rng.standard_normal((9, 4))
+    ta, tb = nntile.Tensor.from_array(a, (4, 3)), nntile.Tensor.from_array(b, (4, 3))
+    nntile.ops.add(1.0, ta, 1.0, tb, tiles=[1, 4])  # tiles (0, 1) and (2, 0): rows 0-3 / 8
+    summed = b.copy()
+    summed[0:4, 3:4] += a[0:4, 3:4]
+    summed[8:9, 0:3] += a[8:9, 0:3]
+    np.testing.assert_array_equal(tb.to_array(), summed)
+    ta.swap_tiles(tb, [1, 4])  # each takes the other's tiles there, with what they hold
+    swapped_a, swapped_b = a.copy(), summed.copy()
+    for rows, cols in ((slice(0, 4), slice(3, 4)), (slice(8, 9), slice(0, 3))):
+        swapped_a[rows, cols], swapped_b[rows, cols] = summed[rows, cols], a[rows, cols]
+    nntile.ops.scal(2.0, ta)  # tasks after the swap follow the new tiles
+    np.testing.assert_array_equal(ta.to_array(), 2 * swapped_a)
+    np.testing.assert_array_equal(tb.to_array(), swapped_b)
+    with pytest.raises(ValueError, match="not tiled as"):
+        ta.swap_tiles(nntile.Tensor.from_array(a, (3, 3)), [0])
+    with pytest.raises(IndexError, match="tile 12"):
+        ta.swap_tiles(tb, [12])
+
+
 def test_hints_keep_contents(ctx, rng):
     a = rng.standard_normal((6, 6)).astype(np.float32)
     t = nntile.Tensor.from_array(a, (4, 4))

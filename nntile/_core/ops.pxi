@@ -339,8 +339,9 @@ def _product(ranges):
     return itertools.product(*ranges)
 
 
-def add(alpha, Tensor src, beta, Tensor dst):
-    """dst = alpha*src + beta*dst (dst may be fp32 where src is bf16)."""
+def add(alpha, Tensor src, beta, Tensor dst, tiles=None):
+    """dst = alpha*src + beta*dst (dst may be fp32 where src is bf16); ``tiles``: the linear
+    indices of the tiles added (default all)."""
     cdef int column = _column("add", [(src, "src")], [(dst, "dst")])
     _same_traits("add", src, "src", dst, "dst")
     cdef nntile_add_args args
@@ -348,7 +349,7 @@ def add(alpha, Tensor src, beta, Tensor dst):
     args.alpha = alpha
     args.beta = beta
     cdef Py_ssize_t i
-    for i in range(dst.traits.ntiles):
+    for i in _tile_range(dst, tiles):
         args.n = _tile_nelems(dst, i)
         h[0] = src.handles[i]
         h[1] = dst.handles[i]

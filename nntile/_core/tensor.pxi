@@ -366,6 +366,25 @@ cdef class Tensor:
             starpu_data_set_user_data(self.handles[i],
                                       NULL if home is None else <void *> <intptr_t> (home + 1))
 
+    def swap_tiles(self, Tensor other, tiles):
+        """Exchange the tiles ``tiles`` (linear indices) with ``other``'s, a tensor of the
+        same tiles and dtype: each then names the other's StarPU handles there, with their
+        contents and the tasks submitted on them. Where a sum lands in another tensor's tile
+        (nntile.parallel.DeviceReplicas), the tensor that should hold it takes that tile
+        instead of a copy being made. Not under StarPU-MPI, whose tags name the tiles."""
+        self.check_usable("tensor")
+        other.check_usable("tensor")
+        if other.traits != self.traits or other.dtype != self.dtype:
+            raise ValueError(f"swap_tiles: {other!r} is not tiled as {self!r}")
+        if _mpi_on:
+            raise RuntimeError("swap_tiles: StarPU-MPI names each tile by its tag")
+        cdef Py_ssize_t i
+        cdef starpu_data_handle_t h
+        for i in _tile_range(self, tiles):
+            h = self.handles[i]
+            self.handles[i] = other.handles[i]
+            other.handles[i] = h
+
     @property
     def homes(self):
         """The home device of each tile (None where it has none), see ``set_homes``."""
