@@ -39,7 +39,6 @@ class TrainingLoop:
         """One optimizer step over ``grad_accum`` batches of ``next_batch()`` ((ids, targets),
         global [batch, seq] arrays): a StepResult, or None where ``abandon()`` holds before a
         micro-batch or the update (the weights are then those before the step)."""
-        self.replicas.zero_grad()
         losses = []
         for micro in range(self.grad_accum):
             if abandon():
@@ -47,6 +46,8 @@ class TrainingLoop:
             last = micro == self.grad_accum - 1
             with self._placed("cuda" if self.optimizer_on == "cpu" else None):
                 self.replicas.submit_loss(*next_batch())
+                if micro == 0:  # after forward, which reads no gradient: the GPUs start on it
+                    self.replicas.zero_grad()
                 self.replicas.backward(scale=1.0 / self.grad_accum, reduce=last)
             if not last:  # the next micro-batch's forward writes the loss again
                 losses.append(self._loss())
