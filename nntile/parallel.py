@@ -41,7 +41,7 @@ class Sharding:
     """The update of replicas sharded over them (ZeRO-2, with sharded masters): the rank of
     each parameter tile (nntile.distributed.shard_owners, by the masters' bytes) is the only
     one that keeps its summed gradient, updates it and holds its optimizer states and, for
-    the parameters named in ``sharded_masters`` (nntile.declare.sharded_masters: bf16-mixed
+    the parameters named in ``owner_masters`` (nntile.declare.sharded_masters: bf16-mixed
     GEMM weights), its fp32 master; it then broadcasts the updated compute tensor (the bf16
     copy, or the master where layers read it). Every rank builds the same Sharding of the
     same parameters.
@@ -50,14 +50,15 @@ class Sharding:
     piece of backward is reduced to its owner (reduce_gradients); the owner keeps its own
     until the next step starts (drop)."""
 
-    def __init__(self, named_parameters, nranks, rank, bucket_bytes, sharded_masters=()):
+    def __init__(self, named_parameters, nranks, rank, bucket_bytes, owner_masters=()):
         named = list(named_parameters)
         self.params = [param for _, param in named]
         self.rank, self.bucket_bytes = rank, bucket_bytes
         # each master's declaration (Parameter.specs[0]) gives its tiles' bytes
         owners = shard_owners({name: p.specs[0].tile_bytes() for name, p in named}, nranks)
         self._roots = {id(p): owners[name] for name, p in named}
-        self._sharded_masters = [p for name, p in named if name in set(sharded_masters)]
+        owner_masters = set(owner_masters)
+        self._sharded_masters = [p for name, p in named if name in owner_masters]
         self._tiles = {}  # id(tensor): the tiles of it this rank holds
         for param in self.params:
             self.hold(param, param.value, param.grad)

@@ -688,9 +688,9 @@ def test_replicas_refuse_a_batch_they_cannot_share_equally(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def _zero_runs(nranks, distribution, family, precision="fp32"):
+def _zero_runs(nranks, distribution, family, precision="fp32", env=None):
     result = mpirun(nranks, [os.path.join(HERE, "mpi", "zero_check.py"), distribution, family,
-                             precision])
+                             precision], env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     # mpirun forwards the ranks' output in chunks that may share a line; the reports nest
     decoder = json.JSONDecoder()
@@ -735,11 +735,14 @@ def test_sharded_replicas_of_bf16_mixed_peak_at_most_055_of_the_update(family):
     and reduces each piece of backward's gradients to their owners as soon as it is final,
     then drops the others': the peak of masters, optimizer states and gradients during a
     step is at most 0.55x their unsharded bytes (4 blocks: one block's gradients are in
-    flight at the peak), and within the estimate."""
+    flight at the peak), and within the estimate. Llama's run also writes each update's
+    tiles back to host memory (what past GPU memory does), of which a rank holds only its
+    own states and masters."""
     alone = _alone(family)
     whole = alone["peak"]  # every tile of them, from the first step on
     assert whole == sum(alone["estimated"][c] for c in SHARDED) - 4, alone
-    for r in _zero_runs(2, "replicas:zero", family, "bf16-mixed"):
+    env = {"NNTILE_WRITE_BEHIND": "1"} if family == "llama" else None
+    for r in _zero_runs(2, "replicas:zero", family, "bf16-mixed", env):
         assert r["peak"] <= 0.55 * whole, (r["peak"] / whole, r)
         assert r["peak"] <= sum(r["estimated"][c] for c in SHARDED), r
         assert r["held"]["parameters"] == r["estimated"]["parameters"], r
