@@ -1,9 +1,10 @@
 """Run under mpirun: a small model (4 blocks, so that the one block whose gradients are in
 flight is a quarter of them, nearer a real model's share) trained by replicas for 4 steps,
 with the update sharded or not (argv[1]: a --distribution value, argv[2]: gpt2 or llama,
-argv[3]: a precision). Prints one JSON line per rank: the losses, the estimate's bytes of masters, optimizer states
-and gradients, the bytes of the tiles of these tensors that hold valid contents after the
-steps and at their peak during the steps, and StarPU's count of the host memory in use.
+argv[3]: a precision). Prints one JSON line per rank: the losses, the estimate's bytes of
+masters, optimizer states and gradients, the bytes of the tiles of these tensors that hold
+valid contents after the steps and at their peak during the steps, and StarPU's count of the
+host memory in use.
 
 The peak is sampled with every task done at each point of the step where the held bytes may
 be highest: after forward, after each piece of backward (before its gradients are reduced,
