@@ -714,8 +714,8 @@ def _alone(family):
 def test_sharded_replicas_hold_their_share_and_train_alike(family, nranks):
     """ZeRO-2 with sharded masters, in fp32 (masters whole: they are the weights): each rank
     holds its share of the states (3 ranks: shards of unequal tiles) and, after the step, of
-    the gradients, the estimate bounds its peak during the step, and the losses are one
-    process's."""
+    the gradients, its peak during the step is within 10% under the estimate, and the losses
+    are one process's."""
     alone = _alone(family)
     for r in _zero_runs(nranks, "replicas:zero", family):
         np.testing.assert_allclose(r["losses"], alone["losses"], rtol=0, atol=1e-6)
@@ -725,7 +725,8 @@ def test_sharded_replicas_hold_their_share_and_train_alike(family, nranks):
                 (category, r)
         # the estimate's states add the one-element gradient norm, which held_bytes leaves out
         assert r["held"]["optimizer_states"] == r["estimated"]["optimizer_states"] - 4, r
-        assert r["peak"] <= sum(r["estimated"][c] for c in SHARDED), r
+        estimated = sum(r["estimated"][c] for c in SHARDED)
+        assert 0.9 * estimated <= r["peak"] <= estimated, r
 
 
 @needs_mpi
@@ -735,7 +736,7 @@ def test_sharded_replicas_of_bf16_mixed_peak_at_most_055_of_the_update(family):
     and reduces each piece of backward's gradients to their owners as soon as it is final,
     then drops the others': the peak of masters, optimizer states and gradients during a
     step is at most 0.55x their unsharded bytes (4 blocks: one block's gradients are in
-    flight at the peak), and within the estimate. Llama's run also writes each update's
+    flight at the peak), and within 10% under the estimate. Llama's run also writes each update's
     tiles back to host memory (what past GPU memory does), of which a rank holds only its
     own states and masters."""
     alone = _alone(family)
@@ -744,7 +745,8 @@ def test_sharded_replicas_of_bf16_mixed_peak_at_most_055_of_the_update(family):
     env = {"NNTILE_WRITE_BEHIND": "1"} if family == "llama" else None
     for r in _zero_runs(2, "replicas:zero", family, "bf16-mixed", env):
         assert r["peak"] <= 0.55 * whole, (r["peak"] / whole, r)
-        assert r["peak"] <= sum(r["estimated"][c] for c in SHARDED), r
+        estimated = sum(r["estimated"][c] for c in SHARDED)
+        assert 0.9 * estimated <= r["peak"] <= estimated, r
         assert r["held"]["parameters"] == r["estimated"]["parameters"], r
 
 
