@@ -106,6 +106,17 @@ class TensorSpec:
                 f"{self.category})")
 
 
+def sharded_masters(model):
+    """The names of the parameters of ``model`` (built or only declared) whose masters
+    replicas sharding the update keep only on the rank that updates each tile: those with a
+    compute copy (bf16-mixed GEMM operands), which is all that forward and backward read;
+    not the embeddings, whose lookup reads the master itself. In fp32 or tf32 the master is
+    the weight every layer reads, so every rank keeps it whole."""
+    embeddings = {name for name, _ in model.embedding_parameters()}
+    return {name for name, param in model.named_parameters() if name not in embeddings
+            and any(spec.category == "compute_copies" for spec in param.specs)}
+
+
 def shard_owners(tile_bytes, nranks):
     """The rank that updates each parameter tile when replicas shard the update
     (Distribution ``zero``): ``tile_bytes`` holds, by parameter name, the bytes of its tiles

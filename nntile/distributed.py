@@ -5,9 +5,10 @@ whole model and runs its own StarPU (no StarPU-MPI), computes on its share of th
 rows, and the gradients are summed over the ranks by collectives (NCCL on GPUs, MPI on CPU
 workers) submitted as tasks, so they run beside the rest of backward (nntile.parallel). Its
 traffic is one all-reduce of the gradients per step. ``replicas:zero`` shards the update
-over the replicas (ZeRO): each parameter tile has one rank that updates it (shard_owners),
-the gradients are reduced to that rank instead of all-reduced, only it holds the tile's
-optimizer states, and it broadcasts the updated weights.
+over the replicas (ZeRO-2): each parameter tile has one rank that updates it (shard_owners),
+the gradients are reduced to that rank instead of all-reduced, block by block as backward
+finishes them, only it keeps the tile's gradient, optimizer states and, in bf16-mixed, fp32
+master, and it broadcasts the updated weights that forward reads.
 
 The other distributions place tiles. Under StarPU-MPI every tile has one owner rank; a task runs on the rank that owns the tiles
 it writes, and StarPU-MPI sends it the tiles it reads from other ranks. A distribution is
@@ -399,7 +400,7 @@ class Distribution:
     def describe(self):
         if self.replicas and self.zero:
             return (f"{self.data} replicas (gradients reduced to the rank that updates each "
-                    "tile; optimizer states sharded)")
+                    "tile; gradients, optimizer states and bf16-mixed masters sharded)")
         if self.replicas:
             return f"{self.data} replicas (gradients all-reduced)"
         return f"{self.data} data x {self.tensor} tensor"

@@ -19,7 +19,7 @@ import numpy as np
 from nntile._core.core import Tensor
 # the declarations and byte units are nntile.declare's; their names stay importable from here
 from nntile.declare import (CATEGORIES, DTYPE_BYTES, GiB, MiB, TensorSpec,  # noqa: F401
-                            shard_owners)
+                            shard_owners, sharded_masters)
 from nntile.models import model_class
 from nntile.optim import BY_NAME
 
@@ -71,13 +71,18 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     """
     if optimizer is not None and optimizer not in BY_NAME:
         raise ValueError(f"optimizer {optimizer!r}: use 'adamw', 'sgd' or None")
-    declared = (model or model_class(config.model_type))(
-        config, {k: v for k, v in (tiling or {}).items() if v is not None}, dtype, create=False,
-        recompute=recompute)
+    declared = declared_model(config, tiling, dtype, model, recompute)
     specs = declared.tensor_specs()
     if optimizer is not None:
         specs += BY_NAME[optimizer].tensor_specs(declared.named_parameters(), grad_clip, nranks)
     return specs + declared.tensor_specs(batch, seq, training)
+
+
+def declared_model(config, tiling=None, dtype="fp32", model=None, recompute=False):
+    """``model`` (default: the config's family's model class) declared, not built."""
+    return (model or model_class(config.model_type))(
+        config, {k: v for k, v in (tiling or {}).items() if v is not None}, dtype, create=False,
+        recompute=recompute)
 
 
 class Estimate:
@@ -231,32 +236,58 @@ class RankEstimate(ShareEstimate):
                 f"the whole model: {self.whole.summary()}")
 
 
-def sharded_tiles(specs, nranks, rank):
-    """{spec name: mask of the tiles ``rank`` holds} of the tensors that replicas sharding
-    the update (nntile.parallel.Sharding) hold in part: each parameter's optimizer states.
-    Gradients are not among them: backward writes every gradient tile on every rank before
-    the reduce frees the others'."""
+def sharded_tiles(specs, nranks, rank, masters=()):
+    """{spec name: mask of the tiles ``rank`` keeps} of the tensors that replicas sharding
+    the update (nntile.parallel.Sharding) hold in part: each parameter's optimizer states and
+    gradient, and the masters of the parameters ``masters`` (nntile.declare.sharded_masters).
+    A gradient's other tiles are held too while its piece of backward is in flight
+    (ShardedEstimate)."""
     owners = shard_owners({s.name: s.tile_bytes() for s in specs
                            if s.category == "parameters"}, nranks)
     masks = {name: np.asarray(ranks) == rank for name, ranks in owners.items()}
     held = {}
     for spec in specs:
-        if spec.category == "optimizer_states" and spec.name.rpartition("/")[0] in masks:
-            held[spec.name] = masks[spec.name.rpartition("/")[0]]
+        param = spec.name.rpartition("/")[0]
+        if spec.category in ("optimizer_states", "gradients") and param in masks:
+            held[spec.name] = masks[param]
+        elif spec.category == "parameters" and spec.name in masters:
+            held[spec.name] = masks[spec.name]
     return held
+
+
+def gradients_in_flight(declared, specs, held):
+    """The most bytes of other ranks' gradient tiles a replica holds at once: those of the
+    largest block, whose piece of backward is being reduced, and those of every parameter
+    outside the blocks (a tied head's gradient is the embedding's, written first and reduced
+    last)."""
+    others = {s.name[:-len("/grad")]: int(s.tile_bytes()[~held[s.name]].sum())
+              for s in specs if s.category == "gradients"}
+    named = {id(p): name for name, p in declared.named_parameters()}
+    blocks = [[named[id(p)] for _, p in block.named_parameters()] for block in declared.blocks]
+    in_blocks = {name for block in blocks for name in block}
+    outside = sum(size for name, size in others.items() if name not in in_blocks)
+    return outside + max((sum(others[name] for name in block) for block in blocks), default=0)
 
 
 class ShardedEstimate(ShareEstimate):
     """What one replica holds where replicas shard the update (Distribution ``zero``): the
     whole model on its share of the rows (``whole``), but of the tensors sharded_tiles names,
-    only the tiles it updates."""
+    only the tiles it updates, and of the gradients also those in flight at the peak of
+    backward (gradients_in_flight). In fp32 and tf32 the masters stay whole: they are the
+    weights every layer reads."""
 
     def __init__(self, whole, distribution, rank):
         super().__init__(whole, distribution, rank)
-        self._held = sharded_tiles(whole.specs, distribution.data, rank)
+        args = whole.args
+        declared = declared_model(args["config"], args["tiling"], args["dtype"],
+                                  args["model"], args["recompute"])
+        self._held = sharded_tiles(whole.specs, distribution.data, rank,
+                                   sharded_masters(declared))
+        self.in_flight = gradients_in_flight(declared, whole.specs, self._held)
         self.breakdown = dict.fromkeys(CATEGORIES, 0)
         for spec in self.specs:
             self.breakdown[spec.category] += int(self._tile_bytes(spec).sum())
+        self.breakdown["gradients"] += self.in_flight
 
     def _tile_bytes(self, spec):
         sizes = spec.tile_bytes()
@@ -265,7 +296,8 @@ class ShardedEstimate(ShareEstimate):
 
     @property
     def alloc_bytes(self):
-        return sum(int(alloc_sizes(self._tile_bytes(s)).sum()) for s in self.specs)
+        return (sum(int(alloc_sizes(self._tile_bytes(s)).sum()) for s in self.specs)
+                + int(alloc_sizes(np.array([self.in_flight])).sum()))
 
     @property
     def init_host_peak(self):

@@ -41,11 +41,12 @@ class LRSchedule:
         return {"lr": self.lr, "warmup": self.warmup, "total": self.total, "min_lr": self.min_lr}
 
 
-def _send_back(tensors):
-    """Copy the tensors to host memory after the tasks submitted so far, and put them first in
-    line when StarPU makes room on the GPU: nothing reads them before the next update."""
+def _send_back(tensors, tiles=None):
+    """Copy the tensors (their tiles ``tiles``: default all) to host memory after the tasks
+    submitted so far, and put them first in line when StarPU makes room on the GPU: nothing
+    reads them before the next update."""
     for tensor in tensors:
-        tensor.write_back()
+        tensor.write_back(tiles)
         tensor.wont_use()
 
 
@@ -97,8 +98,8 @@ class Optimizer:
         self._by_param = {id(p): n for n, p in self.params}
         self._on_cpu = last_share(self.params, current_context().cpu_update_share)
         if current_context().writes_behind:  # the states start as zeros written on the GPU
-            for tensors in self.states.values():
-                _send_back(tensors)
+            for name, param in self.params:
+                _send_back(self.states[name], self._tiles(param))
 
     @classmethod
     def tensor_specs(cls, named_parameters, grad_clip=True, nranks=1, ndevices=1):
@@ -160,8 +161,10 @@ class Optimizer:
                 self._update(param, lr)
             if write_behind:  # past GPU memory (nntile.policy.write_behind)
                 param.compute.write_back()  # the next forward reads it
-                # only the next update reads the states, and the master where a copy exists
-                _send_back(self.states[name] + (() if param.copy is None else (param.value,)))
+                # only the next update reads the states, and the master where a copy exists;
+                # with a sharding, only this rank's tiles of them hold contents
+                _send_back(self.states[name] + (() if param.copy is None else (param.value,)),
+                           self._tiles(param))
         if self.sharding is not None:
             self.sharding.broadcast_weights()
         return lr

@@ -28,7 +28,8 @@ import numpy as np
 
 from nntile import ops
 from nntile._core.core import (allreduce_sum, broadcast, collective_bytes, collective_check,
-                               reduce_sum)
+                               reduce_sum, zero_when_dropped)
+from nntile.declare import sharded_masters
 from nntile.distributed import shard_owners
 
 # DDP's default bucket: large enough that each collective runs near the link's bandwidth,
@@ -37,19 +38,27 @@ BUCKET_BYTES = 25 << 20
 
 
 class Sharding:
-    """The update of replicas sharded over them (ZeRO): the rank of each parameter tile
-    (nntile.distributed.shard_owners, by the masters' bytes) is the only one that keeps its
-    summed gradient, updates it and holds its optimizer states; it then broadcasts the
-    updated master and, in bf16-mixed, its compute copy. Every rank builds the same Sharding
-    of the same parameters."""
+    """The update of replicas sharded over them (ZeRO-2, with sharded masters): the rank of
+    each parameter tile (nntile.distributed.shard_owners, by the masters' bytes) is the only
+    one that keeps its summed gradient, updates it and holds its optimizer states and, for
+    the parameters named in ``owner_masters`` (nntile.declare.sharded_masters: bf16-mixed
+    GEMM weights), its fp32 master; it then broadcasts the updated compute tensor (the bf16
+    copy, or the master where layers read it). Every rank builds the same Sharding of the
+    same parameters.
 
-    def __init__(self, named_parameters, nranks, rank, bucket_bytes):
+    A gradient tile exists on a rank only from backward's first write into it until its
+    piece of backward is reduced to its owner (reduce_gradients); the owner keeps its own
+    until the next step starts (drop)."""
+
+    def __init__(self, named_parameters, nranks, rank, bucket_bytes, owner_masters=()):
         named = list(named_parameters)
         self.params = [param for _, param in named]
         self.rank, self.bucket_bytes = rank, bucket_bytes
         # each master's declaration (Parameter.specs[0]) gives its tiles' bytes
         owners = shard_owners({name: p.specs[0].tile_bytes() for name, p in named}, nranks)
         self._roots = {id(p): owners[name] for name, p in named}
+        owner_masters = set(owner_masters)
+        self._sharded_masters = [p for name, p in named if name in owner_masters]
         self._tiles = {}  # id(tensor): the tiles of it this rank holds
         for param in self.params:
             self.hold(param, param.value, param.grad)
@@ -75,9 +84,15 @@ class Sharding:
         """The tiles of ``tensor`` (a parameter or a state) this rank writes into a checkpoint."""
         return self._tiles[id(tensor)]
 
+    def drop_masters(self):
+        """Start a step: drop the other ranks' tiles of the sharded masters (whole after
+        initialisation or a checkpoint's load, which write every tile)."""
+        for param in self._sharded_masters:
+            param.value.invalidate(self.others(param))
+
     def reduce_gradients(self, params):
-        """Sum each gradient tile over the ranks into its owner's, in buckets in the order of
-        ``params`` (backward's), then free the other ranks' copies."""
+        """Sum each gradient tile of ``params`` over the ranks into its owner's, in buckets in
+        the order of ``params`` (backward's), then free the other ranks' copies."""
         reduce_sum([p.grad for p in params], [self.roots(p) for p in params],
                    self.bucket_bytes)
         for param in params:
@@ -88,10 +103,12 @@ class Sharding:
         allreduce_sum([tensor], self.bucket_bytes)
 
     def broadcast_weights(self):
-        """After the update: every rank gets the updated weights from the ranks that updated
-        them: the masters (some layers read them, not the copy: GPT-2's embedding) and the
-        compute copies."""
-        tensors = [(p, t) for p in self.params for t in (p.value, p.copy) if t is not None]
+        """After the update: every rank gets the updated weights that forward reads from the
+        ranks that updated them: the compute copies, and the masters that every rank keeps
+        whole (those without a copy, and the embeddings, whose lookup reads the master)."""
+        sharded = {id(p) for p in self._sharded_masters}
+        tensors = [(p, t) for p in self.params for t in (p.value, p.copy)
+                   if t is not None and not (t is p.value and id(p) in sharded)]
         broadcast([t for _, t in tensors], [self.roots(p) for p, _ in tensors],
                   self.bucket_bytes)
 
@@ -212,9 +229,16 @@ class DataParallel:
         self._backward_order = [param for _, param in reversed(named)]
         zero = self.replicas > 1 and getattr(ctx.distribution, "zero", False)
         # the optimizer takes it (AdamW(..., sharding=...)) to update only this rank's tiles
-        self.sharding = (Sharding(named, self.replicas, self.rank, self.bucket_bytes)
-                         if zero else None)
+        self.sharding = (Sharding(named, self.replicas, self.rank, self.bucket_bytes,
+                                  sharded_masters(model)) if zero else None)
         self._bytes_at_step = 0
+        # dropped between steps, a gradient tile reads as zeros: backward's first task on it
+        # accumulates into zeros that StarPU writes where that task runs, allocating the tile
+        # only then; no step starts on a burst of fills. StarPU-MPI's owners keep the fills.
+        self._drop_gradients = ctx.owner_ranks == 1
+        if self._drop_gradients:
+            for _, grad in self._gradients():
+                zero_when_dropped(grad)
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -262,20 +286,49 @@ class DataParallel:
         """Every replica's backward on its rows, then (``reduce``) the gradients summed over
         the replicas: each replica's mean is 1/replicas of the global one. With gradient
         accumulation, reduce on the last micro-batch only (DDP's no_sync)."""
-        if self.devices is None:
-            self.model.backward(scale / self.replicas)
-        else:
+        for _ in self.backward_steps(scale, reduce):
+            pass
+
+    def backward_steps(self, scale=1.0, reduce=True):
+        """``backward`` in pieces: yields each piece's parameters once the piece's backward is
+        submitted, before its gradients are reduced. With the update sharded (and one replica
+        per process), each piece's gradients go to their owners as soon as it is submitted
+        and the other ranks drop them: a rank then holds its own shard of the gradients and
+        the pieces in flight (what ZeRO-2 holds), not the whole."""
+        if self.devices is not None:
             self.devices.backward(scale / self.replicas / len(self.devices.models), reduce)
-        if not reduce or self.replicas == 1:
+            pieces = [self._backward_order]
+        else:
+            pieces = self.model.backward_steps(scale / self.replicas)
+        piecewise = self.sharding is not None and self.devices is None
+        for piece in pieces:
+            yield piece
+            if reduce and self.replicas > 1 and piecewise:
+                self.sharding.reduce_gradients(piece)
+        if not reduce or self.replicas == 1 or piecewise:
             return
         if self.sharding is not None:
             self.sharding.reduce_gradients(self._backward_order)
         else:
             allreduce_sum([p.grad for p in self._backward_order], self.bucket_bytes)
 
+    def _gradients(self):
+        """(device, gradient) of every parameter of every replica of this process."""
+        return [(device, param.grad) for device, model in self._each()
+                for _, param in model.named_parameters()]
+
     def zero_grad(self):
-        for _, model in self._each():
-            model.zero_grad()
+        """Zero the gradients: drop them, where they then read as zeros; with the update
+        sharded over the replicas of one device each, drop the masters of other ranks'
+        tiles too (Sharding.drop_masters)."""
+        if not self._drop_gradients:
+            for _, model in self._each():
+                model.zero_grad()
+        else:
+            for _, grad in self._gradients():
+                grad.invalidate()
+        if self.sharding is not None and self.devices is None:
+            self.sharding.drop_masters()
 
     def free_buffers(self):
         for _, model in self._each():

@@ -94,6 +94,25 @@ def test_add_some_tiles_then_swap_them(ctx, rng):
         ta.swap_tiles(tb, [12])
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_dropped_tiles_read_as_zeros_where_told(ctx, rng, dtype):
+    """Tiles marked zero_when_dropped and invalidated hold nothing until a task reads them,
+    which finds zeros (a sharded gradient accumulates so); the others keep their contents."""
+    a = rng.standard_normal((6, 4)).astype(np.float32)
+    src = nntile.Tensor.from_array(a, (2, 4), dtype=dtype)
+    dst = nntile.Tensor.from_array(np.full((6, 4), 7.0, np.float32), (2, 4), dtype=dtype)
+    core.zero_when_dropped(dst, [0, 2])
+    dst.invalidate([0, 2])
+    ctx.wait()
+    assert dst.valid_tiles() == 1
+    nntile.ops.add(1.0, src, 1.0, dst)  # dst += src
+    ours, theirs = dst.to_array(), src.to_array()
+    dropped = np.r_[0:2, 4:6]
+    np.testing.assert_array_equal(ours[dropped], theirs[dropped])
+    np.testing.assert_allclose(ours[2:4], theirs[2:4] + 7.0, rtol=1e-2 if dtype == "bf16" else 1e-6)
+    assert dst.valid_tiles() == 3
+
+
 def test_hints_keep_contents(ctx, rng):
     a = rng.standard_normal((6, 6)).astype(np.float32)
     t = nntile.Tensor.from_array(a, (4, 4))

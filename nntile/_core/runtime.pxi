@@ -93,6 +93,7 @@ cdef extern from "collective.h" nogil:
                                  int n, int dtype, int priority)
     unsigned long long nntile_collective_bytes()
     const char *nntile_collective_error()
+    void nntile_zero_when_dropped(starpu_data_handle_t handle)
 
 cdef extern from "host_arena.h" nogil:
     struct nntile_host_arena_stats:

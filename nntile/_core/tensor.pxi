@@ -338,14 +338,15 @@ cdef class Tensor:
         for i in range(self.traits.ntiles):
             starpu_data_wont_use(self.handles[i])
 
-    def write_back(self):
-        """Copy this rank's tiles to host memory in the background, after the tasks submitted
-        so far that write them. Past GPU memory StarPU evicts a tile whose only valid copy is
-        on the GPU by copying it out inside the GPU's driver thread, which meanwhile launches
-        nothing; a tile written back is dropped at once."""
+    def write_back(self, tiles=None):
+        """Copy this rank's tiles (``tiles``, linear indices: default all, which must all hold
+        contents) to host memory in the background, after the tasks submitted so far that
+        write them. Past GPU memory StarPU evicts a tile whose only valid copy is on the GPU
+        by copying it out inside the GPU's driver thread, which meanwhile launches nothing; a
+        tile written back is dropped at once."""
         self.check_usable("tensor")
         cdef Py_ssize_t i
-        for i in range(self.traits.ntiles):
+        for i in _tile_range(self, tiles):
             if self.is_local(i):
                 CHKERR(nntile_write_back(self.handles[i]), "starpu_data_acquire_on_node_cb")
 
