@@ -68,6 +68,9 @@ class KVCache:
         self.length = 0
         bt, lt = model.data_tiles(batch, capacity)
         self.cores = [m for _, m in model.named_modules() if isinstance(m, CoreAttention)]
+        if not all(core.causal for core in self.cores):
+            raise ValueError("KVCache: a key/value cache needs causal attention (a key is "
+                             "cached before the queries after it see it)")
         self.tensors = {}
         self.outputs = {}  # o and lse of each query shape and dtype, shared by the cores
         for core in self.cores:
@@ -111,8 +114,7 @@ class KVCache:
         ops.copy_into(k, keys, at)
         ops.copy_into(v, values, at)
         o, lse = self._outputs(core, q)
-        ops.flash_attention(q, keys, values, o, lse, core.scale, True, self.length,
-                            core.window)
+        ops.flash_attention(q, keys, values, o, lse, core.scale, **core.mask(self.length))
         return o
 
     def _outputs(self, core, q):
