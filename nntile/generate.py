@@ -3,13 +3,12 @@
     nntile-generate --checkpoint checkpoints/ckpt-600.h5 --prompt "def main(" --max-new-tokens 200
 
 The prompt runs through the model once; each new token then runs alone against the keys and
-values of the tokens before it (nntile.models.kv_cache). Several --prompt run as one batch
-(they must be as many tokens long). A text longer than --seq-len goes on from its later half.
+values of the tokens before it (nntile.models.kv_cache). Several --prompt run as batches, one
+of the prompts of each length, and their texts come out in the order given. A text longer
+than --seq-len goes on from its later half.
 """
 import codecs
 import sys
-
-import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
                                add_checkpoint_arg, add_dtype_arg,
@@ -26,7 +25,7 @@ def build_parser():
                        formatter_class=DefaultsHelpFormatter)
     add_checkpoint_arg(p)
     p.add_argument("--prompt", action="append", help="text to continue; given several times, "
-                   "the prompts run as one batch and must be as many tokens long")
+                   "the prompts of one length in tokens run as one batch")
     p.add_argument("--stop", help="stop a text after the token that completes this text (and "
                    "after the tokenizer's end-of-text token)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=200, help="tokens to add")
@@ -90,18 +89,14 @@ def check_utf8(prompts):
 
 
 def prompt_ids(prompts, tok):
-    """The token ids of each prompt [batch, seq]; a CLIError for prompts of different
-    lengths."""
+    """The token ids of each prompt (lists of ints)."""
     ids = []
     for text in prompts:
         one = [int(i) for i in tok.encode(text)]
         if not one:  # nothing to condition on: start from a newline (or end-of-text)
             one = [tok.eot] if tok.eot is not None else [int(tok.encode("\n")[0])]
         ids.append(one)
-    if len({len(one) for one in ids}) > 1:
-        raise CLIError(f"the prompts are {', '.join(str(len(one)) for one in ids)} tokens long: "
-                       "prompts of one batch must be as many tokens long")
-    return np.array(ids, dtype=np.int64)
+    return ids
 
 
 def continue_prompts(model, ids, args, tok, seq, printer):
@@ -110,7 +105,7 @@ def continue_prompts(model, ids, args, tok, seq, printer):
         return model.generate(ids, args.max_new_tokens, temperature=0 if args.greedy
                               else args.temperature, top_k=args.top_k, top_p=args.top_p,
                               seed=args.seed, stop=args.stop, tokenizer=tok, window=seq,
-                              on_tokens=printer and (lambda t: printer.add(int(t[0]))))
+                              on_token=printer and (lambda _, token: printer.add(token)))
     except ValueError as exc:  # the model's logits hold NaN or inf
         raise CLIError(f"cannot sample: {exc}") from None
 
@@ -125,7 +120,7 @@ def generate_main(argv=None):
     tok = checkpoint_tokenizer(ckpt, args.checkpoint, args.tokenizer)
     seq = checkpoint_seq_len(ckpt, args.seq_len)
     ids = prompt_ids(prompts, tok)
-    batch = len(prompts)
+    batch = len(prompts)  # the most a batch can hold: the prompts of one length run together
     est = check_inference_memory(ckpt, args, batch, seq, args.dtype, "nntile-generate")
     ctx = start_context(args, verbose=args.verbose, run_bytes=est.total)
     if hasattr(sys.stdout, "reconfigure"):  # a terminal that cannot show a character: escape it

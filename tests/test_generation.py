@@ -1,5 +1,6 @@
 """Generation with a key/value cache (nntile.models.kv_cache): 64 greedy tokens equal to
-transformers' generate (greedy, with its cache) for every family in GENERATION; the cache's
+transformers' generate (greedy, with its cache) for every family in GENERATION, and prompts
+of two lengths each equal to transformers' generate of that prompt alone; the cache's
 tensor ops (copy_into, flash attention of a query tile against a longer, differently tiled
 cache) against numpy; sampling, end-of-sequence and stop text; bad input refused before any
 task."""
@@ -53,6 +54,31 @@ def test_greedy_tokens_equal_transformers(ctx, family):
                              attention_mask=torch.ones(prompts.shape, dtype=torch.long),
                              pad_token_id=0)
     np.testing.assert_array_equal(np.array(ours), theirs[:, 12:].numpy())
+
+
+def test_prompts_of_two_lengths_as_transformers_one_by_one(ctx):
+    """Three prompts of two lengths, the short ones first and last: each one's tokens are
+    transformers' for that prompt alone (greedy), and each stops at its own first
+    end-of-sequence token: the first one early, while the other of its batch goes on."""
+    hf = hf_model("llama")
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 96, n).tolist() for n in (5, 9, 5)]
+
+    def theirs(prompt, **eos):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                              attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+                              pad_token_id=0, **eos)
+        return out[0, len(prompt):].tolist()
+
+    eos = theirs(prompts[0])[8]
+    want = [theirs(prompt, eos_token_id=eos) for prompt in prompts]
+    assert [len(one) for one in want] == [9, 16, 16]
+    model = FAMILIES["llama"].from_transformers(hf, TILES, "fp64")
+    try:
+        assert model.generate(prompts, 16, eos_token_id=eos) == want
+    finally:
+        model.unregister()
 
 
 def tensor(array, tiles):
@@ -128,8 +154,11 @@ def test_an_unfused_model_generates_as_the_fused_one(byte_model):
 
 
 def test_bad_input_is_refused(byte_model):
-    with pytest.raises(ValueError, match="one length"):
-        byte_model.generate([[1, 2, 3], [4, 5]], 4)
+    for bad in ([[1, 2, 3], []], [1, 2, 3], [[[1, 2]]], [[1.0, 2.0]], []):
+        with pytest.raises(ValueError, match="token ids of each prompt"):
+            byte_model.generate(bad, 4)
+    with pytest.raises(ValueError, match="prompt 1 holds token id 256"):  # before prompt 0 runs
+        byte_model.generate([[1, 2], [3, 256, 4]], 4)
     with pytest.raises(ValueError, match="positions"):
         byte_model.generate(np.ones((1, 100), dtype=np.int64), 29)
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -142,7 +171,8 @@ def test_bad_input_is_refused(byte_model):
 
 def test_load_and_nntile_generate(ctx, tmp_path):
     """nntile.load of a transformers directory and of the checkpoint imported from it, and
-    nntile-generate on two prompts with a stop text: the texts model.generate gives."""
+    nntile-generate on two prompts of two lengths with a stop text: the texts
+    model.generate gives, in the order of the prompts."""
     from tests.test_llama_programs import save_hf
     from tests.test_train_cli import cli
     hf = save_hf(tmp_path / "hf", tied=True)
@@ -159,13 +189,14 @@ def test_load_and_nntile_generate(ctx, tmp_path):
     model, tok = nntile.load(str(tmp_path / "m.h5"))
     try:
         assert tok.name == "byte"
-        new = model.generate(ids, 8, tokenizer=tok)
+        new = model.generate([list(b"abc"), list(b"cd")], 8, tokenizer=tok)
     finally:
         model.unregister()
-    stop = tok.decode(new[0][2:4])
-    result = cli("generate", "--checkpoint", tmp_path / "m.h5", "--prompt", "ab", "--prompt",
+    # a stop text of the first continuation that the second one lacks: only the first stops
+    stop = next(text for text in (tok.decode(new[0][i:i + 2]) for i in range(2, 6))
+                if text not in tok.decode(new[1]))
+    result = cli("generate", "--checkpoint", tmp_path / "m.h5", "--prompt", "abc", "--prompt",
                  "cd", "--greedy", "--max-new-tokens", "8", "--stop", stop)
     assert result.returncode == 0, result.stderr
     cut = next(n for n in range(1, 9) if stop in tok.decode(new[0][:n]))
-    assert stop not in tok.decode(new[1])  # only the first text stops
-    assert result.stdout == f"ab{tok.decode(new[0][:cut])}\n\ncd{tok.decode(new[1])}\n\n"
+    assert result.stdout == f"abc{tok.decode(new[0][:cut])}\n\ncd{tok.decode(new[1])}\n\n"

@@ -1,8 +1,7 @@
 """Mistral on StarPU against transformers' MistralForCausalLM (Llama with a sliding window):
 logits, loss and every gradient with a window shorter than the sequence, not a multiple of the
-sequence tile, fused and unfused; its config; and the programs on a Mistral directory
-(nntile-convert import, 3 steps of nntile-train --init-from, export, transformers' loss).
-tests/test_llama.py says how the float64 reference is made."""
+sequence tile, fused and unfused; and its config. The programs on a Mistral directory run in
+tests/test_llama_programs.py; tests/test_llama.py says how the float64 reference is made."""
 import numpy as np
 import pytest
 
@@ -15,8 +14,6 @@ from nntile.models.mistral import MistralLM
 from nntile.models.mistral_config import MistralConfig
 from tests.test_gpt2 import check_against
 from tests.test_llama import B, PARTIAL, T, V, hf_loss_and_grads, reference_model, tokens
-from tests.test_llama_programs import CONFIG as PROGRAM_CONFIG, TILES, assert_same_loss
-from tests.test_train_cli import cli, data_dir, read_metrics  # noqa: F401 (fixture)
 
 BASE = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=32, rms_norm_eps=1e-5)
 # Each case: transformers' config fields and our tiles; the sequence is T = 19 tokens
@@ -83,31 +80,3 @@ def test_config():
     assert hf_config.sliding_window == 7 and hf_config.architectures == ["MistralForCausalLM"]
     assert MistralConfig.from_transformers(hf_config) == windowed
     assert "window 7" in windowed.describe()
-
-
-def test_import_train_export_round_trip(tmp_path, data_dir):  # noqa: F811
-    """A Mistral directory (window 9 < the 32 trained positions), 3 steps of nntile-train
-    --init-from it with the loss falling, exported: transformers computes the loss nntile-eval
-    computes; nntile-convert import reads the same directory."""
-    torch.manual_seed(0)
-    hf = transformers.MistralForCausalLM(transformers.MistralConfig(
-        **PROGRAM_CONFIG, sliding_window=9, tie_word_embeddings=False))
-    hf.save_pretrained(tmp_path / "hf")
-    result = cli("convert", "import", tmp_path / "hf", tmp_path / "in.h5", *TILES)
-    assert result.returncode == 0, result.stderr
-    assert "Mistral" in result.stdout
-    out = tmp_path / "run"
-    result = cli("train", "--init-from", tmp_path / "hf", "--data", data_dir, "--out", out,
-                 "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--tile-batch", "2",
-                 "--tile-seq", "12", *TILES, "--ncpu", "2", "--no-progress", "--eval-every",
-                 "0", "--lr", "3e-3")
-    assert result.returncode == 0, result.stderr
-    metrics = read_metrics(out / "metrics.jsonl")
-    assert len(metrics) == 3 and metrics[-1]["loss"] < metrics[0]["loss"]
-    result = cli("convert", "export", out / "ckpt-3.h5", tmp_path / "back")
-    assert result.returncode == 0, result.stderr
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back",
-                                                            local_files_only=True)
-    assert isinstance(back, transformers.MistralForCausalLM)
-    assert back.config.sliding_window == 9 and back.config.num_key_value_heads == 2
-    assert_same_loss(out / "ckpt-3.h5", back, data_dir)

@@ -13,7 +13,8 @@ tokens continue from the cached length (CausalLM.forward's ``start``).
 
 ``generate`` is what CausalLM.generate and nntile-generate run: greedy decoding, or sampling
 with a temperature, top-k and top-p (``token_probs``); each sequence stops at its
-end-of-sequence token or at a stop text.
+end-of-sequence token or at a stop text. Prompts of different lengths run as batches of
+prompts of one length, one batch after the other, each against a cache of its own.
 """
 from contextlib import contextmanager
 
@@ -67,6 +68,9 @@ class KVCache:
         self.length = 0
         bt, lt = model.data_tiles(batch, capacity)
         self.cores = [m for _, m in model.named_modules() if isinstance(m, CoreAttention)]
+        if not all(core.causal for core in self.cores):
+            raise ValueError("KVCache: a key/value cache needs causal attention (a key is "
+                             "cached before the queries after it see it)")
         self.tensors = {}
         self.outputs = {}  # o and lse of each query shape and dtype, shared by the cores
         for core in self.cores:
@@ -110,8 +114,7 @@ class KVCache:
         ops.copy_into(k, keys, at)
         ops.copy_into(v, values, at)
         o, lse = self._outputs(core, q)
-        ops.flash_attention(q, keys, values, o, lse, core.scale, True, self.length,
-                            core.window)
+        ops.flash_attention(q, keys, values, o, lse, core.scale, **core.mask(self.length))
         return o
 
     def _outputs(self, core, q):
@@ -135,64 +138,95 @@ class KVCache:
 
 
 def _prompts(model, input_ids, max_new_tokens, window):
-    """The prompts as an int64 array [batch, seq], checked before any task is submitted."""
+    """The prompts, one int64 array each (of any lengths), checked before any task is
+    submitted: the later batches' too."""
     try:
-        ids = np.array(input_ids)
-    except ValueError:
-        ids = None
-    if ids is None or ids.dtype == object or ids.ndim != 2:
-        raise ValueError("generate: input_ids must be [batch, seq] token ids, prompts of one "
-                         "length (pad or cut them to the same length)")
+        prompts = [np.asarray(one) for one in input_ids]
+    except (TypeError, ValueError):
+        prompts = None
+    if not prompts or any(one.ndim != 1 or one.size == 0 or one.dtype.kind not in "iu"
+                          for one in prompts):
+        raise ValueError("generate: input_ids must be the token ids of each prompt ([batch, "
+                         "seq], or a list of prompts of any lengths, none empty)")
+    V = model.config.vocab_size
+    for i, one in enumerate(prompts):
+        if one.min() < 0 or one.max() >= V:
+            raise ValueError(f"generate: prompt {i} holds token id "
+                             f"{one[(one < 0) | (one >= V)][0]}, outside the vocabulary "
+                             f"[0, {V})")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
             or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     P = model.config.max_position_embeddings
-    if window is None and ids.shape[1] + max_new_tokens > P:
-        raise ValueError(f"generate: a prompt of {ids.shape[1]} tokens and {max_new_tokens} new "
+    longest = max(len(one) for one in prompts)
+    if window is None and longest + max_new_tokens > P:
+        raise ValueError(f"generate: a prompt of {longest} tokens and {max_new_tokens} new "
                          f"ones exceed the model's {P} positions (pass a window)")
     if window is not None and not 1 <= window <= P:
         raise ValueError(f"generate: window={window!r} must be between 1 and the model's {P} "
                          "positions")
-    return ids.astype(np.int64) if ids.dtype.kind in "iu" else ids
+    return [one.astype(np.int64) for one in prompts]
 
 
 def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0,
-             eos_token_id=None, stop=None, tokenizer=None, window=None, on_tokens=None):
-    """The prompts ``input_ids`` [batch, seq] (one length) continued by up to
-    ``max_new_tokens`` tokens each: a list of the new tokens of each sequence (lists of
-    ints). ``temperature`` 0 is greedy decoding, else sampling from ``token_probs`` with
-    ``top_k`` and ``top_p`` (numpy's Generator seeded ``seed``). A sequence stops after
-    ``eos_token_id`` (default: the tokenizer's end-of-text), or after the token that
-    completes ``stop`` in its text (decoded by ``tokenizer``), both kept. With a
-    ``tokenizer``, only its tokens are drawn. ``window``: the most tokens the model sees
-    (None: prompt and new tokens must fit in its positions); a longer text goes on from its
-    later half, run again from position 0. ``on_tokens(tokens)``: called with each step's
-    tokens [batch] (those of finished sequences included)."""
-    text = _prompts(model, input_ids, max_new_tokens, window)
+             eos_token_id=None, stop=None, tokenizer=None, window=None, on_token=None):
+    """The prompts ``input_ids`` ([batch, seq], or a list of prompts of any lengths)
+    continued by up to ``max_new_tokens`` tokens each: a list of the new tokens of each
+    prompt (lists of ints), in the order of the prompts. The prompts of one length run as
+    one batch, the batches one after the other (no padding). ``temperature`` 0 is greedy
+    decoding, else sampling from ``token_probs`` with ``top_k`` and ``top_p`` (numpy's
+    Generator seeded ``seed``). A sequence stops after ``eos_token_id`` (default: the
+    tokenizer's end-of-text), or after the token that completes ``stop`` in its text (decoded
+    by ``tokenizer``), both kept. With a ``tokenizer``, only its tokens are drawn.
+    ``window``: the most tokens the model sees (None: prompt and new tokens must fit in its
+    positions); a longer text goes on from its later half, run again from position 0.
+    ``on_token(i, token)``: called with each new token of prompt i as it comes."""
+    prompts = _prompts(model, input_ids, max_new_tokens, window)
     if stop and tokenizer is None:
         raise ValueError("generate: a stop text needs the tokenizer that decodes the tokens")
     if eos_token_id is None and tokenizer is not None:
         eos_token_id = tokenizer.eot
     vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
     rng = np.random.default_rng(seed)
-    new = [[] for _ in range(text.shape[0])]
-    done = np.zeros(text.shape[0], dtype=bool)
+
+    def pick(logits):
+        return pick_token(logits[:vocab], rng, temperature, top_k, temperature == 0, top_p)
+
+    def finished(seq):
+        return (eos_token_id is not None and seq[-1] == eos_token_id) or \
+            bool(stop) and stop in tokenizer.decode(seq)
+
+    new = [[] for _ in prompts]
+    by_length = {}  # prompt length -> the prompts of that length, in the order given
+    for i, one in enumerate(prompts):
+        by_length.setdefault(len(one), []).append(i)
+    for rows in by_length.values():
+        _continue_batch(model, np.stack([prompts[i] for i in rows]), [new[i] for i in rows],
+                        max_new_tokens, pick, finished, window,
+                        on_token and (lambda b, token, rows=rows: on_token(rows[b], token)))
+    return new
+
+
+def _continue_batch(model, text, new, max_new_tokens, pick, finished, window, on_token):
+    """Prompts of one length, ``text`` [batch, seq], continued as one batch against one
+    cache: each sequence's tokens appended to its list of ``new`` until ``finished`` says
+    it ends (see generate)."""
     if max_new_tokens == 0:
-        return new
+        return
+    done = np.zeros(text.shape[0], dtype=bool)
     capacity = min(text.shape[1] + max_new_tokens, window or model.config.max_position_embeddings)
     cache = KVCache(model, text.shape[0], capacity)
     try:
         with cache.attached():
             logits = cache.step(text[:, -capacity:])
             for step in range(max_new_tokens):
-                tokens = np.array([pick_token(row[:vocab], rng, temperature, top_k,
-                                              temperature == 0, top_p) for row in logits])
+                tokens = np.array([pick(row) for row in logits])
                 text = np.concatenate([text, tokens[:, None]], axis=1)
                 for b in np.flatnonzero(~done):
                     new[b].append(int(tokens[b]))
-                    done[b] = _finished(new[b], eos_token_id, stop, tokenizer)
-                if on_tokens is not None:
-                    on_tokens(tokens)
+                    done[b] = finished(new[b])
+                    if on_token is not None:
+                        on_token(b, int(tokens[b]))
                 if done.all() or step == max_new_tokens - 1:
                     break
                 if cache.length == capacity:  # full: the later half again, from position 0
@@ -202,10 +236,3 @@ def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=0, top_p=1
                     logits = cache.step(tokens[:, None])
     finally:
         cache.unregister()
-    return new
-
-
-def _finished(seq, eos_token_id, stop, tokenizer):
-    return (eos_token_id is not None and seq[-1] == eos_token_id) or \
-        bool(stop) and stop in tokenizer.decode(seq)
-

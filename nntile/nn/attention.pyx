@@ -49,6 +49,11 @@ cdef class CoreAttention(Module):
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         self.lse_dtype = "fp32" if self.compute == "bf16" else self.compute
 
+    def mask(self, offset=0):
+        """This core's mask as the attention ops take it (kernels.h, nntile_mask), with
+        ``offset``, the key position of query 0 (a key/value cache's length)."""
+        return {"causal": self.causal, "offset": offset, "window": self.window}
+
     def declare(self, tuple lead, tuple tiles):
         """Fused: forward keeps o and the log-sum-exp of each row. Unfused: forward keeps the
         probabilities p, their softmax statistics and o, and under grouped-query attention
@@ -78,30 +83,31 @@ cdef class CoreAttention(Module):
         attached (generation), k and v join the cache and q attends to every key cached."""
         if self.kv_cache is not None:
             return self.kv_cache.attend(self, q, k, v)
-        cdef dict buffers = self.buffers(q)
+        cdef dict buffers = self.buffers(q), mask = self.mask()
         cdef Tensor o = buffers["o"]
         if self.fused:
             self.lse = buffers["lse"]
-            ops.flash_attention(q, k, v, o, self.lse, self.scale, self.causal, 0, self.window)
+            ops.flash_attention(q, k, v, o, self.lse, self.scale, **mask)
         else:
             if self.group > 1:
                 ops.repeat_kv(k, buffers["k"])
                 ops.repeat_kv(v, buffers["v"])
                 k, v = buffers["k"], buffers["v"]
             self.p = buffers["p"]
-            ops.attn_qk(self.scale, q, k, self.p, self.causal, window=self.window)
-            ops.mask_scores(self.p, self.causal, window=self.window)
+            ops.attn_qk(self.scale, q, k, self.p, **mask)
+            ops.mask_scores(self.p, **mask)
             ops.maxsumexp(self.p, buffers["stats"], 3)
             ops.softmax_inplace(buffers["stats"], self.p, 3)
-            ops.attn_pv(1.0, self.p, v, o, self.causal, window=self.window)
+            ops.attn_pv(1.0, self.p, v, o, **mask)
         self.q, self.k, self.v, self.o = q, k, v, o
         return o
 
     cpdef backward(self, Tensor do, Tensor dq, Tensor dk, Tensor dv):
         """dq, dk, dv (overwritten) from do, the gradient of forward's o."""
+        cdef dict mask = self.mask()
         if self.fused:
             ops.flash_attention_backward(self.q, self.k, self.v, self.o, do, self.lse, dq, dk,
-                                         dv, self.scale, self.causal, 0, self.window)
+                                         dv, self.scale, **mask)
             return
         cdef dict scratch = self.scratch()
         cdef Tensor p = self.p, dp = scratch["core.dp"], sums = scratch["core.sums"]
@@ -109,12 +115,12 @@ cdef class CoreAttention(Module):
         if self.group > 1:
             dk_heads, dv_heads = scratch["core.dk"], scratch["core.dv"]
         # tiles above the diagonal hold zero probabilities: their gradient is never needed
-        ops.attn_qk(1.0, do, self.v, dp, self.causal, 0.0, window=self.window)
-        ops.attn_ptv(1.0, p, do, dv_heads, self.causal, window=self.window)
+        ops.attn_qk(1.0, do, self.v, dp, masked_value=0.0, **mask)
+        ops.attn_ptv(1.0, p, do, dv_heads, **mask)
         ops.sumprod_slice(1.0, p, dp, 0.0, sums, 3)
         ops.softmax_backward(self.scale, p, sums, dp, 3)
-        ops.attn_pv(1.0, dp, self.k, dq, self.causal, window=self.window)
-        ops.attn_ptv(1.0, dp, self.q, dk_heads, self.causal, window=self.window)
+        ops.attn_pv(1.0, dp, self.k, dq, **mask)
+        ops.attn_ptv(1.0, dp, self.q, dk_heads, **mask)
         if self.group > 1:
             ops.sum_kv(dk_heads, dk)
             ops.sum_kv(dv_heads, dv)
