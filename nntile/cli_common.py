@@ -1,5 +1,5 @@
-"""What the command-line programs share: one-line errors with exit code 2, the model and
-tiling flags, and the StarPU flags."""
+"""What the command-line programs share: their entry point, one-line errors with exit code 2,
+the model and tiling flags, and the StarPU flags."""
 import argparse
 import math
 import os
@@ -58,6 +58,17 @@ def run_cli(func, argv=None, prog="nntile"):
         return INTERRUPTED
     except BrokenPipeError:
         return 1
+
+
+def program_main(func, prog, module):
+    """A program's ``main(argv=None)``, the function its console script (pyproject.toml)
+    calls: ``func(argv)`` under run_cli. ``module`` is the program module's ``__name__``:
+    run as a script (``python -m``), the program runs at once and exits with its code."""
+    def main(argv=None):
+        return run_cli(func, argv, prog)
+    if module == "__main__":
+        sys.exit(main())
+    return main
 
 
 def _let_other_ranks_report(seconds=10.0):

@@ -16,8 +16,8 @@ import numpy as np
 
 from nntile.cli_common import (ArgumentParser, CLIError, add_runtime_args, add_tiling_args,
                                add_verbose_arg, check_dtype, default_tiles, family_model,
-                               model_from_checkpoint, model_tiling, output_file, resolve_tiling,
-                               run_cli, start_context, tiling_from_args)
+                               model_from_checkpoint, model_tiling, output_file, program_main,
+                               resolve_tiling, start_context, tiling_from_args)
 
 
 def build_parser():
@@ -126,9 +126,4 @@ def convert_main(argv=None):
     return import_main(args) if args.command == "import" else export_main(args)
 
 
-def main(argv=None):
-    return run_cli(convert_main, argv, "nntile-convert")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = program_main(convert_main, "nntile-convert", __name__)

@@ -19,7 +19,7 @@ import tempfile
 
 import numpy as np
 
-from nntile.cli_common import CLIError, ArgumentParser, OutLock, plural, run_cli
+from nntile.cli_common import CLIError, ArgumentParser, OutLock, plural, program_main
 
 SPLITS = ("train", "val")
 TOKEN_DTYPE = np.dtype(np.uint16)  # nanoGPT's, and the default of files with no meta.json
@@ -603,9 +603,4 @@ def prepare_main(argv=None):
     return 0
 
 
-def main(argv=None):
-    return run_cli(prepare_main, argv, "nntile-prepare")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = program_main(prepare_main, "nntile-prepare", __name__)

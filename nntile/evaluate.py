@@ -12,7 +12,6 @@ left.
 """
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -20,7 +19,7 @@ from nntile.cli_common import (ArgumentParser, CLIError, DefaultsHelpFormatter,
                                add_checkpoint_arg, add_dtype_arg,
                                add_runtime_args, add_tiling_args, add_verbose_arg,
                                check_inference_memory, checkpoint_seq_len,
-                               model_from_checkpoint, positive_int, run_cli, start_context)
+                               model_from_checkpoint, positive_int, program_main, start_context)
 from nntile.data import EVAL_BATCHES, checkpoint_tokenizer, eval_batches, windows
 
 
@@ -167,9 +166,4 @@ def _score_all(ckpt, args, tokens, what):
     return 0
 
 
-def main(argv=None):
-    return run_cli(eval_main, argv, "nntile-eval")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = program_main(eval_main, "nntile-eval", __name__)

@@ -27,8 +27,10 @@ from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_dry_run_ar
                                add_verbose_arg, calibration_note, check_dtype, check_seq_len,
                                default_tiles, family_model, launcher_rank, model_tiling,
                                nonneg_float, nonneg_int, planned_machine, plural,
-                               positive_float, positive_int, resolve_distribution,
-                               resolve_tiling, run_cli, start_context, tiling_from_args)
+                               positive_float, positive_int, program_main,
+                               resolve_distribution, resolve_tiling, start_context,
+                               tiling_from_args)
+from nntile import train_config
 from nntile.data import EVAL_BATCHES
 from nntile.events import EventWriter, event_files
 from nntile.models import FAMILIES
@@ -92,6 +94,9 @@ def build_parser():
                    "default: the running Python's standard library, byte-level")
     g.add_argument("--out", help="checkpoint and metrics directory (checkpoints/; when "
                    "resuming a file: that file's directory)")
+    g.add_argument("--overwrite", action="store_true", help="start afresh in an --out that "
+                   "holds checkpoints (deleting them); with --resume of an earlier checkpoint, "
+                   "delete the later ones instead of keeping them aside")
     g.add_argument("--save-every", type=nonneg_int, help="checkpoint every N steps, 0: only "
                    "at the end (500)")
     g.add_argument("--keep", type=nonneg_int, help="keep the newest K checkpoints, 0: all (3)")
@@ -101,17 +106,10 @@ def build_parser():
     g.add_argument("--init-from", metavar="HF_DIR", help="start from a transformers "
                    "directory (save_pretrained: config.json and the weights) with a fresh "
                    "optimizer; its tokenizer is recorded for generation")
-    g.add_argument("--overwrite", action="store_true", help="start afresh in an --out that "
-                   "holds checkpoints (deleting them); with --resume of an earlier checkpoint, "
-                   "delete the later ones instead of keeping them aside")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar (nor, without "
-                   "a terminal, the progress lines that replace it)")
     add_verbose_arg(p)
-    p.add_argument("--train-config", metavar="FILE", help="the settings in a TOML file (JSON "
-                   "if FILE ends in .json), keyed and grouped as here (tile_batch = 4 in "
-                   "[tiling]); flags override it")
-    p.add_argument("--print-config", action="store_true", help="write the run's resolved "
-                   "settings as a --train-config file and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (nor, without "
+                   "a terminal, the progress lines that replace it)")
+    train_config.add_args(p)
     add_runtime_args(p)
     add_dry_run_args(p)
     return p
@@ -119,7 +117,6 @@ def build_parser():
 
 def parse_args(argv):
     """The flags, over the settings of --train-config."""
-    from nntile import train_config
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.train_config is not None:
@@ -752,7 +749,6 @@ def dry_run(args):
 
 def print_config(args):
     """Write the run's resolved settings as a training config (nntile.train_config)."""
-    from nntile import train_config
     sys.stdout.write(train_config.write(resolved_settings(resolve(args), args), build_parser()))
     return 0
 
@@ -1008,9 +1004,4 @@ def _summary(s, stop, run, start_step, elapsed, checkpoint, metrics_path):
     return ", ".join(parts)
 
 
-def main(argv=None):
-    return run_cli(train_main, argv, "nntile-train")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = program_main(train_main, "nntile-train", __name__)

@@ -13,6 +13,15 @@ from nntile.cli_common import CLIError
 NOT_SETTINGS = ("help", "train_config", "print_config", "overwrite", "verbose", "no_progress")
 
 
+def add_args(parser):
+    """The flags that read and write these files."""
+    parser.add_argument("--train-config", metavar="FILE", help="the settings in a TOML file "
+                        "(JSON if FILE ends in .json), keyed and grouped as here (tile_batch "
+                        "= 4 in [tiling]); flags override it")
+    parser.add_argument("--print-config", action="store_true", help="write the run's "
+                        "resolved settings as a --train-config file and exit")
+
+
 def options(parser):
     """{key: (action, table)} of the parser's settings: each long flag's first name, with
     underscores, and the first word of its --help group."""

@@ -88,7 +88,7 @@ __device__ void block_gemm(int M, int N, int K, const C *A, int am, int ak,
 
 /* Shared memory of the plain kernels, in elements of the compute type, for
  * tiles of bt rows and head dimension d (row strides d + 1 and bt + 1 keep
- * the column walks off a single bank). */
+ * the column walks off a single bank): each kernel's PlainSmem pieces. */
 inline size_t plain_smem_forward(int bt, int64_t d)
 {
     return (size_t)(4 * bt * (d + 1) + bt * (bt + 1) + 2 * bt);
@@ -101,6 +101,29 @@ inline size_t plain_smem_dq(int bt, int64_t d)
 {
     return (size_t)(5 * bt * (d + 1) + bt * (bt + 1) + 2 * bt);
 }
+
+/* A plain kernel's shared memory, handed out in order: tiles of bt rows of
+ * the head dimension d (row stride rs = d + 1), bt x bt score tiles (row
+ * stride lp = bt + 1) and vectors of bt. */
+template <typename C> struct PlainSmem {
+    int bt, d, rs, lp;
+    C *next;
+    __device__ PlainSmem(const FlashParams &p, int bt_)
+        : bt(bt_), d((int)p.d), rs(d + 1), lp(bt_ + 1)
+    {
+        extern __shared__ double plain_smem[];
+        next = (C *)plain_smem;
+    }
+    __device__ C *take(int n)
+    {
+        C *at = next;
+        next += n;
+        return at;
+    }
+    __device__ C *tile() { return take(bt * rs); }
+    __device__ C *scores() { return take(bt * lp); }
+    __device__ C *vec() { return take(bt); }
+};
 
 /* The online softmax of a (query tile at q0, key block at k0) pair, a warp per
  * row: Ss (row stride lp) holds the raw scores and gets exp(s - m), Os (row
@@ -170,11 +193,11 @@ template <typename T, typename C>
 __global__ void __launch_bounds__(kPlainThreads)
 plain_forward_k(FlashParams p, int bt)
 {
-    extern __shared__ double plain_smem[];
-    const int d = (int)p.d, rs = d + 1, lp = bt + 1;
-    C *Qs = (C *)plain_smem, *Os = Qs + bt * rs, *Ks = Os + bt * rs,
-      *Vs = Ks + bt * rs, *Ss = Vs + bt * rs, *mrow = Ss + bt * lp,
-      *lrow = mrow + bt;
+    PlainSmem<C> sm(p, bt);
+    C *Qs = sm.tile(), *Os = sm.tile();
+    C *Ks = sm.tile(), *Vs = sm.tile(), *Ss = sm.scores();
+    C *mrow = sm.vec(), *lrow = sm.vec();
+    const int d = sm.d, rs = sm.rs, lp = sm.lp;
     const QueryTile tile(p, bt);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0, nq = tile.nq;
     const int64_t qstride = p.hq * p.d;
@@ -297,12 +320,11 @@ template <typename T, typename C>
 __global__ void __launch_bounds__(kPlainThreads)
 plain_dkdv_k(FlashParams p, int bt)
 {
-    extern __shared__ double plain_smem[];
-    const int d = (int)p.d, rs = d + 1, lp = bt + 1;
-    C *Ks = (C *)plain_smem, *Vs = Ks + bt * rs, *dKs = Vs + bt * rs,
-      *dVs = dKs + bt * rs, *Qs = dVs + bt * rs, *dOs = Qs + bt * rs,
-      *Ps = dOs + bt * rs, *dSs = Ps + bt * lp, *lrow = dSs + bt * lp,
-      *drow = lrow + bt;
+    PlainSmem<C> sm(p, bt);
+    C *Ks = sm.tile(), *Vs = sm.tile(), *dKs = sm.tile(), *dVs = sm.tile();
+    C *Qs = sm.tile(), *dOs = sm.tile(), *Ps = sm.scores(), *dSs = sm.scores();
+    C *lrow = sm.vec(), *drow = sm.vec();
+    const int d = sm.d, rs = sm.rs, lp = sm.lp;
     const KeyTile tile(p, bt);
     const int64_t b = tile.b, hk = tile.hk, k0 = tile.k0, nk = tile.nk;
     const int64_t grp = p.hq / p.hkv;
@@ -343,12 +365,12 @@ template <typename T, typename C>
 __global__ void __launch_bounds__(kPlainThreads)
 plain_dq_k(FlashParams p, int bt)
 {
-    extern __shared__ double plain_smem[];
-    const int d = (int)p.d, rs = d + 1, lp = bt + 1;
-    C *Qs = (C *)plain_smem, *dOs = Qs + bt * rs, *dQs = dOs + bt * rs,
-      *Ks = dQs + bt * rs, *Vs = Ks + bt * rs, *dSs = Vs + bt * rs,
-      *lrow = dSs + bt * lp, *drow = lrow + bt;
+    PlainSmem<C> sm(p, bt);
+    C *Qs = sm.tile(), *dOs = sm.tile(), *dQs = sm.tile();
     /* the probabilities are not needed past dS: Ps and dSs share */
+    C *Ks = sm.tile(), *Vs = sm.tile(), *dSs = sm.scores();
+    C *lrow = sm.vec(), *drow = sm.vec();
+    const int d = sm.d, rs = sm.rs, lp = sm.lp;
     const QueryTile tile(p, bt);
     const int64_t b = tile.b, h = tile.h, q0 = tile.q0, nq = tile.nq;
     const int64_t qstride = p.hq * p.d, qoff = tile.offset(p);
@@ -462,10 +484,19 @@ bool flash_args_ok(const nntile_flash_args *a, const char *what)
     return true;
 }
 
-FlashParams flash_params(const nntile_flash_args *a)
+/* The parameters of a call on q, k, v and lse (what forward and backward
+ * share); the caller sets its own outputs. */
+FlashParams flash_params(const nntile_flash_args *a, const void *q,
+                         const void *k, const void *v, const void *lse,
+                         int lse_bf16)
 {
     FlashParams p;
     memset(&p, 0, sizeof(p));
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.lse = (void *)lse;
+    p.lse_bf16 = lse_bf16;
     p.batch = a->batch;
     p.tq = a->tq;
     p.tk = a->tk;
@@ -488,13 +519,8 @@ void forward(const nntile_flash_args *a, cudaStream_t s, const T *q,
 {
     if (!flash_args_ok(a, "flash_forward") || a->batch == 0 || a->tq == 0)
         return;
-    FlashParams p = flash_params(a);
-    p.q = q;
-    p.k = k;
-    p.v = v;
+    FlashParams p = flash_params(a, q, k, v, lse, lse_bf16);
     p.o = o;
-    p.lse = lse;
-    p.lse_bf16 = lse_bf16;
     if constexpr (MMA) {
         if (mma_forward<T>(p, s))
             return;
@@ -510,14 +536,9 @@ void backward(const nntile_flash_args *a, cudaStream_t s, const T *q,
     if (!flash_args_ok(a, "flash_backward") || a->batch == 0
         || (a->tq == 0 && a->tk == 0))
         return;
-    FlashParams p = flash_params(a);
-    p.q = q;
-    p.k = k;
-    p.v = v;
+    FlashParams p = flash_params(a, q, k, v, lse, lse_bf16);
     p.o_in = o;
     p.dout = dout;
-    p.lse = (void *)lse;
-    p.lse_bf16 = lse_bf16;
     p.dq = dq;
     p.dk = dk;
     p.dv = dv;

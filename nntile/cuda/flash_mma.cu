@@ -305,6 +305,40 @@ struct TileMask {
     }
 };
 
+/* A block of the forward or dq kernel: its query tile of kRows rows and the
+ * key tiles of BK rows that it sees, [lo, hi), of its kv head's k and v.
+ * The strides and d are read from p once, up front: a field of p read after
+ * a cp.async (an asm statement that clobbers memory) is loaded again, at a
+ * cost in registers. */
+template <typename T, int DP, int LD, int BK> struct QueryBlock : QueryTile {
+    const T *k, *v;
+    int64_t qstride, kstride, lo, hi;
+    __device__ QueryBlock(const FlashParams &p)
+        : QueryTile(p, kRows), k(kv<T>(p, p.k)), v(kv<T>(p, p.v)),
+          qstride(p.hq * p.d), kstride(p.hkv * p.d)
+    {
+        const nntile_range r = flash_key_blocks(p, q0, nq, BK);
+        lo = r.lo;
+        hi = r.hi;
+    }
+    /* the query tile's rows of src (q or dout) into dst, asynchronously */
+    __device__ __forceinline__ void load_queries(T *dst, const void *src,
+                                                 const FlashParams &p,
+                                                 int d) const
+    {
+        load_tile<T, DP, LD>(dst, (const T *)src + offset(p), qstride, nq,
+                             kRows, d);
+    }
+    /* the key tile at key k0 of src (k or v) into dst, asynchronously */
+    __device__ __forceinline__ void load_keys(T *dst, const T *src, int64_t k0,
+                                              const FlashParams &p,
+                                              int d) const
+    {
+        load_tile<T, DP, LD>(dst, src + k0 * kstride, kstride, p.tk - k0, BK,
+                             d);
+    }
+};
+
 /* delta = rowsum(dout * o) and the exp2-domain lse of the 64 query rows
  * [q0, q0 + 64) of head h into smem (dOs: those dout rows, row stride LD);
  * two threads a row. */
@@ -382,6 +416,42 @@ __device__ __forceinline__ void acc_times(float (&acc)[NO][4],
     }
 }
 
+/* Backward's probabilities and score gradients for the warp's 16 rows of
+ * the pair (query tile at q0, key tile at k0), from X, dX (the block's own
+ * tile of kRows rows: q and dout, or k and v) and Y, dY (the other side's, of
+ * NT * 8 rows): s = P = exp2(X Y^T sl2 - lse) and dp = dS = P (dX dY^T -
+ * delta).  KEY_ROWS: the rows are keys (dk/dv: P^T and dS^T) and lse and
+ * delta hold a value per query column; else the rows are queries and lse
+ * and delta hold the thread's two rows. */
+template <class M, int DP, int NT, int LD, bool KEY_ROWS>
+__device__ __forceinline__ void probs_and_grads(
+    float (&s)[NT][4], float (&dp)[NT][4], const typename M::T *X,
+    const typename M::T *Y, const typename M::T *dX, const typename M::T *dY,
+    const FlashParams &p, int64_t q0, int64_t k0, const float *lse,
+    const float *del, float sl2)
+{
+    const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16;
+    const int t = lane & 3;
+    rows_dot<M, DP, NT, LD>(s, X, Y, r0, lane);
+    rows_dot<M, DP, NT, LD>(dp, dX, dY, r0, lane);
+    const TileMask mask(p, q0, k0, KEY_ROWS ? NT * 8 : kRows,
+                        KEY_ROWS ? kRows : NT * 8);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = j * 8 + 2 * t + (e & 1);
+            const int row = r0 + (lane >> 2) + (e >> 1) * 8;
+            const int i = KEY_ROWS ? col : e >> 1;
+            float pr = exp2f(s[j][e] * sl2 - lse[i]);
+            if (mask.any
+                && (KEY_ROWS ? mask.masked(row, col) : mask.masked(col, row)))
+                pr = 0.f;
+            dp[j][e] = M::round_acc(pr * (dp[j][e] - del[i]));
+            s[j][e] = M::round_acc(pr);
+        }
+}
+
 /* Row g + 8 rr of the warp's accumulators, times scale, into the first d
  * columns of a row of an output (plus what it holds, when add). */
 template <typename T, int NO>
@@ -416,20 +486,14 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
     T *Qs = (T *)mma_smem, *Ks = Qs + kRows * LD, *Vs = Ks + BK * LD;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, d = (int)p.d;
-    const QueryTile tile(p, kRows);
-    const int64_t b = tile.b, h = tile.h, q0 = tile.q0;
-    const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
-    const nntile_range kbs = flash_key_blocks(p, q0, tile.nq, BK);
+    const QueryBlock<T, DP, LD, BK> blk(p);
 
     zero_pad<T, DP, LD>(Qs, kRows, d);
     zero_pad<T, DP, LD>(Ks, BK, d);
     zero_pad<T, DP, LD>(Vs, BK, d);
-    load_tile<T, DP, LD>(Qs, (const T *)p.q + tile.offset(p), qstride, tile.nq,
-                         kRows, d);
-    if (kbs.lo < kbs.hi)
-        load_tile<T, DP, LD>(Ks, kg + kbs.lo * BK * kstride, kstride,
-                             p.tk - kbs.lo * BK, BK, d);
+    blk.load_queries(Qs, p.q, p, d);
+    if (blk.lo < blk.hi)
+        blk.load_keys(Ks, blk.k, blk.lo * BK, p, d);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -447,9 +511,9 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
     const float sl2 = (float)p.scale * kLog2e;
     const int qrow = warp * 16 + g; /* the thread's rows: qrow, qrow + 8 */
 
-    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
+    for (int64_t kb = blk.lo; kb < blk.hi; ++kb) {
         const int64_t k0 = kb * BK;
-        load_tile<T, DP, LD>(Vs, vg + k0 * kstride, kstride, p.tk - k0, BK, d);
+        blk.load_keys(Vs, blk.v, k0, p, d);
         cp_commit();
         /* S = q k^T */
         float s[NS][4];
@@ -466,7 +530,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
                 M::mma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
             }
         /* scale into the exp2 domain; mask past tk and above the diagonal */
-        const TileMask mask(p, q0, k0, kRows, BK);
+        const TileMask mask(p, blk.q0, k0, kRows, BK);
 #pragma unroll
         for (int j = 0; j < NS; ++j)
 #pragma unroll
@@ -506,9 +570,8 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
         }
         cp_wait<0>();
         __syncthreads(); /* V in; every warp done with K */
-        if (kb + 1 < kbs.hi)
-            load_tile<T, DP, LD>(Ks, kg + (k0 + BK) * kstride, kstride,
-                                 p.tk - k0 - BK, BK, d);
+        if (kb + 1 < blk.hi)
+            blk.load_keys(Ks, blk.k, k0 + BK, p, d);
         cp_commit();
         acc_times<M, NS, NO, LD>(o, s, Vs, lane); /* O += P v */
         cp_wait<0>();
@@ -523,22 +586,23 @@ __global__ void __launch_bounds__(kThreads) mma_forward_k(FlashParams p)
         l += __shfl_xor_sync(kFull, l, 1);
         l += __shfl_xor_sync(kFull, l, 2);
         lsum[rr] = l;
-        const int64_t row = q0 + qrow + rr * 8;
+        const int64_t row = blk.q0 + qrow + rr * 8;
         lse_o[rr] = p.accumulate && row < p.tq
-                        ? lse_load<float>(p.lse, (b * p.tq + row) * p.hq + h,
+                        ? lse_load<float>(p.lse,
+                                          (blk.b * p.tq + row) * p.hq + blk.h,
                                           p.lse_bf16)
                         : -CUDART_INF_F;
     }
     __syncwarp(); /* every lane has read lse before any writes it */
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        const int64_t row = q0 + qrow + rr * 8;
+        const int64_t row = blk.q0 + qrow + rr * 8;
         if (row >= p.tq)
             continue;
         const float l = lsum[rr];
         const float lse_t = l > 0.f ? (m_r[rr] + log2f(l)) * kLn2 : -CUDART_INF_F;
         const float inv = l > 0.f ? 1.f / l : 0.f;
-        const int64_t at = (b * p.tq + row) * p.hq + h;
+        const int64_t at = (blk.b * p.tq + row) * p.hq + blk.h;
         T *orow = (T *)p.o + at * p.d;
         if (!p.accumulate) {
             store_row<T, NO>(orow, o, rr, inv, false, d, t);
@@ -641,25 +705,12 @@ mma_dkdv_k(FlashParams p, int nstage)
         const T *Qs = stage0 + st * 2 * BQ * LD, *dOs = Qs + BQ * LD;
         row_stats<T, LD>(p, b, item_head(it), q0, dOs, lse_s, del_s, BQ);
         __syncthreads();
-        /* S^T = k q^T and dP^T = v dout^T: rows the warp's keys */
-        float sT[NQ][4], dpT[NQ][4];
-        rows_dot<M, DP, NQ, LD>(sT, Ks, Qs, warp * 16, lane);
-        rows_dot<M, DP, NQ, LD>(dpT, Vs, dOs, warp * 16, lane);
-        /* P^T = exp2(S^T sl2 - lse), dS^T = P^T (dP^T - delta) */
-        const TileMask mask(p, q0, k0, BQ, kRows);
-#pragma unroll
-        for (int j = 0; j < NQ; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int qc = j * 8 + 2 * t + (e & 1);
-                float pr = exp2f(sT[j][e] * sl2 - lse_s[qc]);
-                if (mask.any && mask.masked(krow + (e >> 1) * 8, qc))
-                    pr = 0.f;
-                dpT[j][e] = M::round_acc(pr * (dpT[j][e] - del_s[qc]));
-                sT[j][e] = M::round_acc(pr);
-            }
-        acc_times<M, NQ, NO, LD>(dv, sT, dOs, lane); /* dV += P^T dout */
-        acc_times<M, NQ, NO, LD>(dk, dpT, Qs, lane); /* dK += dS^T q */
+        /* P^T and dS^T: rows the warp's keys */
+        float pT[NQ][4], dsT[NQ][4];
+        probs_and_grads<M, DP, NQ, LD, true>(pT, dsT, Ks, Qs, Vs, dOs, p, q0,
+                                             k0, lse_s, del_s, sl2);
+        acc_times<M, NQ, NO, LD>(dv, pT, dOs, lane); /* dV += P^T dout */
+        acc_times<M, NQ, NO, LD>(dk, dsT, Qs, lane); /* dK += dS^T q */
         __syncthreads(); /* every warp done with this stage and the stats */
     }
     cp_wait<0>(); /* no query tile at all: k and v may still be arriving */
@@ -690,32 +741,25 @@ __global__ void __launch_bounds__(kThreads) mma_dq_k(FlashParams p, int nstage)
     float *del_s = lse_s + kRows;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, d = (int)p.d;
-    const QueryTile tile(p, kRows);
-    const int64_t b = tile.b, h = tile.h, q0 = tile.q0;
-    const int64_t qstride = p.hq * p.d, kstride = p.hkv * p.d;
-    const T *kg = tile.kv<T>(p, p.k), *vg = tile.kv<T>(p, p.v);
-    const nntile_range kbs = flash_key_blocks(p, q0, tile.nq, BK);
+    const QueryBlock<T, DP, LD, BK> blk(p);
 
     zero_pad<T, DP, LD>(Qs, kRows, d);
     zero_pad<T, DP, LD>(dOs, kRows, d);
     zero_pad<T, DP, LD>(stage0, nstage * 2 * BK, d);
-    load_tile<T, DP, LD>(Qs, (const T *)p.q + tile.offset(p), qstride, tile.nq,
-                         kRows, d);
-    load_tile<T, DP, LD>(dOs, (const T *)p.dout + tile.offset(p), qstride,
-                         tile.nq, kRows, d);
+    blk.load_queries(Qs, p.q, p, d);
+    blk.load_queries(dOs, p.dout, p, d);
     auto issue = [&](int64_t kb, int st) {
         const int64_t k0 = kb * BK;
         T *Ks = stage0 + st * 2 * BK * LD;
-        load_tile<T, DP, LD>(Ks, kg + k0 * kstride, kstride, p.tk - k0, BK, d);
-        load_tile<T, DP, LD>(Ks + BK * LD, vg + k0 * kstride, kstride,
-                             p.tk - k0, BK, d);
+        blk.load_keys(Ks, blk.k, k0, p, d);
+        blk.load_keys(Ks + BK * LD, blk.v, k0, p, d);
     };
-    if (kbs.lo < kbs.hi)
-        issue(kbs.lo, 0);
+    if (blk.lo < blk.hi)
+        issue(blk.lo, 0);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
-    row_stats<T, LD>(p, b, h, q0, dOs, lse_s, del_s, kRows);
+    row_stats<T, LD>(p, blk.b, blk.h, blk.q0, dOs, lse_s, del_s, kRows);
     __syncthreads();
     const int qrow = warp * 16 + g; /* the thread's rows: qrow, qrow + 8 */
     const float lse_r[2] = {lse_s[qrow], lse_s[qrow + 8]};
@@ -727,16 +771,16 @@ __global__ void __launch_bounds__(kThreads) mma_dq_k(FlashParams p, int nstage)
         dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
     const float sl2 = (float)p.scale * kLog2e;
 
-    for (int64_t kb = kbs.lo; kb < kbs.hi; ++kb) {
-        const int st = nstage == 2 ? (int)((kb - kbs.lo) & 1) : 0;
+    for (int64_t kb = blk.lo; kb < blk.hi; ++kb) {
+        const int st = nstage == 2 ? (int)((kb - blk.lo) & 1) : 0;
         if (nstage == 2) {
-            if (kb + 1 < kbs.hi) {
+            if (kb + 1 < blk.hi) {
                 issue(kb + 1, st ^ 1);
                 cp_commit();
                 cp_wait<1>();
             } else
                 cp_wait<0>();
-        } else if (kb > kbs.lo) {
+        } else if (kb > blk.lo) {
             issue(kb, 0);
             cp_commit();
             cp_wait<0>();
@@ -744,32 +788,20 @@ __global__ void __launch_bounds__(kThreads) mma_dq_k(FlashParams p, int nstage)
         __syncthreads();
         const int64_t k0 = kb * BK;
         const T *Ks = stage0 + st * 2 * BK * LD, *Vs = Ks + BK * LD;
-        /* S = q k^T, dP = dout v^T */
-        float s[NS][4], dp[NS][4];
-        rows_dot<M, DP, NS, LD>(s, Qs, Ks, warp * 16, lane);
-        rows_dot<M, DP, NS, LD>(dp, dOs, Vs, warp * 16, lane);
-        /* dS = P (dP - delta), P = exp2(S sl2 - lse) */
-        const TileMask mask(p, q0, k0, kRows, BK);
-#pragma unroll
-        for (int j = 0; j < NS; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float pr = exp2f(s[j][e] * sl2 - lse_r[e >> 1]);
-                if (mask.any
-                    && mask.masked(j * 8 + 2 * t + (e & 1), qrow + (e >> 1) * 8))
-                    pr = 0.f;
-                s[j][e] = M::round_acc(pr * (dp[j][e] - del_r[e >> 1]));
-            }
-        acc_times<M, NS, NO, LD>(dq, s, Ks, lane); /* dQ += dS k */
+        float pr[NS][4], ds[NS][4]; /* P is not needed past dS */
+        probs_and_grads<M, DP, NS, LD, false>(pr, ds, Qs, Ks, dOs, Vs, p,
+                                              blk.q0, k0, lse_r, del_r, sl2);
+        acc_times<M, NS, NO, LD>(dq, ds, Ks, lane); /* dQ += dS k */
         __syncthreads(); /* every warp done with this stage */
     }
 
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        const int64_t row = q0 + qrow + rr * 8;
+        const int64_t row = blk.q0 + qrow + rr * 8;
         if (row < p.tq)
-            store_row<T, NO>((T *)p.dq + ((b * p.tq + row) * p.hq + h) * p.d, dq,
-                             rr, (float)p.scale, (p.accumulate & 1) != 0, d, t);
+            store_row<T, NO>(
+                (T *)p.dq + ((blk.b * p.tq + row) * p.hq + blk.h) * p.d, dq, rr,
+                (float)p.scale, (p.accumulate & 1) != 0, d, t);
     }
 }
 
@@ -882,28 +914,33 @@ template <typename T> int mma_dp(const FlashParams &p)
     return (int)((p.d + 31) / 32 * 32);
 }
 
-} // namespace
-
-template <typename T> bool mma_forward(const FlashParams &p, cudaStream_t s)
+/* f(std::integral_constant<int, DP>()) for the call's padded head dimension
+ * DP (mma_dp), or false when the tensor cores do not take the call. */
+template <typename T, typename F> bool with_dp(const FlashParams &p, F f)
 {
     switch (mma_dp<T>(p)) {
-    case 32: return forward_dp<T, 32>(p, s);
-    case 64: return forward_dp<T, 64>(p, s);
-    case 96: return forward_dp<T, 96>(p, s);
-    case 128: return forward_dp<T, 128>(p, s);
+    case 32: return f(std::integral_constant<int, 32>());
+    case 64: return f(std::integral_constant<int, 64>());
+    case 96: return f(std::integral_constant<int, 96>());
+    case 128: return f(std::integral_constant<int, 128>());
     default: return false;
     }
 }
 
+} // namespace
+
+template <typename T> bool mma_forward(const FlashParams &p, cudaStream_t s)
+{
+    return with_dp<T>(p, [&](auto dp) {
+        return forward_dp<T, decltype(dp)::value>(p, s);
+    });
+}
+
 template <typename T> bool mma_backward(const FlashParams &p, cudaStream_t s)
 {
-    switch (mma_dp<T>(p)) {
-    case 32: return backward_dp<T, 32>(p, s);
-    case 64: return backward_dp<T, 64>(p, s);
-    case 96: return backward_dp<T, 96>(p, s);
-    case 128: return backward_dp<T, 128>(p, s);
-    default: return false;
-    }
+    return with_dp<T>(p, [&](auto dp) {
+        return backward_dp<T, decltype(dp)::value>(p, s);
+    });
 }
 
 template bool mma_forward<bf16>(const FlashParams &, cudaStream_t);
