@@ -169,24 +169,27 @@ def scheduler(gpu_workers, cpu_workers):
 def device_replica_bytes(breakdown, devices):
     """What one of ``devices`` GPUs holds when each trains a replica (nntile.parallel.
     DeviceReplicas), from a run's bytes by category (nntile.memory.Estimate.breakdown): the
-    weights GEMMs read (compute copies, or the parameters themselves), its own gradients
-    (whose tiles it is home to hold the sums), its share of the masters and optimizer states,
-    and its share of the batch's activations and workspaces."""
+    weights GEMMs read (compute copies, or the parameters themselves), its share of the
+    masters, optimizer states, workspaces and logits, and the larger of its gradients and
+    its share of the activations. Both are not held at once: a replica's gradients are
+    dropped between steps (DataParallel.zero_grad) and backward writes a block's gradients
+    as it frees that block's activations, so while one grows the other shrinks."""
     shared = breakdown["parameters"] + breakdown["optimizer_states"]
     weights = breakdown["compute_copies"] or breakdown["parameters"]
     if not breakdown["compute_copies"]:
         shared -= breakdown["parameters"]  # the weights GEMMs read, counted whole above
-    per_batch = breakdown["activations"] + breakdown["workspaces"] + breakdown["logits"]
-    return int(weights + breakdown["gradients"] + (shared + per_batch) / devices)
+    per_batch = breakdown["workspaces"] + breakdown["logits"]
+    return int(weights + (shared + per_batch) / devices
+               + max(breakdown["gradients"], breakdown["activations"] / devices))
 
 
 def device_replicas(given, devices, owner_ranks, replica_bytes=None, gpu_bytes=None, rows=None):
     """How many replicas of a model one process trains on its CUDA devices
-    (nntile.parallel.DeviceReplicas): one per device where there are several (1.39x on
-    Llama-3.2-1B's shape, 1.11x on the wide 4.05B model, bf16-mixed on two H200s), unless
-    turned off, the ranks own tiles through StarPU-MPI, or a replica per GPU would not fit
-    (``replica_bytes``, policy.device_replica_bytes, against ``gpu_bytes``: Llama-3.1-8B at
-    batch 8 on two H200s ran at 0.82x of any GPU running any task). With one (1) every GPU
+    (nntile.parallel.DeviceReplicas): one per device where there are several (against any
+    GPU running any task, bf16-mixed on two H200s: 1.39x on Llama-3.2-1B's shape, 1.11x on
+    the wide 4.05B model, 1.36x on Llama-3.1-8B's at batch 8), unless turned off, the ranks
+    own tiles through StarPU-MPI, or a replica per GPU would not fit (``replica_bytes``,
+    policy.device_replica_bytes, against ``gpu_bytes``). With one (1) every GPU
     may run any task: the weight tiles then follow the tasks from GPU to GPU, and a gradient
     tile moves on every task that accumulates into it (docs/performance.md, "Several GPUs in
     one process"). ``rows``: the batch rows the process trains (None: not known), which the

@@ -137,19 +137,22 @@ def test_policy_keeps_a_replica_per_gpu_where_it_fits():
                        compute_copies=16 * gib, activations=60 * gib, workspaces=5 * gib,
                        logits=8 * gib)
     need = policy.device_replica_bytes(llama_8b_b8, 2)
-    # copies and gradients whole, half of masters, states and the batch's tensors
-    assert need == int(16 * gib + 32 * gib + (96 + 73) * gib / 2)
+    # copies whole, half of masters, states, workspaces and logits, and the larger of the
+    # gradients and half the activations
+    assert need == int(16 * gib + (96 + 13) * gib / 2 + 32 * gib)
+    assert policy.device_replica_bytes(dict(llama_8b_b8, activations=90 * gib), 2) == \
+        int(16 * gib + (96 + 13) * gib / 2 + 45 * gib)
     assert policy.device_replicas(None, 2, 1, need, 136 * gib).value == 2
-    assert policy.device_replicas(None, 2, 1, need, 128 * gib).value == 1
+    assert policy.device_replicas(None, 2, 1, need, 96 * gib).value == 1
     assert policy.device_replicas(None, 4, 1, policy.device_replica_bytes(llama_8b_b8, 4),
-                                  128 * gib).value == 4
-    assert policy.device_replicas(True, 2, 1, need, 128 * gib).value == 2
+                                  96 * gib).value == 4
+    assert policy.device_replicas(True, 2, 1, need, 96 * gib).value == 2
     assert policy.device_replicas(None, 2, 2).value == 1  # StarPU-MPI owners
     assert policy.device_replicas(None, 2, 1, rows=5).value == 1  # not shared equally
     assert policy.device_replicas(None, 2, 1, rows=6).value == 2
     assert policy.device_replicas(None, 1, 1).value == 1
     fp32 = dict(llama_8b_b8, compute_copies=0)
-    assert policy.device_replica_bytes(fp32, 2) == int(32 * gib + 32 * gib + (64 + 73) * gib / 2)
+    assert policy.device_replica_bytes(fp32, 2) == int(32 * gib + (64 + 13) * gib / 2 + 32 * gib)
 
 
 @pytest.mark.parametrize("model_type,config", [(LlamaLM, LLAMA), (GPT2LMHead, GPT2)])
