@@ -1,6 +1,6 @@
 """GPT-2 training step on CPU: ours against PyTorch eager + transformers, side by side.
 
-Full size (the issue's configuration): n_embd 256, 4 layers, 4 heads, vocabulary 50257,
+Full size: n_embd 256, 4 layers, 4 heads, vocabulary 50257,
 sequence 256, batch 8. NNTILE_BENCH_QUICK=1 shrinks it so CI-sized machines finish quickly; NNTILE_BENCH_CPU_TILING
 gives our tiles (default: nntile's choice).
 """
