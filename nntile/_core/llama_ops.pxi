@@ -27,14 +27,13 @@ cdef _rope(str name, int op, Tensor x, Tensor pos, Tensor inv_freq, scale):
     cdef Py_ssize_t i
     args.head_dim = d
     args.scale = scale
-    # rope_forward's buffers are (pos, inv_freq, x), rope_backward's (pos, inv_freq, dx)
-    h[BUF_rope_forward_inv_freq] = inv_freq.handles[0]
+    h[BUF_rope_inv_freq] = inv_freq.handles[0]
     for i in range(x.traits.ntiles):
         x.traits.tile_coords(i, coords)
         args.rows = x.traits.tile_dim(0, coords[0]) * x.traits.tile_dim(1, coords[1])
         args.heads = x.traits.tile_dim(2, coords[2])
-        h[BUF_rope_forward_pos] = pos.handles[pos.traits.tile_linear(coords)]
-        h[BUF_rope_forward_x] = x.handles[i]
+        h[BUF_rope_pos] = pos.handles[pos.traits.tile_linear(coords)]
+        h[BUF_rope_x] = x.handles[i]
         submit(op, column, 3, h, &args, sizeof(args))
 
 

@@ -351,10 +351,11 @@ NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
     P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, weight) \
     W(T *, rowacc) P(T *, dweight)
 #define NNTILE_BUFFERS_rmsnorm_backward NNTILE_NORM_BACKWARD_BUFFERS
-#define NNTILE_BUFFERS_rope_forward(P, W, T, ACC) \
+/* rotary positions turn x forward and dx backward, in place */
+#define NNTILE_ROPE_BUFFERS(P, W, T, ACC) \
     P(const int64_t *, pos) P(const ACC *, inv_freq) P(T *, x)
-#define NNTILE_BUFFERS_rope_backward(P, W, T, ACC) \
-    P(const int64_t *, pos) P(const ACC *, inv_freq) P(T *, dx)
+#define NNTILE_BUFFERS_rope_forward NNTILE_ROPE_BUFFERS
+#define NNTILE_BUFFERS_rope_backward NNTILE_ROPE_BUFFERS
 #define NNTILE_BUFFERS_swiglu_forward(P, W, T, ACC) \
     P(const T *, gate) P(const T *, up) W(T *, h)
 #define NNTILE_BUFFERS_swiglu_backward(P, W, T, ACC) \
