@@ -6,6 +6,11 @@ accumulates into them; other buffers are read and written). EXPECTED is what the
 passed by hand before the modes came from the table: the derived modes must be the same, W
 wherever it was W (StarPU then does not fetch the tile's old contents).
 
+Accumulation: which W buffers a task reads too is each op's rule in NNTILE_ACCUMULATES. Every
+scenario runs again with each tile a task opens write-only filled with NaN first: a kernel that
+reads what its rule says it writes over would leave NaN. Every op whose rule is beta != 0 adds
+beta times what the buffer the rule names held, against numpy.
+
 Columns: the tf32 codelet of every op runs the fp32 CPU kernel (tf32 stores fp32), whatever
 its kind (X_TF32 ops have tf32 CUDA kernels of their own)."""
 import numpy as np
