@@ -24,3 +24,4 @@ value_structs = kernel_header.value_structs
 op_table = kernel_header.op_table
 op_buffers = kernel_header.op_buffers
 activations = kernel_header.activations
+accumulates = kernel_header.accumulates

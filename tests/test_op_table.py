@@ -6,6 +6,11 @@ accumulates into them; other buffers are read and written). EXPECTED is what the
 passed by hand before the modes came from the table: the derived modes must be the same, W
 wherever it was W (StarPU then does not fetch the tile's old contents).
 
+Accumulation: which W buffers a task reads too is each op's rule in NNTILE_ACCUMULATES. Every
+scenario runs again with each tile a task opens write-only filled with NaN first: a kernel that
+reads what its rule says it writes over would leave NaN. Every op whose rule is beta != 0 adds
+beta times what the buffer the rule names held, against numpy.
+
 Columns: the tf32 codelet of every op runs the fp32 CPU kernel (tf32 stores fp32), whatever
 its kind (X_TF32 ops have tf32 CUDA kernels of their own)."""
 import numpy as np
@@ -14,13 +19,18 @@ import pytest
 import nntile
 from nntile import ops
 from nntile._core import core
-from tests.kernel_header import op_table
+from tests.kernel_header import accumulates, op_table
+
+# While a list, T appends every tensor it makes to it (the tensors a scenario leaves).
+_made = None
 
 
 def T(shape, tiles, dtype="fp32", value=None):
     t = nntile.Tensor(shape, tiles, dtype)
     rng = np.random.default_rng(0)
     t.write(rng.standard_normal(shape) if value is None else np.full(shape, value))
+    if _made is not None:
+        _made.append(t)
     return t
 
 
@@ -72,7 +82,10 @@ def _scenarios():
         ops.adam_step(1, 1e-3, 0.9, 0.99, 1e-8, 0.0, True, p, g, fib(), fib())
         ops.adam_step(2, 1e-3, 0.9, 0.99, 1e-8, 0.0, True, p, g, fib(), fib(), normsq, 1.0)
         for momentum, step in ((0.0, 2), (0.9, 1), (0.9, 2)):
-            ops.sgd_step(step, 1e-3, momentum, 0.0, 0.0, False, p, g, fib(), normsq, 1.0)
+            # without momentum the task opens buf write-only and leaves it unwritten
+            # (undefined after), so that buf is not among the tensors compared
+            buf = fib() if momentum else nntile.Tensor((6,), (3,))
+            ops.sgd_step(step, 1e-3, momentum, 0.0, 0.0, False, p, g, buf, normsq, 1.0)
 
     def mixed():
         p, copy = fib(), T((6,), (3,), "bf16")
@@ -342,3 +355,90 @@ def test_tf32_column_runs_the_fp32_cpu_kernel(ctx, op, kind, columns):
     assert core._codelet_kernels(op, "fp64")[0] != 0
     if op != "copy":  # copy moves bytes, whatever the dtype: codelets.c gives it every column
         assert (core._codelet_kernels(op, "bf16_fp32") is not None) == (columns == "MIXED")
+
+
+def _left(name, poison):
+    """The values of every tensor that scenario ``name`` makes, run with every tile that a
+    task opens write-only filled with NaN first (``poison``) or not."""
+    global _made
+    _made = []
+    previous = core._poison_written(poison)
+    try:
+        _scenarios()[name]()
+    finally:
+        core._poison_written(previous)
+        made, _made = _made, None
+    return [t.to_array() for t in made]
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_tiles_opened_write_only_are_not_read(ctx, name):
+    """A task opens a W buffer write-only unless the op's rule in NNTILE_ACCUMULATES
+    (kernels.h) holds of its args; a kernel that reads such a buffer would read NaN here, so
+    every scenario must leave the same values, bit for bit."""
+    for plain, poisoned in zip(_left(name, False), _left(name, True)):
+        assert np.array_equal(plain, poisoned, equal_nan=True)
+
+
+def _beta_cases():
+    """op -> (run(beta, out), out's shape and tiles): the tensor op whose tasks of op take
+    the caller's beta on the buffer that NNTILE_ACCUMULATES names, ``out``."""
+    x = lambda: T((4, 6), (2, 3))  # noqa: E731
+    fib = lambda: T((6,), (3,))  # noqa: E731
+    sl = lambda: T((4,), (2,))  # noqa: E731
+    X, FIB, SL = ((4, 6), (2, 3)), ((6,), (3,)), ((4,), (2,))
+
+    def layernorm_backward(beta, dx):
+        X, s = x(), T((4, 2), (2, 2))
+        ops.layernorm_forward(X, fib(), fib(), 1e-5, s, x())
+        ops.layernorm_backward(X, x(), s, fib(), 1e-5, T((4, 2), (2, 2)), fib(), fib(), beta, dx)
+
+    def rmsnorm_backward(beta, dx):
+        X, s = x(), sl()
+        ops.rmsnorm_forward(X, fib(), 1e-5, s, x())
+        ops.rmsnorm_backward(X, x(), s, fib(), 1e-5, sl(), fib(), beta, dx)
+
+    cases = {f"{act}_backward": (lambda beta, dx, act=act: getattr(ops, f"{act}_backward")(
+        x(), x(), beta, dx), X) for act in ("gelu", "gelutanh", "silu")}
+    cases.update({
+        "add": (lambda beta, dst: ops.add(1.0, x(), beta, dst), X),
+        "add_fiber": (lambda beta, dst: ops.add_fiber(1.0, fib(), beta, dst, 1), X),
+        "sum_fiber": (lambda beta, fiber: ops.sum_fiber(1.0, x(), beta, fiber, 1), FIB),
+        "sumprod_fiber": (lambda beta, fiber: ops.sumprod_fiber(1.0, x(), x(), beta, fiber, 1),
+                          FIB),
+        "sum_slice": (lambda beta, dst: ops.sum_slice(1.0, x(), beta, dst, 1), SL),
+        "sumprod_slice": (lambda beta, dst: ops.sumprod_slice(1.0, x(), x(), beta, dst, 1), SL),
+        "add_slice": (lambda beta, dst: ops.add_slice(1.0, sl(), beta, dst, 1), X),
+        "layernorm_backward": (layernorm_backward, X),
+        "rmsnorm_backward": (rmsnorm_backward, X),
+        "gemm": (lambda beta, C: ops.gemm(1.0, x(), "N", T((6, 5), (3, 5)), "N", beta, C),
+                 ((4, 5), (2, 5))),
+        "sumsq": (lambda beta, dst: ops.sumsq(x(), beta, dst), ((1,), (1,))),
+    })
+    return cases
+
+
+# ops whose rule is beta != 0 but whose tensor op sets beta itself: cross_entropy sums the
+# row tiles' losses into one (scenario "xent")
+_OWN_BETA = {"xent_loss"}
+
+
+def test_every_op_that_accumulates_by_beta_is_checked():
+    by_beta = {op for op, rule in accumulates().items()
+               if any(when == "a->beta != 0" for _, _, when in rule)}
+    assert set(_beta_cases()) == by_beta - _OWN_BETA
+
+
+@pytest.mark.parametrize("op", sorted(_beta_cases()))
+def test_beta_accumulates_into_the_buffer_the_table_names(ctx, op):
+    """With beta = 0 the buffer is written over (NaN there does not show); with beta = 0.5
+    the same op adds 0.5 times what the buffer held."""
+    run, (shape, tiles) = _beta_cases()[op]
+    held = np.random.default_rng(1).standard_normal(shape)
+    over, acc = T(shape, tiles, value=np.nan), T(shape, tiles)
+    acc.write(held)
+    run(0.0, over)
+    run(0.5, acc)
+    assert np.isfinite(over.to_array()).all()
+    np.testing.assert_allclose(acc.to_array(), over.to_array() + 0.5 * held, rtol=1e-5,
+                               atol=1e-5)

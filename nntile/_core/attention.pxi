@@ -42,13 +42,13 @@ cdef _bias_loop(int op, int column, double alpha, Tensor bias, double beta, Tens
             # the bias tile accumulates the sums of every tile that shares it
             args.beta = 1.0 if b_lin in seen else beta
             seen.add(b_lin)
-            h[0] = big.handles[i]
-            h[1] = bias.handles[b_lin]
+            h[BUF_sum_fiber_src] = big.handles[i]
+            h[BUF_sum_fiber_fiber] = bias.handles[b_lin]
         else:
             args.beta = beta
-            h[0] = bias.handles[b_lin]
-            h[1] = big.handles[i]
-        submit(op, column, 2, h, &args, sizeof(args), args.beta != 0)
+            h[BUF_add_fiber_fiber] = bias.handles[b_lin]
+            h[BUF_add_fiber_dst] = big.handles[i]
+        submit(op, column, 2, h, &args, sizeof(args))
 
 
 def add_bias(alpha, Tensor bias, beta, Tensor dst):
@@ -148,17 +148,17 @@ def mask_scores(Tensor dst, bint causal=True, offset=0, window=0):
         for d in range(nd - 2):
             batch *= dst.traits.tile_dim(d, coords[d])
         args.batch = batch
-        h[0] = dst.handles[i]
+        h[BUF_mask_scores_dst] = dst.handles[i]
         submit(NNTILE_OP_mask_scores, dst.dtype_id, 1, h, &args, sizeof(args))
 
 
 cdef _head_gemm(Tensor A, Py_ssize_t a_lin, Tensor B, Py_ssize_t b_lin, Tensor C,
                 Py_ssize_t c_lin, nntile_gemm_args *args):
     cdef starpu_data_handle_t h[3]
-    h[0] = A.handles[a_lin]
-    h[1] = B.handles[b_lin]
-    h[2] = C.handles[c_lin]
-    submit(NNTILE_OP_gemm, C.dtype_id, 3, h, args, sizeof(nntile_gemm_args), args.beta != 0)
+    h[BUF_gemm_A] = A.handles[a_lin]
+    h[BUF_gemm_B] = B.handles[b_lin]
+    h[BUF_gemm_C] = C.handles[c_lin]
+    submit(NNTILE_OP_gemm, C.dtype_id, 3, h, args, sizeof(nntile_gemm_args))
 
 
 def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=float("-inf"),
@@ -198,7 +198,7 @@ def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=
         tk = st.tile_dim(3, c[3])
         if _masked_out(st, m, c[2], c[3]):
             fargs.n = bt * ht * tq * tk
-            h[0] = S.handles[i]
+            h[BUF_fill_dst] = S.handles[i]
             submit(NNTILE_OP_fill, S.dtype_id, 1, h, &fargs, sizeof(fargs))
             continue
         xc[0] = c[0]; xc[1] = c[2]; xc[2] = c[1]; xc[3] = 0
@@ -298,7 +298,7 @@ cdef _attn_sum(double alpha, Tensor P, Tensor Y, Tensor O, nntile_mask m, bint t
         if first:  # the mask hides every pair of this output tile
             fargs.n = bt * to * ht * D
             fargs.value = 0.0
-            h[0] = O.handles[i]
+            h[BUF_fill_dst] = O.handles[i]
             submit(NNTILE_OP_fill, O.dtype_id, 1, h, &fargs, sizeof(fargs))
 
 
@@ -352,8 +352,9 @@ cdef _kv_groups(str name, int op, Tensor src, str srole, Tensor dst, str drole, 
     args.n = kv.traits.shape[3]
     for i in range(kv.traits.ntiles):
         args.m = _tile_nelems(kv, i) // args.n
-        h[0] = src.handles[i]  # the two grids are the same
-        h[1] = dst.handles[i]
+        # the two grids are the same; add_slice's and sum_slice's buffers are (src, dst)
+        h[BUF_add_slice_src] = src.handles[i]
+        h[BUF_add_slice_dst] = dst.handles[i]
         submit(op, dst.dtype_id, 2, h, &args, sizeof(args))
 
 

@@ -45,11 +45,11 @@ cdef int _check_flash(str op, list data, Tensor lse, tuple outputs, scale,
 cdef _flash_tasks(int op, int column, Tensor q, Tensor k, list tiles, double scale,
                   nntile_mask mask, bint backward):
     """One task per (batch tile, head tile, query tile, key tile) that the mask leaves; the
-    handles of each task's tiles come from ``tiles`` [(tensor, "q" | "k" | "lse")], in the
-    kernel's buffer order, the outputs last. Forward's o and lse are written by the first key
-    tile of their queries and merged into by the others; backward's dq is written by the
-    first key tile of its queries, dk and dv by the first query tile of their keys (and
-    filled with zeros where no query sees their keys)."""
+    handles of each task's tiles come from ``tiles`` [(place, tensor, "q" | "k" | "lse")]
+    (place: BUF_<op>_<buffer>), the outputs last. Forward's o and lse are written by the
+    first key tile of their queries and merged into by the others; backward's dq is written
+    by the first key tile of its queries, dk and dv by the first query tile of their keys
+    (and filled with zeros where no query sees their keys)."""
     cdef TensorTraits qt = q.traits, kt = k.traits
     cdef Py_ssize_t c[4]
     cdef Py_ssize_t kc[4]
@@ -88,24 +88,19 @@ cdef _flash_tasks(int op, int column, Tensor q, Tensor k, list tiles, double sca
                 else:
                     args.accumulate = ki > keys[0]
                 _flash_submit(op, column, tiles, qt.tile_linear(c), kt.tile_linear(kc),
-                              lc, &args, backward)
+                              lc, &args)
         if backward:
             _zero_unseen_keys(tiles[len(tiles) - 2:], kt, kc, kv_seen)
         c[1] = 0
 
 
 cdef _flash_submit(int op, int column, list tiles, Py_ssize_t q_lin, Py_ssize_t k_lin,
-                   Py_ssize_t *lc, nntile_flash_args *args, bint backward):
+                   Py_ssize_t *lc, nntile_flash_args *args):
     cdef starpu_data_handle_t h[9]
-    cdef Py_ssize_t n
-    for n in range(len(tiles)):
-        t, role = tiles[n]
-        h[n] = (<Tensor> t).handles[q_lin if role == "q" else k_lin if role == "k" else
+    for place, t, role in tiles:
+        h[<int> place] = (<Tensor> t).handles[q_lin if role == "q" else k_lin if role == "k" else
                                     (<Tensor> t).traits.tile_linear(lc)]
-    # which W buffers the task reads too (submit): o and lse, or dq | dk and dv
-    submit(op, column, len(tiles), h, args, sizeof(nntile_flash_args),
-           (args.accumulate & 1) | (6 if args.accumulate & 2 else 0) if backward
-           else (3 if args.accumulate else 0))
+    submit(op, column, len(tiles), h, args, sizeof(nntile_flash_args))
 
 
 cdef _zero_unseen_keys(list dkv, TensorTraits kt, Py_ssize_t *kc, list kv_seen):
@@ -119,8 +114,8 @@ cdef _zero_unseen_keys(list dkv, TensorTraits kt, Py_ssize_t *kc, list kv_seen):
             continue
         kc[1] = ki
         fargs.n = kt.tile_dim(0, kc[0]) * kt.tile_dim(1, ki) * kt.tile_dim(2, kc[2]) * kt._shape[3]
-        for t, _ in dkv:
-            h[0] = (<Tensor> t).handles[kt.tile_linear(kc)]
+        for _, t, _ in dkv:
+            h[BUF_fill_dst] = (<Tensor> t).handles[kt.tile_linear(kc)]
             submit(NNTILE_OP_fill, (<Tensor> t).dtype_id, 1, h, &fargs, sizeof(fargs))
 
 
@@ -142,7 +137,9 @@ def flash_attention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, scale,
     cdef int column = _check_flash("flash_attention", [(q, "q"), (k, "k"), (v, "v"), (o, "o")],
                                    lse, ("o", "lse"), scale, mask.offset, causal)
     _flash_tasks(NNTILE_OP_flash_forward, column, q, k,
-                 [(q, "q"), (k, "k"), (v, "k"), (o, "q"), (lse, "lse")], scale, mask, False)
+                 [(BUF_flash_forward_q, q, "q"), (BUF_flash_forward_k, k, "k"),
+                  (BUF_flash_forward_v, v, "k"), (BUF_flash_forward_o, o, "q"),
+                  (BUF_flash_forward_lse, lse, "lse")], scale, mask, False)
 
 
 def flash_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor dout, Tensor lse,
@@ -157,5 +154,8 @@ def flash_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor dout
                                      (dq, "dq"), (dk, "dk"), (dv, "dv")],
         lse, ("dq", "dk", "dv"), scale, mask.offset)
     _flash_tasks(NNTILE_OP_flash_backward, column, q, k,
-                 [(q, "q"), (k, "k"), (v, "k"), (o, "q"), (dout, "q"), (lse, "lse"),
-                  (dq, "q"), (dk, "k"), (dv, "k")], scale, mask, True)
+                 [(BUF_flash_backward_q, q, "q"), (BUF_flash_backward_k, k, "k"),
+                  (BUF_flash_backward_v, v, "k"), (BUF_flash_backward_o, o, "q"),
+                  (BUF_flash_backward_dout, dout, "q"), (BUF_flash_backward_lse, lse, "lse"),
+                  (BUF_flash_backward_dq, dq, "q"), (BUF_flash_backward_dk, dk, "k"),
+                  (BUF_flash_backward_dv, dv, "k")], scale, mask, True)

@@ -27,13 +27,13 @@ cdef _rope(str name, int op, Tensor x, Tensor pos, Tensor inv_freq, scale):
     cdef Py_ssize_t i
     args.head_dim = d
     args.scale = scale
-    h[1] = inv_freq.handles[0]
+    h[BUF_rope_inv_freq] = inv_freq.handles[0]
     for i in range(x.traits.ntiles):
         x.traits.tile_coords(i, coords)
         args.rows = x.traits.tile_dim(0, coords[0]) * x.traits.tile_dim(1, coords[1])
         args.heads = x.traits.tile_dim(2, coords[2])
-        h[0] = pos.handles[pos.traits.tile_linear(coords)]
-        h[2] = x.handles[i]
+        h[BUF_rope_pos] = pos.handles[pos.traits.tile_linear(coords)]
+        h[BUF_rope_x] = x.handles[i]
         submit(op, column, 3, h, &args, sizeof(args))
 
 
@@ -72,9 +72,9 @@ def swiglu_forward(Tensor gate, Tensor up, Tensor h):
     cdef Py_ssize_t i
     for i in range(h.traits.ntiles):
         args.n = _tile_nelems(h, i)
-        hd[0] = gate.handles[i]
-        hd[1] = up.handles[i]
-        hd[2] = h.handles[i]
+        hd[BUF_swiglu_forward_gate] = gate.handles[i]
+        hd[BUF_swiglu_forward_up] = up.handles[i]
+        hd[BUF_swiglu_forward_h] = h.handles[i]
         submit(NNTILE_OP_swiglu_forward, h.dtype_id, 3, hd, &args, sizeof(args))
 
 
@@ -91,9 +91,9 @@ def swiglu_backward(Tensor gate, Tensor up, Tensor dh, Tensor dgate, Tensor dup)
     cdef Py_ssize_t i
     for i in range(gate.traits.ntiles):
         args.n = _tile_nelems(gate, i)
-        hd[0] = gate.handles[i]
-        hd[1] = up.handles[i]
-        hd[2] = dh.handles[i]
-        hd[3] = dgate.handles[i]
-        hd[4] = dup.handles[i]
+        hd[BUF_swiglu_backward_gate] = gate.handles[i]
+        hd[BUF_swiglu_backward_up] = up.handles[i]
+        hd[BUF_swiglu_backward_dh] = dh.handles[i]
+        hd[BUF_swiglu_backward_dgate] = dgate.handles[i]
+        hd[BUF_swiglu_backward_dup] = dup.handles[i]
         submit(NNTILE_OP_swiglu_backward, gate.dtype_id, 5, hd, &args, sizeof(args))

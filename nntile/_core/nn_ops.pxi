@@ -149,9 +149,9 @@ def prod(alpha, Tensor src1, Tensor src2, Tensor dst):
     cdef Py_ssize_t i
     for i in range(dst.traits.ntiles):
         args.n = _tile_nelems(dst, i)
-        h[0] = src1.handles[i]
-        h[1] = src2.handles[i]
-        h[2] = dst.handles[i]
+        h[BUF_prod_src1] = src1.handles[i]
+        h[BUF_prod_src2] = src2.handles[i]
+        h[BUF_prod_dst] = dst.handles[i]
         submit(NNTILE_OP_prod, dst.dtype_id, 3, h, &args, sizeof(args))
 
 
@@ -164,8 +164,8 @@ cdef _unary(str name, int op, Tensor src, Tensor dst):
     cdef Py_ssize_t i
     for i in range(dst.traits.ntiles):
         args.n = _tile_nelems(dst, i)
-        h[0] = src.handles[i]
-        h[1] = dst.handles[i]
+        h[BUF_act_src] = src.handles[i]
+        h[BUF_act_dst] = dst.handles[i]
         submit(op, dst.dtype_id, 2, h, &args, sizeof(args))
 
 
@@ -181,10 +181,10 @@ cdef _unary_backward(str name, int op, Tensor x, Tensor dy, beta, Tensor dx):
     cdef Py_ssize_t i
     for i in range(dx.traits.ntiles):
         args.n = _tile_nelems(dx, i)
-        h[0] = x.handles[i]
-        h[1] = dy.handles[i]
-        h[2] = dx.handles[i]
-        submit(op, dx.dtype_id, 3, h, &args, sizeof(args), args.beta != 0)
+        h[BUF_act_backward_x] = x.handles[i]
+        h[BUF_act_backward_dy] = dy.handles[i]
+        h[BUF_act_backward_dx] = dx.handles[i]
+        submit(op, dx.dtype_id, 3, h, &args, sizeof(args))
 
 
 # The tensor ops of the op table's activations (gelu, gelutanh, silu, ...: def act(Tensor
@@ -213,9 +213,9 @@ def add_fiber(alpha, Tensor fiber, beta, Tensor dst, axis):
         args.m = mm
         args.k = kk
         args.n = nn
-        h[0] = fiber.handles[coords[ax]]
-        h[1] = dst.handles[i]
-        submit(NNTILE_OP_add_fiber, column, 2, h, &args, sizeof(args), args.beta != 0)
+        h[BUF_add_fiber_fiber] = fiber.handles[coords[ax]]
+        h[BUF_add_fiber_dst] = dst.handles[i]
+        submit(NNTILE_OP_add_fiber, column, 2, h, &args, sizeof(args))
 
 
 def prod_fiber(alpha, Tensor fiber, Tensor dst, axis):
@@ -235,8 +235,8 @@ def prod_fiber(alpha, Tensor fiber, Tensor dst, axis):
         args.m = mm
         args.k = kk
         args.n = nn
-        h[0] = fiber.handles[coords[ax]]
-        h[1] = dst.handles[i]
+        h[BUF_prod_fiber_fiber] = fiber.handles[coords[ax]]
+        h[BUF_prod_fiber_dst] = dst.handles[i]
         submit(NNTILE_OP_prod_fiber, column, 2, h, &args, sizeof(args))
 
 
@@ -269,11 +269,14 @@ cdef _fiber_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
         # The first tile (in submission order) sharing this fiber tile applies the user's
         # beta; later ones accumulate onto it.
         args.beta = beta_value if _others_zero(coords, src1.traits.ndim, ax) else 1.0
-        h[0] = src1.handles[i]
-        if src2 is not None:
-            h[1] = src2.handles[i]
-        h[nbuf - 1] = fiber.handles[coords[ax]]
-        submit(op, column, nbuf, h, &args, sizeof(args), args.beta != 0)
+        if src2 is None:
+            h[BUF_sum_fiber_src] = src1.handles[i]
+            h[BUF_sum_fiber_fiber] = fiber.handles[coords[ax]]
+        else:
+            h[BUF_sumprod_fiber_src1] = src1.handles[i]
+            h[BUF_sumprod_fiber_src2] = src2.handles[i]
+            h[BUF_sumprod_fiber_fiber] = fiber.handles[coords[ax]]
+        submit(op, column, nbuf, h, &args, sizeof(args))
 
 
 def sum_fiber(alpha, Tensor src, beta, Tensor fiber, axis):
@@ -305,6 +308,7 @@ cdef _slice_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
     # nntile_sum_slice_args and nntile_sumprod_slice_args share one layout.
     cdef nntile_sumprod_slice_args args
     cdef starpu_data_handle_t h[3]
+    cdef starpu_data_handle_t out
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, mm, kk, nn
     cdef int nbuf = 3 if src2 is not None else 2
@@ -317,12 +321,15 @@ cdef _slice_reduce(str name, int op, alpha, Tensor src1, Tensor src2, beta, Tens
         args.k = kk
         args.n = nn
         args.beta = beta_value if coords[ax] == 0 else 1.0
-        h[0] = src1.handles[i]
-        if src2 is not None:
-            h[1] = src2.handles[i]
-        h[nbuf - 1] = dst.handles[_drop_axis_tile(dst.traits, coords, src1.traits.ndim, ax,
-                                                  False)]
-        submit(op, column, nbuf, h, &args, sizeof(args), args.beta != 0)
+        out = dst.handles[_drop_axis_tile(dst.traits, coords, src1.traits.ndim, ax, False)]
+        if src2 is None:
+            h[BUF_sum_slice_src] = src1.handles[i]
+            h[BUF_sum_slice_dst] = out
+        else:
+            h[BUF_sumprod_slice_src1] = src1.handles[i]
+            h[BUF_sumprod_slice_src2] = src2.handles[i]
+            h[BUF_sumprod_slice_dst] = out
+        submit(op, column, nbuf, h, &args, sizeof(args))
 
 
 def sum_slice(alpha, Tensor src, beta, Tensor dst, axis):
@@ -357,13 +364,15 @@ cdef _slice_broadcast(str name, int op, alpha, Tensor src, beta, Tensor dst, axi
     for i in range(dst.traits.ntiles):
         dst.traits.tile_coords(i, coords)
         _mkn(dst.traits, coords, ax, &mm, &kk, &nn)
-        h[0] = src.handles[_drop_axis_tile(src.traits, coords, dst.traits.ndim, ax, False)]
-        h[1] = dst.handles[i]
+        # add_slice's and prod_slice's buffers are (src, dst)
+        h[BUF_add_slice_src] = src.handles[_drop_axis_tile(src.traits, coords, dst.traits.ndim,
+                                                           ax, False)]
+        h[BUF_add_slice_dst] = dst.handles[i]
         if has_beta:
             args.m = mm
             args.k = kk
             args.n = nn
-            submit(op, column, 2, h, &args, sizeof(args), args.beta != 0)
+            submit(op, column, 2, h, &args, sizeof(args))
         else:
             pargs.m = mm
             pargs.k = kk
@@ -408,9 +417,10 @@ cdef _maxsumexp(int column, Tensor src, Tensor stats, Py_ssize_t ax):
         args.k = kk
         args.n = nn
         args.init = 1 if coords[ax] == 0 else 0
-        h[0] = src.handles[i]
-        h[1] = stats.handles[_drop_axis_tile(stats.traits, coords, src.traits.ndim, ax, True)]
-        submit(NNTILE_OP_maxsumexp, column, 2, h, &args, sizeof(args), not args.init)
+        h[BUF_maxsumexp_src] = src.handles[i]
+        h[BUF_maxsumexp_stats] = stats.handles[_drop_axis_tile(stats.traits, coords,
+                                                                src.traits.ndim, ax, True)]
+        submit(NNTILE_OP_maxsumexp, column, 2, h, &args, sizeof(args))
 
 
 def softmax_inplace(Tensor stats, Tensor dst, axis):
@@ -428,8 +438,9 @@ def softmax_inplace(Tensor stats, Tensor dst, axis):
         args.m = mm
         args.k = kk
         args.n = nn
-        h[0] = stats.handles[_drop_axis_tile(stats.traits, coords, dst.traits.ndim, ax, True)]
-        h[1] = dst.handles[i]
+        h[BUF_softmax_inplace_stats] = stats.handles[_drop_axis_tile(stats.traits, coords,
+                                                                      dst.traits.ndim, ax, True)]
+        h[BUF_softmax_inplace_dst] = dst.handles[i]
         submit(NNTILE_OP_softmax_inplace, column, 2, h, &args, sizeof(args))
 
 
@@ -451,9 +462,10 @@ def softmax_backward(alpha, Tensor p, Tensor sums, Tensor dp, axis):
         args.m = mm
         args.k = kk
         args.n = nn
-        h[0] = p.handles[i]
-        h[1] = sums.handles[_drop_axis_tile(sums.traits, coords, dp.traits.ndim, ax, False)]
-        h[2] = dp.handles[i]
+        h[BUF_softmax_backward_p] = p.handles[i]
+        h[BUF_softmax_backward_sums] = sums.handles[_drop_axis_tile(sums.traits, coords,
+                                                                     dp.traits.ndim, ax, False)]
+        h[BUF_softmax_backward_dp] = dp.handles[i]
         submit(NNTILE_OP_softmax_backward, column, 3, h, &args, sizeof(args))
 
 
@@ -477,8 +489,8 @@ cdef _logsumexp(Tensor stats, Tensor dst):
     for i in range(dst.traits.ntiles):
         args.n = _tile_nelems(dst, i)
         # stats' tile grid is dst's grid with a trailing dimension of one tile.
-        h[0] = stats.handles[i]
-        h[1] = dst.handles[i]
+        h[BUF_logsumexp_stats] = stats.handles[i]
+        h[BUF_logsumexp_dst] = dst.handles[i]
         submit(NNTILE_OP_logsumexp, dst.dtype_id, 2, h, &args, sizeof(args))
 
 
@@ -510,18 +522,18 @@ cdef _embedding(int op, Tensor ids, Tensor table, Tensor big, bint backward):
         big.traits.tile_coords(i, coords)
         args.e = big.traits.tile_dim(nd - 1, coords[nd - 1])
         args.rows = ids.traits.tile_nelems_c(coords)
-        h[0] = ids.handles[ids.traits.tile_linear(coords)]
+        h[BUF_embedding_ids] = ids.handles[ids.traits.tile_linear(coords)]  # both ops' first
         tcoords[1] = coords[nd - 1]
         for vt in range(table.traits._grid[0]):
             tcoords[0] = vt
             args.v_offset = vt * table.traits._basetile[0]
             args.v = table.traits.tile_dim(0, vt)
             if backward:
-                h[1] = big.handles[i]
-                h[2] = table.handles[table.traits.tile_linear(tcoords)]
+                h[BUF_embedding_backward_dy] = big.handles[i]
+                h[BUF_embedding_backward_dtable] = table.handles[table.traits.tile_linear(tcoords)]
             else:
-                h[1] = table.handles[table.traits.tile_linear(tcoords)]
-                h[2] = big.handles[i]
+                h[BUF_embedding_table] = table.handles[table.traits.tile_linear(tcoords)]
+                h[BUF_embedding_dst] = big.handles[i]
             submit(op, big.dtype_id, 3, h, &args, sizeof(args))
 
 
@@ -601,19 +613,19 @@ def cross_entropy(Tensor logits, Tensor labels, Tensor stats, Tensor lse, Tensor
         pargs.v = logits.traits.tile_dim(last, coords[last])
         pargs.v_offset = coords[last] * logits.traits._basetile[last]
         r_lin = labels.traits.tile_linear(coords)
-        h[0] = logits.handles[i]
-        h[1] = labels.handles[r_lin]
-        h[2] = picked.handles[r_lin]
-        submit(NNTILE_OP_xent_picked, column, 3, h, &pargs, sizeof(pargs), coords[last] != 0)
+        h[BUF_xent_picked_logits] = logits.handles[i]
+        h[BUF_xent_picked_labels] = labels.handles[r_lin]
+        h[BUF_xent_picked_picked] = picked.handles[r_lin]
+        submit(NNTILE_OP_xent_picked, column, 3, h, &pargs, sizeof(pargs))
     # loss = scale * sum (lse - picked), accumulated over the row tiles.
     largs.alpha = scale
     for i in range(lse.traits.ntiles):
         largs.rows = _tile_nelems(lse, i)
         largs.beta = 0.0 if i == 0 else 1.0
-        h[0] = lse.handles[i]
-        h[1] = picked.handles[i]
-        h[2] = loss.handles[0]
-        submit(NNTILE_OP_xent_loss, loss.dtype_id, 3, h, &largs, sizeof(largs), i != 0)
+        h[BUF_xent_loss_lse] = lse.handles[i]
+        h[BUF_xent_loss_picked] = picked.handles[i]
+        h[BUF_xent_loss_loss] = loss.handles[0]
+        submit(NNTILE_OP_xent_loss, loss.dtype_id, 3, h, &largs, sizeof(largs))
 
 
 def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0):
@@ -633,10 +645,10 @@ def cross_entropy_backward(Tensor logits, Tensor labels, Tensor stats, scale=1.0
         args.v = logits.traits.tile_dim(last, coords[last])
         args.v_offset = coords[last] * logits.traits._basetile[last]
         r_lin = labels.traits.tile_linear(coords)
-        h[0] = stats.handles[_drop_axis_tile(stats.traits, coords, logits.traits.ndim, last,
-                                             True)]
-        h[1] = labels.handles[r_lin]
-        h[2] = logits.handles[i]
+        h[BUF_xent_grad_inplace_stats] = stats.handles[
+            _drop_axis_tile(stats.traits, coords, logits.traits.ndim, last, True)]
+        h[BUF_xent_grad_inplace_labels] = labels.handles[r_lin]
+        h[BUF_xent_grad_inplace_logits] = logits.handles[i]
         submit(NNTILE_OP_xent_grad_inplace, column, 3, h, &args, sizeof(args))
 
 
@@ -680,15 +692,15 @@ def sumsq(Tensor src, beta, Tensor dst, tiles=None):
         args.n = _tile_nelems(src, i)
         args.beta = 1.0 if started[target] else beta_value
         started[target] = True
-        h[0] = src.handles[i]
-        h[1] = dst.handles[target]
-        submit(NNTILE_OP_sumsq, dst.dtype_id, 2, h, &args, sizeof(args), args.beta != 0)
+        h[BUF_sumsq_src] = src.handles[i]
+        h[BUF_sumsq_dst] = dst.handles[target]
+        submit(NNTILE_OP_sumsq, dst.dtype_id, 2, h, &args, sizeof(args))
     # a rank or device with no tile of src still has to reset its partial
     fill_args.value = 0.0
     fill_args.n = 1
     for i in range(dst.traits.ntiles):
         if beta_value == 0 and not started[i]:
-            h[0] = dst.handles[i]
+            h[BUF_fill_dst] = dst.handles[i]
             submit(NNTILE_OP_fill, dst.dtype_id, 1, h, &fill_args, sizeof(fill_args))
 
 
@@ -742,20 +754,21 @@ def adam_step(step, lr, beta1, beta2, eps, weight_decay, decoupled, Tensor p, Te
     args.weight_decay = weight_decay
     args.decoupled = 1 if decoupled else 0
     args.max_norm = max_norm
-    # p, g, m, v, then the copy (if any) and normsq (if any)
+    # p, g, m, v (adam_step_refresh's are adam_step's), then the copy (if any) and normsq
+    # (if any)
     cdef int ncopy = 1 if copy is not None else 0
     cdef int nbuf = 4 + ncopy + (1 if normsq is not None else 0)
     cdef Py_ssize_t i
     for i in _tile_range(p, tiles):
         args.n = _tile_nelems(p, i)
-        h[0] = p.handles[i]
-        h[1] = g.handles[i]
-        h[2] = m.handles[i]
-        h[3] = v.handles[i]
+        h[BUF_adam_step_p] = p.handles[i]
+        h[BUF_adam_step_g] = g.handles[i]
+        h[BUF_adam_step_m] = m.handles[i]
+        h[BUF_adam_step_v] = v.handles[i]
         if ncopy:
-            h[4] = copy.handles[i]
+            h[BUF_adam_step_refresh_copy] = copy.handles[i]
         if normsq is not None:
-            h[4 + ncopy] = normsq.handles[0]
+            h[BUF_adam_step_refresh_normsq if ncopy else BUF_adam_step_normsq] = normsq.handles[0]
         submit(op, column, nbuf, h, &args, sizeof(args))
 
 
@@ -778,17 +791,15 @@ def sgd_step(step, lr, momentum, dampening, weight_decay, nesterov, Tensor p, Te
     args.weight_decay = weight_decay
     args.nesterov = 1 if nesterov else 0
     args.max_norm = max_norm
-    # The buffer is set from the gradient at step 1 and unused without momentum: the task
-    # accumulates into it only with momentum after step 1 (StarPU refuses to read a
-    # never-written tile).
+    # The buffer is set from the gradient at step 1 and unused without momentum, so the op
+    # table (NNTILE_ACCUMULATES) reads it only with momentum after step 1.
     cdef int nbuf = 4 if normsq is not None else 3
     cdef Py_ssize_t i
     for i in range(p.traits.ntiles):
         args.n = _tile_nelems(p, i)
-        h[0] = p.handles[i]
-        h[1] = g.handles[i]
-        h[2] = buf.handles[i]
+        h[BUF_sgd_step_p] = p.handles[i]
+        h[BUF_sgd_step_g] = g.handles[i]
+        h[BUF_sgd_step_buf] = buf.handles[i]
         if normsq is not None:
-            h[3] = normsq.handles[0]
-        submit(NNTILE_OP_sgd_step, p.dtype_id, nbuf, h, &args, sizeof(args),
-               args.momentum != 0 and args.step > 1)
+            h[BUF_sgd_step_normsq] = normsq.handles[0]
+        submit(NNTILE_OP_sgd_step, p.dtype_id, nbuf, h, &args, sizeof(args))

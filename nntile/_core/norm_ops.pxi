@@ -67,9 +67,9 @@ cdef _norm_stats(_Norm n, Tensor x, Tensor stats):
         ln.e = rms.e = x.traits.tile_dim(last, coords[last])
         ln.e_offset = coords[last] * x.traits._basetile[last]
         rms.init = coords[last] == 0
-        h[0] = x.handles[i]
-        h[1] = stats.handles[_stats_tile(n, x, stats, coords)]
-        submit(n.stats, stats.dtype_id, 2, h, args, size, coords[last] != 0)
+        h[BUF_norm_stats_x] = x.handles[i]
+        h[BUF_norm_stats_stats] = stats.handles[_stats_tile(n, x, stats, coords)]
+        submit(n.stats, stats.dtype_id, 2, h, args, size)
 
 
 cdef _norm_forward(str op, _Norm n, Tensor x, list weights, eps, Tensor stats, Tensor y):
@@ -92,11 +92,12 @@ cdef _norm_forward(str op, _Norm n, Tensor x, list weights, eps, Tensor stats, T
         x.traits.tile_coords(i, coords)
         fargs.rows = _rows(x.traits, coords)
         fargs.e = x.traits.tile_dim(last, coords[last])
-        h[0] = x.handles[i]
-        h[1] = stats.handles[_stats_tile(n, x, stats, coords)]
+        # x, stats, the weights, y: LayerNorm's two weights, RMSNorm's one
+        h[BUF_layernorm_forward_x] = x.handles[i]
+        h[BUF_layernorm_forward_stats] = stats.handles[_stats_tile(n, x, stats, coords)]
         for k in range(nw):
-            h[2 + k] = (<Tensor>weights[k][0]).handles[coords[last]]
-        h[2 + nw] = y.handles[i]
+            h[BUF_layernorm_forward_gamma + k] = (<Tensor>weights[k][0]).handles[coords[last]]
+        h[BUF_layernorm_forward_gamma + nw] = y.handles[i]
         submit(n.forward, column, 3 + nw, h, &fargs, sizeof(fargs))
 
 
@@ -126,27 +127,28 @@ cdef _norm_backward(str op, _Norm n, Tensor x, Tensor dy, Tensor stats, Tensor w
         rargs.e = x.traits.tile_dim(last, coords[last])
         rargs.init = coords[last] == 0
         s_lin = _stats_tile(n, x, stats, coords)
-        h[0] = x.handles[i]
-        h[1] = dy.handles[i]
-        h[2] = stats.handles[s_lin]
-        h[3] = weight.handles[coords[last]]
-        h[4] = rowacc.handles[s_lin]
+        # the same buffers as backward's but for dx, then the weights' gradients
+        h[BUF_layernorm_backward_reduce_x] = x.handles[i]
+        h[BUF_layernorm_backward_reduce_dy] = dy.handles[i]
+        h[BUF_layernorm_backward_reduce_stats] = stats.handles[s_lin]
+        h[BUF_layernorm_backward_reduce_gamma] = weight.handles[coords[last]]
+        h[BUF_layernorm_backward_reduce_rowacc] = rowacc.handles[s_lin]
         for k in range(nw):
-            h[5 + k] = (<Tensor>dweights[k][0]).handles[coords[last]]
-        submit(n.backward_reduce, x.dtype_id, 5 + nw, h, &rargs, sizeof(rargs),
-               not rargs.init)
+            h[BUF_layernorm_backward_reduce_dgamma + k] = \
+                (<Tensor>dweights[k][0]).handles[coords[last]]
+        submit(n.backward_reduce, x.dtype_id, 5 + nw, h, &rargs, sizeof(rargs))
     for i in range(x.traits.ntiles):
         x.traits.tile_coords(i, coords)
         bargs.rows = _rows(x.traits, coords)
         bargs.e = x.traits.tile_dim(last, coords[last])
         s_lin = _stats_tile(n, x, stats, coords)
-        h[0] = x.handles[i]
-        h[1] = dy.handles[i]
-        h[2] = stats.handles[s_lin]
-        h[3] = weight.handles[coords[last]]
-        h[4] = rowacc.handles[s_lin]
-        h[5] = dx.handles[i]
-        submit(n.backward, x.dtype_id, 6, h, &bargs, sizeof(bargs), bargs.beta != 0)
+        h[BUF_norm_backward_x] = x.handles[i]
+        h[BUF_norm_backward_dy] = dy.handles[i]
+        h[BUF_norm_backward_stats] = stats.handles[s_lin]
+        h[BUF_norm_backward_weight] = weight.handles[coords[last]]
+        h[BUF_norm_backward_rowacc] = rowacc.handles[s_lin]
+        h[BUF_norm_backward_dx] = dx.handles[i]
+        submit(n.backward, x.dtype_id, 6, h, &bargs, sizeof(bargs))
 
 
 def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Tensor y):

@@ -138,6 +138,7 @@ cdef extern from "starpu.h" nogil:
     void starpu_vector_data_register(starpu_data_handle_t *handle, int home_node,
                                      uintptr_t ptr, uint32_t nx, size_t elemsize)
     uintptr_t starpu_vector_get_local_ptr(starpu_data_handle_t handle)
+    size_t starpu_data_get_size(starpu_data_handle_t handle)
     void starpu_data_unregister(starpu_data_handle_t handle)
     void starpu_data_unregister_submit(starpu_data_handle_t handle)
     void starpu_data_invalidate_submit(starpu_data_handle_t handle)

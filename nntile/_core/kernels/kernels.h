@@ -330,31 +330,32 @@ NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
     P(const int64_t *, ids) P(const T *, table) P(T *, dst)
 #define NNTILE_BUFFERS_embedding_backward(P, W, T, ACC) \
     P(const int64_t *, ids) P(const T *, dy) P(T *, dtable)
-#define NNTILE_BUFFERS_layernorm_stats(P, W, T, ACC) \
-    P(const T *, x) W(T *, stats)
+/* LayerNorm and RMSNorm (one design, norm.inc) share the buffers of their
+ * statistics and of dx; each has the buffers of its own weights. */
+#define NNTILE_NORM_STATS_BUFFERS(P, W, T, ACC) P(const T *, x) W(T *, stats)
+#define NNTILE_NORM_BACKWARD_BUFFERS(P, W, T, ACC) \
+    P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, weight) \
+    P(const T *, rowacc) W(T *, dx)
+#define NNTILE_BUFFERS_layernorm_stats NNTILE_NORM_STATS_BUFFERS
 #define NNTILE_BUFFERS_layernorm_forward(P, W, T, ACC) \
     P(const ACC *, x) P(const ACC *, stats) P(const ACC *, gamma) \
     P(const ACC *, beta_) W(T *, y)
 #define NNTILE_BUFFERS_layernorm_backward_reduce(P, W, T, ACC) \
     P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, gamma) \
     W(T *, rowacc) P(T *, dgamma) P(T *, dbeta)
-#define NNTILE_BUFFERS_layernorm_backward(P, W, T, ACC) \
-    P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, gamma) \
-    P(const T *, rowacc) W(T *, dx)
-#define NNTILE_BUFFERS_rmsnorm_stats(P, W, T, ACC) \
-    P(const T *, x) W(T *, stats)
+#define NNTILE_BUFFERS_layernorm_backward NNTILE_NORM_BACKWARD_BUFFERS
+#define NNTILE_BUFFERS_rmsnorm_stats NNTILE_NORM_STATS_BUFFERS
 #define NNTILE_BUFFERS_rmsnorm_forward(P, W, T, ACC) \
     P(const ACC *, x) P(const ACC *, stats) P(const ACC *, weight) W(T *, y)
 #define NNTILE_BUFFERS_rmsnorm_backward_reduce(P, W, T, ACC) \
     P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, weight) \
     W(T *, rowacc) P(T *, dweight)
-#define NNTILE_BUFFERS_rmsnorm_backward(P, W, T, ACC) \
-    P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, weight) \
-    P(const T *, rowacc) W(T *, dx)
-#define NNTILE_BUFFERS_rope_forward(P, W, T, ACC) \
+#define NNTILE_BUFFERS_rmsnorm_backward NNTILE_NORM_BACKWARD_BUFFERS
+/* rotary positions turn x forward and dx backward, in place */
+#define NNTILE_ROPE_BUFFERS(P, W, T, ACC) \
     P(const int64_t *, pos) P(const ACC *, inv_freq) P(T *, x)
-#define NNTILE_BUFFERS_rope_backward(P, W, T, ACC) \
-    P(const int64_t *, pos) P(const ACC *, inv_freq) P(T *, dx)
+#define NNTILE_BUFFERS_rope_forward NNTILE_ROPE_BUFFERS
+#define NNTILE_BUFFERS_rope_backward NNTILE_ROPE_BUFFERS
 #define NNTILE_BUFFERS_swiglu_forward(P, W, T, ACC) \
     P(const T *, gate) P(const T *, up) W(T *, h)
 #define NNTILE_BUFFERS_swiglu_backward(P, W, T, ACC) \
@@ -378,6 +379,37 @@ NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
 #define NNTILE_BUFFERS_flash_backward(P, W, T, ACC) \
     P(const T *, q) P(const T *, k) P(const T *, v) P(const T *, o) \
     P(const T *, dout) P(const ACC *, lse) W(T *, dq) W(T *, dk) W(T *, dv)
+
+/* ---- accumulation ----
+ * NNTILE_ACCUMULATES(X): X(op, buffer, when), one for each W buffer that a
+ * task of op may add into (or keep part of) instead of writing over: the task
+ * reads it too where the C condition `when` holds of the task's args `a`
+ * (const struct nntile_<op>_args *), or of `caller`, a flag the tensor op
+ * passes where the args cannot tell (subcopy: a piece of a destination tile
+ * that an earlier piece wrote too, or that leaves part of the tile as it
+ * was). Every other W buffer is always written over. act_backward stands for
+ * the backward op of every activation (X_ACT). setup.py writes from this
+ * list the mask of the W buffers that submit (../ops.pxi) opens for reading
+ * too (op_enum.pxi). */
+#define NNTILE_ACCUMULATES(X) \
+    X(subcopy, dst, caller) X(add, dst, a->beta != 0) \
+    X(act_backward, dx, a->beta != 0) \
+    X(add_fiber, dst, a->beta != 0) X(sum_fiber, fiber, a->beta != 0) \
+    X(sumprod_fiber, fiber, a->beta != 0) X(sum_slice, dst, a->beta != 0) \
+    X(sumprod_slice, dst, a->beta != 0) X(add_slice, dst, a->beta != 0) \
+    X(maxsumexp, stats, !a->init) X(xent_picked, picked, a->v_offset != 0) \
+    X(xent_loss, loss, a->beta != 0) \
+    X(layernorm_stats, stats, a->e_offset != 0) \
+    X(layernorm_backward_reduce, rowacc, !a->init) \
+    X(layernorm_backward, dx, a->beta != 0) X(rmsnorm_stats, stats, !a->init) \
+    X(rmsnorm_backward_reduce, rowacc, !a->init) \
+    X(rmsnorm_backward, dx, a->beta != 0) X(gemm, C, a->beta != 0) \
+    X(sumsq, dst, a->beta != 0) \
+    X(sgd_step, buf, a->momentum != 0 && a->step > 1) \
+    X(flash_forward, o, a->accumulate) X(flash_forward, lse, a->accumulate) \
+    X(flash_backward, dq, a->accumulate & 1) \
+    X(flash_backward, dk, a->accumulate & 2) \
+    X(flash_backward, dv, a->accumulate & 2)
 
 /* ---- prototypes ----
  * void nntile_kernel_<op>_<S>(const struct nntile_<op>_args *args, <buffers>)
