@@ -595,24 +595,26 @@ cdef uint32_t *_device_masks = NULL
 
 
 cdef int _start_devices() except -1:
-    """The workers of each CUDA device of the runtime that just started."""
+    """The workers of each CUDA device of the runtime that just started. Devices are
+    numbered in the order of their CUDA ids among those the runtime drives: a rank that
+    drives CUDA device 1 alone (one GPU per rank) drives one device, its device 0."""
     global _device_count, _mask_words, _device_masks, _task_device
     _stop_devices()
     cdef int w, nworkers = starpu_worker_get_count()
-    cdef int devices = 0
-    for w in range(nworkers):
-        if starpu_worker_get_type(w) == STARPU_CUDA_WORKER:
-            devices = max(devices, starpu_worker_get_devid(w) + 1)
-    if devices == 0:
+    cuda_ids = sorted({starpu_worker_get_devid(w) for w in range(nworkers)
+                       if starpu_worker_get_type(w) == STARPU_CUDA_WORKER})
+    if not cuda_ids:
         return 0
     _mask_words = (nworkers + 31) // 32
-    _device_masks = <uint32_t *> calloc(devices * _mask_words, sizeof(uint32_t))
+    _device_masks = <uint32_t *> calloc(len(cuda_ids) * _mask_words, sizeof(uint32_t))
     if _device_masks == NULL:
         raise MemoryError()
+    cdef int device
     for w in range(nworkers):
         if starpu_worker_get_type(w) == STARPU_CUDA_WORKER:
-            _device_masks[starpu_worker_get_devid(w) * _mask_words + w // 32] |= 1u << (w % 32)
-    _device_count = devices
+            device = cuda_ids.index(starpu_worker_get_devid(w))
+            _device_masks[device * _mask_words + w // 32] |= 1u << (w % 32)
+    _device_count = len(cuda_ids)
     return 0
 
 
