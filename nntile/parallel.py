@@ -18,8 +18,11 @@ Within one process that drives several GPUs, each GPU holds a replica too (Devic
 sharded as ZeRO does, and with StarPU moving the tiles. The replicas share the parameters'
 masters and compute copies and each has gradients of its own; every tile of a parameter has
 a home device, where its summed gradient, its master, its optimizer states and the update
-live. The gradients are summed at home after backward, and each replica reads the updated
-compute copy, which StarPU copies from home once a step.
+live. Each block's gradients are summed at home as soon as every replica has submitted its
+backward, into the tile of the replica on that device, and each replica reads the updated
+compute copy, which StarPU copies from home once a step. Between steps every replica's
+gradients are dropped and read as zeros (zero_when_dropped): backward's first task on a tile
+finds zeros where it runs.
 
 With one process on one device (or a Context whose ranks own tiles through StarPU-MPI) the
 wrapper passes the whole batch to the model and reduces nothing.
