@@ -41,7 +41,8 @@ import torch  # noqa: E402
 
 import nntile
 import torch_reference
-from harness import model_flops_per_step, op_table, paused, print_result, train_step
+from harness import (model_flops_per_step, op_table, paused, print_result, program_tiling,
+                     train_step)
 from nntile.cli_common import add_verbose_arg, calibration_note, output_file, starpu_messages
 from nntile.models import GPT2Config, GPT2LMHead, LlamaLM
 from nntile.optim import AdamW
@@ -217,6 +218,7 @@ def main(argv=None):
         if gpu:
             torch.cuda.empty_cache()
         try:
+            tiling = program_tiling(config, args.batch, args.seq, tiling, ncpu, ncuda, args.dtype)
             model = model_type.from_transformers(hf, tiling, args.dtype)
             print(ctx.describe().splitlines()[-1], flush=True)  # the tiles, and why
             ctx.wait()

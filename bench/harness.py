@@ -58,6 +58,17 @@ def model_flops_per_step(nparams, n_layer, n_embd, seq, tokens):
     return 6 * nparams * tokens + 12 * n_layer * n_embd * seq * tokens
 
 
+def program_tiling(config, batch, seq, given, ncpu, ncuda, dtype="fp32"):
+    """The tiles nntile's programs take for this run (cli_common.default_tiles: one batch
+    tile per worker, the policy's weight tiles), with those in ``given`` kept: a model built
+    from tiles given by hand otherwise has the batch in one tile."""
+    import argparse
+    from nntile.cli_common import default_tiles
+    runtime = argparse.Namespace(ncpu=ncpu, ncuda=ncuda, sched=None)
+    chosen = default_tiles(config, batch, seq, given, runtime, dtype)
+    return {**{key: choice.value for key, choice in chosen.items()}, **given}
+
+
 def train_step(ctx, model, opt, ids, targets):
     """One AdamW step of a model built by a comparison bench, waited for (bench/scale.py
     takes nntile-train's step, nntile.training.TrainingLoop)."""

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch_reference
-from harness import QUICK, interleaved, train_step
+from harness import QUICK, interleaved, program_tiling, train_step
 from nntile.models import GPT2LMHead
 from nntile.optim import AdamW
 
@@ -35,7 +35,9 @@ def test_gpt2_training_step_vs_pytorch(benchmark, ctx, report):
     ids = rng.integers(0, CONFIG["vocab_size"], (BATCH, SEQ))
     targets = rng.integers(0, CONFIG["vocab_size"], (BATCH, SEQ))
     hf = torch_reference.gpt2(**CONFIG)
-    model = GPT2LMHead.from_transformers(hf, TILING, "fp32")
+    tiling = program_tiling(GPT2LMHead.config_type.from_transformers(hf.config), BATCH, SEQ,
+                            TILING, ctx.ncpu, 0)
+    model = GPT2LMHead.from_transformers(hf, tiling, "fp32")
     opt = AdamW(model.named_parameters(), lr=1e-4)
     theirs = torch_reference.Trainer(hf, "cpu", "fp32")
     tids, ttargets = theirs.tensors(ids, targets)

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.gpu,
 
 import torch_reference
 from harness import (gpu_time, gpu_time_table, model_flops_per_step, op_table, paused,
-                     seconds, train_step)
+                     program_tiling, seconds, train_step)
 from nntile.models import GPT2Config, GPT2LMHead
 from nntile.optim import AdamW
 
@@ -74,7 +74,9 @@ def test_gpt2_124m_vs_pytorch(benchmark, gpu_ctx, report, dtype):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, CONFIG["vocab_size"], (BATCH, SEQ))
     targets = rng.integers(0, CONFIG["vocab_size"], (BATCH, SEQ))
-    model = GPT2LMHead.from_transformers(hf, TILING, dtype)
+    tiling = program_tiling(GPT2LMHead.config_type.from_transformers(hf.config), BATCH, SEQ,
+                            TILING, ctx.ncpu, ctx.ncuda, dtype)
+    model = GPT2LMHead.from_transformers(hf, tiling, dtype)
     opt = AdamW(model.named_parameters(), lr=1e-4)
 
     # The first steps calibrate StarPU's performance models and allocate tiles.
