@@ -21,8 +21,8 @@ a home device, where its summed gradient, its master, its optimizer states and t
 live. Each block's gradients are summed at home as soon as every replica has submitted its
 backward, into the tile of the replica on that device, and each replica reads the updated
 compute copy, which StarPU copies from home once a step. Between steps every replica's
-gradients are dropped and read as zeros (zero_when_dropped): backward's first task on a tile
-finds zeros where it runs.
+gradients are dropped and read as zeros (Tensor.zero_when_dropped): backward's first task
+on a tile finds zeros where it runs.
 
 With one process on one device (or a Context whose ranks own tiles through StarPU-MPI) the
 wrapper passes the whole batch to the model and reduces nothing.
@@ -31,7 +31,7 @@ import numpy as np
 
 from nntile import ops
 from nntile._core.core import (allreduce_sum, broadcast, collective_bytes, collective_check,
-                               reduce_sum, zero_when_dropped)
+                               reduce_sum)
 from nntile.declare import sharded_masters
 from nntile.distributed import shard_owners
 
@@ -240,8 +240,8 @@ class DataParallel:
         # only then; no step starts on a burst of fills. StarPU-MPI's owners keep the fills.
         self._drop_gradients = ctx.owner_ranks == 1
         if self._drop_gradients:
-            for _, grad in self._gradients():
-                zero_when_dropped(grad)
+            for grad in self._gradients():
+                grad.zero_when_dropped()
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -316,9 +316,8 @@ class DataParallel:
             allreduce_sum([p.grad for p in self._backward_order], self.bucket_bytes)
 
     def _gradients(self):
-        """(device, gradient) of every parameter of every replica of this process."""
-        return [(device, param.grad) for device, model in self._each()
-                for _, param in model.named_parameters()]
+        """The gradient of every parameter of every replica of this process."""
+        return [param.grad for _, model in self._each() for _, param in model.named_parameters()]
 
     def zero_grad(self):
         """Zero the gradients: drop them, where they then read as zeros; with the update
@@ -328,7 +327,7 @@ class DataParallel:
             for _, model in self._each():
                 model.zero_grad()
         else:
-            for _, grad in self._gradients():
+            for grad in self._gradients():
                 grad.invalidate()
         if self.sharding is not None and self.devices is None:
             self.sharding.drop_masters()

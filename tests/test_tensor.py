@@ -101,7 +101,7 @@ def test_dropped_tiles_read_as_zeros_where_told(ctx, rng, dtype):
     a = rng.standard_normal((6, 4)).astype(np.float32)
     src = nntile.Tensor.from_array(a, (2, 4), dtype=dtype)
     dst = nntile.Tensor.from_array(np.full((6, 4), 7.0, np.float32), (2, 4), dtype=dtype)
-    core.zero_when_dropped(dst, [0, 2])
+    dst.zero_when_dropped([0, 2])
     dst.invalidate([0, 2])
     ctx.wait()
     assert dst.valid_tiles() == 1

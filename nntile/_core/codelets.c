@@ -5,6 +5,7 @@
 #include "kernels/kernels.h"
 #include "kernels/blas.h"
 #if NNTILE_HAVE_CUDA
+#include <cuda_runtime.h>
 #include <starpu_cublas_v2.h>
 #include "../cuda/cuda_kernels.h"
 #endif
@@ -337,4 +338,43 @@ void nntile_task_discard(struct starpu_task *task)
 {
     task->destroy = 0;
     starpu_task_destroy(task);
+}
+
+/* ---- tiles that read as zeros once dropped -------------------------------------------------- */
+
+/* StarPU runs a handle's initialisation codelet (starpu_data_set_reduction_methods) on the
+ * worker of the first task that reads the handle while no copy of it is valid, after
+ * allocating the buffer there: a gradient tile dropped (invalidated) between steps takes no
+ * memory until backward first accumulates into it, and then starts from zero. Zero bits are
+ * 0.0 in every float dtype. */
+static void cpu_zero(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    memset(BUF(0), 0, STARPU_VECTOR_GET_NX(buffers[0]) * STARPU_VECTOR_GET_ELEMSIZE(buffers[0]));
+}
+
+#if NNTILE_HAVE_CUDA
+static void cuda_zero(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    cudaMemsetAsync(BUF(0), 0,
+                    STARPU_VECTOR_GET_NX(buffers[0]) * STARPU_VECTOR_GET_ELEMSIZE(buffers[0]),
+                    starpu_cuda_get_local_stream());
+}
+#endif
+
+static struct starpu_codelet cl_zero = {
+    .cpu_funcs = {cpu_zero},
+#if NNTILE_HAVE_CUDA
+    .cuda_funcs = {cuda_zero},
+    .cuda_flags = {STARPU_CUDA_ASYNC},
+#endif
+    .nbuffers = 1,
+    .modes = {STARPU_W},
+    .name = "zero_when_dropped",
+};
+
+void nntile_zero_when_dropped(starpu_data_handle_t handle)
+{
+    starpu_data_set_reduction_methods(handle, NULL, &cl_zero);
 }

@@ -92,6 +92,10 @@ const char *nntile_blas_config(void);
 const char *nntile_blas_core(void);
 int nntile_blas_threads(void);
 
+/* From now on, a task that reads the tile while it holds no valid contents (never written,
+ * or invalidated) finds it zero, allocated only then. */
+void nntile_zero_when_dropped(starpu_data_handle_t handle);
+
 /* cuBLAS handles of the CUDA workers: after starpu_init, before starpu_shutdown. */
 void nntile_cuda_start(void);
 void nntile_cuda_stop(void);

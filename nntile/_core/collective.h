@@ -52,8 +52,5 @@ int nntile_collective_submit(int kind, starpu_data_handle_t *handles, const int 
 const char *nntile_collective_error(void);
 /* Bytes handed to the collectives since start (each tile counted once per collective). */
 unsigned long long nntile_collective_bytes(void);
-/* From now on, a task that reads the tile while it holds no valid contents (never written,
- * or invalidated) finds it zero, allocated only then. */
-void nntile_zero_when_dropped(starpu_data_handle_t handle);
 
 #endif

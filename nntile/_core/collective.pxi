@@ -54,18 +54,6 @@ def collective_check():
         raise RuntimeError(f"collective failed: {error.decode(errors='replace')}")
 
 
-def zero_when_dropped(Tensor tensor, tiles=None):
-    """Let the tiles ``tiles`` (linear indices; default all) of ``tensor`` read as zeros
-    whenever they hold no valid contents: once invalidated (Tensor.invalidate), a tile takes
-    no memory until a task next reads it, which then finds it zero (StarPU's initialisation
-    codelet of the handle). Gradients sharded over replicas are dropped so, and backward
-    accumulates into them as into zeroed ones."""
-    tensor.check_usable("tensor")
-    cdef Py_ssize_t i
-    for i in _tile_range(tensor, tiles):
-        nntile_zero_when_dropped(tensor.handles[i])
-
-
 cdef int _submit_bucket(int kind, list handles, list roots, int dtype, int priority) except -1:
     cdef Py_ssize_t n = len(handles), i
     cdef starpu_data_handle_t *array = <starpu_data_handle_t *> malloc(

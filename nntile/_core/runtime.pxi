@@ -48,6 +48,7 @@ cdef extern from "codelets.h" nogil:
     void nntile_cuda_stop()
     void nntile_task_discard(starpu_task *task)
     int nntile_write_back(starpu_data_handle_t handle)
+    void nntile_zero_when_dropped(starpu_data_handle_t handle)
     void nntile_op_profiling(int enable)
     unsigned long long nntile_op_time(int op, int dtype, double *seconds)
     struct nntile_task_record:
@@ -93,7 +94,6 @@ cdef extern from "collective.h" nogil:
                                  int n, int dtype, int priority)
     unsigned long long nntile_collective_bytes()
     const char *nntile_collective_error()
-    void nntile_zero_when_dropped(starpu_data_handle_t handle)
 
 cdef extern from "host_arena.h" nogil:
     struct nntile_host_arena_stats:

@@ -350,6 +350,17 @@ cdef class Tensor:
             if self.is_local(i):
                 CHKERR(nntile_write_back(self.handles[i]), "starpu_data_acquire_on_node_cb")
 
+    def zero_when_dropped(self, tiles=None):
+        """Let the tiles ``tiles`` (linear indices; default all) read as zeros whenever they
+        hold no valid contents: once invalidated (``invalidate``), a tile takes no memory
+        until a task next reads it, which then finds it zero (StarPU's initialisation codelet
+        of the handle, run where that task runs). Gradients are dropped so between steps,
+        and backward accumulates into them as into zeroed ones."""
+        self.check_usable("tensor")
+        cdef Py_ssize_t i
+        for i in _tile_range(self, tiles):
+            nntile_zero_when_dropped(self.handles[i])
+
     def set_homes(self, homes):
         """Give each tile (``homes``: one CUDA device per tile, in linear order; None for a
         tile of no home) the device its tasks run on where the submitter chose none
