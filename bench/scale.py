@@ -33,7 +33,8 @@ from harness import gpu_time, gpu_time_table, model_flops_per_step, print_result
 from shapes import add_model_args, llama_config, resolve_model
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
 from nntile import fit, memory
-from nntile.cli_common import (CLIError, add_dry_run_args, add_recompute_arg, add_verbose_arg,
+from nntile.cli_common import (CLIError, add_disk_swap_args, add_dry_run_args,
+                               add_recompute_arg, add_verbose_arg, apply_disk_swap,
                                calibration_note, default_tiles, launcher_rank, planned_machine,
                                starpu_messages)
 from nntile.plan import live_at_turn, pcie_floor
@@ -78,12 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--cupti", metavar="PATH", help="run the last step under PyTorch's "
                    "profiler (CUPTI): print what the GPU ran, kernels and copies, and write "
                    "its Chrome trace to PATH (with --timeline, the step before the last)")
-    p.add_argument("--disk-swap", metavar="DIR", help="StarPU disk swap directory "
-                   "(STARPU_DISK_SWAP): host memory can then be evicted to it")
-    p.add_argument("--disk-swap-mib", type=int, help="size of the disk swap in MiB "
-                   "(STARPU_DISK_SWAP_SIZE; default: the free space of DIR)")
-    p.add_argument("--disk-swap-backend", help="STARPU_DISK_SWAP_BACKEND (default "
-                   "unistd_o_direct, or unistd when some tiles are not whole pages)")
+    add_disk_swap_args(p)
     add_verbose_arg(p)
     add_dry_run_args(p)
     args = p.parse_args(argv)
@@ -101,29 +97,6 @@ def per_rank(path):
         return path
     root, ext = os.path.splitext(path)
     return f"{root}.rank{rank}{ext}"
-
-
-def set_disk_swap(args, est):
-    """Set StarPU's disk swap variables (read when the Context starts); the backend used."""
-    if not args.disk_swap:
-        return None
-    os.makedirs(args.disk_swap, exist_ok=True)
-    backend = args.disk_swap_backend
-    if backend is None:
-        # unistd_o_direct asserts (aborts) on a transfer that is not whole pages
-        # (src/core/disk_ops/disk_unistd_o_direct.c); the page cache of unistd costs memory.
-        backend = "unistd" if est.unaligned_tiles else "unistd_o_direct"
-        if est.unaligned_tiles:
-            print(f"disk swap: {est.unaligned_tiles} tiles are not a whole number of "
-                  f"{memory.PAGE}-byte pages (e.g. the loss), which unistd_o_direct cannot "
-                  "swap: using the unistd backend", flush=True)
-    os.environ["STARPU_DISK_SWAP"] = os.path.abspath(args.disk_swap)
-    os.environ["STARPU_DISK_SWAP_BACKEND"] = backend
-    if args.disk_swap_mib:
-        os.environ["STARPU_DISK_SWAP_SIZE"] = str(args.disk_swap_mib)
-    else:
-        os.environ.pop("STARPU_DISK_SWAP_SIZE", None)
-    return backend
 
 
 class RandomPool:
@@ -221,7 +194,7 @@ def checked_estimate(args, config, tiling, distribution):
     """(the estimate of this rank's share, with its recomputation chosen; the disk swap's
     backend) of a run that fits, else a CLIError (under mpirun all ranks agree)."""
     est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=INIT)
-    backend = set_disk_swap(args, est)
+    backend = apply_disk_swap(args, est)
     if args.force:
         os.environ["NNTILE_MEMORY_CHECK"] = "0"
     return fit.preflight(config, args.batch, args.seq, tiling, args.dtype, ncuda=args.ncuda,

@@ -234,6 +234,34 @@ def add_recompute_arg(parser):
                         "in GPU memory or at all; nntile.policy.recompute)")
 
 
+def add_disk_swap_args(parser):
+    group = parser.add_argument_group("disk swap (default: none; StarPU's STARPU_DISK_SWAP)")
+    group.add_argument("--disk-swap", metavar="DIR", help="a directory StarPU may evict host "
+                       "memory to (a disk memory node)")
+    group.add_argument("--disk-swap-mib", type=positive_int, metavar="MIB", help="the disk "
+                       "swap's size in MiB (default: the free space of DIR)")
+    group.add_argument("--disk-swap-backend", choices=("unistd", "unistd_o_direct"),
+                       help="StarPU's disk backend (default unistd_o_direct, or unistd when "
+                       "some tiles are not whole pages)")
+
+
+def apply_disk_swap(args, est):
+    """Set up the disk swap that args ask for (before StarPU starts); its backend, or None.
+    `est` (nntile.memory's estimate of the run) tells whether some tiles are not whole pages."""
+    if not args.disk_swap:
+        return None
+    from nntile import machine
+    try:
+        backend = machine.use_disk_swap(args.disk_swap, args.disk_swap_mib,
+                                        args.disk_swap_backend, est.unaligned_tiles)
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"--disk-swap {args.disk_swap}: {exc}") from None
+    if args.disk_swap_backend is None and est.unaligned_tiles:
+        print(f"disk swap: {est.unaligned_tiles} tiles are not whole pages (e.g. the loss), "
+              "which unistd_o_direct cannot swap: using the unistd backend", flush=True)
+    return backend
+
+
 def add_dry_run_args(parser):
     parser.add_argument("--dry-run", action="store_true",
                         help="print the run's plan (memory by kind and place, tiles, "

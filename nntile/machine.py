@@ -226,6 +226,25 @@ def check_disk_swap_env():
                          f"least {DISK_SWAP_MIN // MiB} MiB (it aborts on less)")
 
 
+def use_disk_swap(directory, size_mib=None, backend=None, unaligned_tiles=0):
+    """Give StarPU a disk swap in `directory`, through the STARPU_DISK_SWAP variables it reads
+    when it starts: size_mib MiB (default: the directory's free space) and `backend` (default
+    unistd_o_direct, or unistd where `unaligned_tiles` of the run are not whole pages, which
+    unistd_o_direct aborts on: src/core/disk_ops/disk_unistd_o_direct.c). Returns the
+    backend."""
+    os.makedirs(directory, exist_ok=True)
+    if backend is None:
+        backend = "unistd" if unaligned_tiles else "unistd_o_direct"
+    os.environ["STARPU_DISK_SWAP"] = os.path.abspath(directory)
+    os.environ["STARPU_DISK_SWAP_BACKEND"] = backend
+    if size_mib:
+        os.environ["STARPU_DISK_SWAP_SIZE"] = str(size_mib)
+    else:
+        os.environ.pop("STARPU_DISK_SWAP_SIZE", None)
+    check_disk_swap_env()
+    return backend
+
+
 def disk_swap_bytes():
     """The disk swap StarPU will register from STARPU_DISK_SWAP[_SIZE] (0 without)."""
     path = os.environ.get("STARPU_DISK_SWAP")

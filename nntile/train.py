@@ -22,8 +22,9 @@ import time
 
 import numpy as np
 
-from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_dry_run_args,
-                               add_recompute_arg, add_runtime_args, add_tiling_args,
+from nntile.cli_common import (ArgumentParser, CLIError, OutLock, add_disk_swap_args,
+                               add_dry_run_args, add_recompute_arg, add_runtime_args,
+                               add_tiling_args, apply_disk_swap,
                                add_verbose_arg, calibration_note, check_dtype, check_seq_len,
                                default_tiles, family_model, launcher_rank, model_tiling,
                                nonneg_float, nonneg_int, planned_machine, plural,
@@ -111,6 +112,7 @@ def build_parser():
                    "a terminal, the progress lines that replace it)")
     train_config.add_args(p)
     add_runtime_args(p)
+    add_disk_swap_args(p)
     add_dry_run_args(p)
     return p
 
@@ -722,6 +724,10 @@ def checked(args):
         print(f"nntile-train: {s.complete}")
         return None
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
+    if args.disk_swap:  # before the pre-check, which counts the disk
+        from nntile import memory
+        apply_disk_swap(args, memory.estimate(s.config, s.batch_size, s.seq_len, s.tiles,
+                                              s.dtype))
     from nntile.fit import preflight  # before StarPU starts: refuse what cannot fit
     est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
                     grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution,

@@ -142,3 +142,15 @@ def test_scale_dry_run():
     assert result.returncode == 0, result.stderr
     assert re.search(r"recompute +on", result.stdout), result.stdout
     assert "predicted step" in result.stdout
+
+
+def test_disk_swap_flags_reach_the_plan(run_files, tmp_path):
+    def train(*extra):
+        return cli("train", "--dry-run", "--data", run_files / "data", "--out",
+                   run_files / "out", "--n-layer", "2", "--n-embd", "64", "--n-head", "2",
+                   "--disk-swap", tmp_path / "swap", *extra)
+    result = train("--disk-swap-mib", "2048")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"machine .*disk swap 2\.0 GiB", result.stdout), result.stdout
+    assert re.search(r"memory by place .*disk [\d.]+ [KM]iB of 2\.0 GiB", result.stdout)
+    assert_clean_error(train("--disk-swap-mib", "3"), "--disk-swap", "at least 16 MiB")
