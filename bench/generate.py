@@ -50,8 +50,7 @@ def hf_model(args):
     fields = dict(dict(max_position_embeddings=args.prompt + args.new), **SHAPES[args.shape])
     config = transformers.LlamaConfig(**fields, bos_token_id=None, eos_token_id=None,
                                       pad_token_id=None)
-    model = transformers.LlamaForCausalLM(config).eval()
-    return model.to(device=args.device, dtype=getattr(torch, TORCH_DTYPES[args.dtype]))
+    return transformers.LlamaForCausalLM(config).eval()
 
 
 def best_time(run, repeat):
@@ -96,9 +95,14 @@ def main(argv=None):
     args = parse_args(argv)
     import nntile
     from nntile.models import LlamaLM
+    import torch
     hf = hf_model(args)
     ctx = nntile.Context(ncuda=1 if args.device == "cuda" else 0)
     model = LlamaLM.from_transformers(hf, dtype=args.dtype)
+    # transformers' model moves to the GPU once ours holds its weights: on a host of two
+    # GPUs, tensors PyTorch had placed on GPU 0 before StarPU started failed to read back
+    # ("CUDA error: invalid argument", 2026-11-28)
+    hf.to(device=args.device, dtype=getattr(torch, TORCH_DTYPES[args.dtype]))
     for batch in args.batch:
         print(result_line(args, batch, *measure(hf, model, args, batch)), flush=True)
     model.unregister()

@@ -86,19 +86,22 @@ static void add_bf16(void *in, void *inout, int *count, MPI_Datatype *type)
         b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
 }
 
-/* Start tile i's collective; MPI counts are int: a tile past 2^31 elements is refused when
- * submitted. */
-static int mpi_start(const struct collective_args *args, int i, void *buffer, MPI_Datatype type,
-                     MPI_Op op, MPI_Request *request)
+/* Tile i's collective. Blocking calls, one tile after another: Open MPI's blocking
+ * collectives choose their algorithm by size, where its non-blocking ones (libnbc) follow one
+ * schedule; all-reducing 256 MiB of tiles between two ranks took 0.048 s blocking against
+ * 0.24 s started together and awaited (2-core machine, shared memory). MPI counts are int: a
+ * tile past 2^31 elements is refused when submitted. */
+static int mpi_collective(const struct collective_args *args, int i, void *buffer,
+                          MPI_Datatype type, MPI_Op op)
 {
     void *ptr = TILE_PTR(buffer);
     int count = (int)TILE_COUNT(buffer), root = args->roots[i];
     if (args->kind == NNTILE_REDUCE)
-        return MPI_Ireduce(root == my_rank ? MPI_IN_PLACE : ptr, ptr, count, type, op, root,
-                           comm, request);
+        return MPI_Reduce(root == my_rank ? MPI_IN_PLACE : ptr, ptr, count, type, op, root,
+                          comm);
     if (args->kind == NNTILE_BROADCAST)
-        return MPI_Ibcast(ptr, count, type, root, comm, request);
-    return MPI_Iallreduce(MPI_IN_PLACE, ptr, count, type, op, comm, request);
+        return MPI_Bcast(ptr, count, type, root, comm);
+    return MPI_Allreduce(MPI_IN_PLACE, ptr, count, type, op, comm);
 }
 
 static void cpu_collective(void *buffers[], void *cl_arg)
@@ -108,18 +111,9 @@ static void cpu_collective(void *buffers[], void *cl_arg)
     MPI_Datatype type = args->dtype == NNTILE_FP64 ? MPI_DOUBLE
                         : args->dtype == NNTILE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
     MPI_Op op = args->dtype == NNTILE_BF16 ? bf16_sum : MPI_SUM;
-    MPI_Request *requests = malloc(sizeof(MPI_Request) * (size_t)n);
-    if (requests == NULL) {
-        record_error("MPI collective", "out of memory");
-        return;
-    }
     for (int i = 0; i < n; ++i)
-        if (mpi_start(args, i, buffers[i], type, op, &requests[i]) != MPI_SUCCESS)
-            requests[i] = MPI_REQUEST_NULL, record_error("MPI collective", "start failed");
-    int ret = MPI_Waitall(n, requests, MPI_STATUSES_IGNORE);
-    free(requests);
-    if (ret != MPI_SUCCESS)
-        record_error("MPI collective", "MPI_Waitall failed");
+        if (mpi_collective(args, i, buffers[i], type, op) != MPI_SUCCESS)
+            record_error("MPI collective", "a tile's collective failed");
 }
 
 static struct starpu_codelet cl_mpi = {
