@@ -157,7 +157,7 @@ def test_attention_mask_value():
     assert repr(mask) == "AttentionMask(causal=1, window=4, offset=0)"
     for fields, match in [(dict(window=-1), "window must be >= 0"),
                           (dict(causal=False, window=3), "window .* needs causal"),
-                          (dict(offset=-1), "offset"), (dict(window=2.5), "window must be an int"),
+                          (dict(offset=-1), "offset"), (dict(window=2.5), "window must be int"),
                           (dict(causal=2), "causal must be 0 or 1")]:
         with pytest.raises(ValueError, match=match):
             AttentionMask(**fields)

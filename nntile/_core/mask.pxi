@@ -26,18 +26,20 @@ cdef class AttentionMask:
     def __init__(self, causal=True, **fields):
         cdef nntile_mask zero
         memset(&zero, 0, sizeof(zero))
-        cdef dict values = zero  # every field of the struct, in its order
-        values["causal"] = causal
+        cdef dict zeros = zero  # every field of the struct, in its order: 0 or 0.0
+        cdef dict values = dict(zeros, causal=causal)
         for name, value in fields.items():
             if name not in values:
                 raise TypeError(f"AttentionMask: no field {name!r}; the fields are "
                                 f"{', '.join(values)} (kernels.h, nntile_mask)")
             values[name] = value
         for name, value in values.items():
+            kind = type(zeros[name])
             try:
-                values[name] = operator.index(value)
-            except TypeError:
-                raise ValueError(f"AttentionMask: {name} must be an int, got {value!r}") from None
+                values[name] = operator.index(value) if kind is int else kind(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"AttentionMask: {name} must be {kind.__name__}, "
+                                 f"got {value!r}") from None
         self.m = values
         cdef const char *error = nntile_mask_error(self.m)
         if error != NULL:
