@@ -1,16 +1,16 @@
 """nntile: GPT training on tiled tensors scheduled by the StarPU runtime."""
 from nntile.startup import quiet_interrupt_while_starting
 quiet_interrupt_while_starting()  # first: Ctrl-C during the imports below ends a program quietly
-from nntile._core.core import (StarpuError, Tensor, TensorTraits, current_context, HAVE_CUDA,
-                               HAVE_MPI, DTYPES)
+from nntile._core.core import (AttentionMask, StarpuError, Tensor, TensorTraits,
+                               current_context, HAVE_CUDA, HAVE_MPI, DTYPES)
 from nntile.context import Context
 from nntile.policy import launched_by_mpirun, launcher_rank
 from nntile import ops
 from nntile.distributed import Distribution
 
-__all__ = ["Context", "StarpuError", "Tensor", "TensorTraits", "current_context", "ops",
-           "Distribution", "launched_by_mpirun", "launcher_rank", "HAVE_CUDA", "HAVE_MPI",
-           "DTYPES"]
+__all__ = ["AttentionMask", "Context", "StarpuError", "Tensor", "TensorTraits",
+           "current_context", "ops", "Distribution", "launched_by_mpirun", "launcher_rank",
+           "HAVE_CUDA", "HAVE_MPI", "DTYPES"]
 __version__ = "0.1.0"
 
 # Loaded on first use (PEP 562), so that `nntile.models.GPT2LMHead` works after a plain

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 import nntile
 from nntile import ops
 from nntile.nn.attention import CoreAttention
-from tests.attention_refs import reference, reference_backward
+from tests.attention_refs import reference, reference_backward, visible
 
 # relative error (against the largest reference entry) per precision: bf16 rounds q, k, v, o
 # and the gradients to 8 bits; o and the gradients sum many such terms
@@ -29,7 +29,8 @@ def run_core(dtype, fused, causal, B, T, H, Hkv, D, tiles, seed, window=0):
     query heads) per tile."""
     rng = np.random.default_rng(seed)
     x = [rng.standard_normal((B, T, n, D)) for n in (H, Hkv, Hkv, H)]
-    core = CoreAttention(H, Hkv, D, tiles[2], dtype, fused, causal=causal, window=window)
+    core = CoreAttention(H, Hkv, D, tiles[2], dtype, fused,
+                         mask=nntile.AttentionMask(causal, window=window))
     g = H // Hkv
     qt, kt = tiles + (D,), (tiles[0], tiles[1], tiles[2] // g, D)
     data = core.compute
@@ -136,10 +137,52 @@ def test_core_bad_arguments():
         CoreAttention(8, 2, 8, 2, "fp32")
     with pytest.raises(ValueError, match="precision"):
         CoreAttention(8, 2, 8, 4, "fp16")
-    with pytest.raises(ValueError, match="window"):
-        CoreAttention(8, 2, 8, 4, "fp32", causal=False, window=4)
-    with pytest.raises(ValueError, match="window"):
-        CoreAttention(8, 2, 8, 4, "fp32", window=-1)
+    with pytest.raises(TypeError, match="AttentionMask"):
+        CoreAttention(8, 2, 8, 4, "fp32", mask=True)
+
+
+# ---- the mask ------------------------------------------------------------------------------
+
+def test_attention_mask_value():
+    """An AttentionMask is a value: equal masks are one key, ``at`` moves query 0, pickling
+    keeps it; the rules of kernels.h (nntile_mask_error) refuse a bad one when it is made."""
+    import pickle
+    from nntile import AttentionMask
+    mask = AttentionMask(window=4)
+    assert mask == AttentionMask(True, window=4) and hash(mask) == hash(AttentionMask(window=4))
+    assert mask != AttentionMask() and AttentionMask(causal=False).causal == 0
+    assert mask.at(7) == AttentionMask(window=4, offset=7) and mask.offset == 0
+    assert mask.fields == {"causal": 1, "window": 4, "offset": 0}
+    assert pickle.loads(pickle.dumps(mask.at(3))) == mask.at(3)
+    assert repr(mask) == "AttentionMask(causal=1, window=4, offset=0)"
+    for fields, match in [(dict(window=-1), "window must be >= 0"),
+                          (dict(causal=False, window=3), "window .* needs causal"),
+                          (dict(offset=-1), "offset"), (dict(window=2.5), "window must be int"),
+                          (dict(causal=2), "causal must be 0 or 1")]:
+        with pytest.raises(ValueError, match=match):
+            AttentionMask(**fields)
+    with pytest.raises(ValueError, match="offset"):
+        mask.at(-1)
+    with pytest.raises(TypeError, match="no field 'size'"):
+        AttentionMask(size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(causal=st.booleans(), window=st.integers(0, 9), offset=st.integers(0, 9),
+       nq=st.integers(1, 12), nk=st.integers(1, 24), tile=st.integers(1, 7), data=st.data())
+def test_attention_mask_tiles(causal, window, offset, nq, nk, tile, data):
+    """The key tiles a query range sees (what the ops submit tasks for, and warm_up counts)
+    and the blocks the mask leaves whole, against the numpy predicate of the references."""
+    mask = nntile.AttentionMask(causal, window=window if causal else 0, offset=offset)
+    seen = visible(nq, nk, causal, offset=offset, window=mask.window)
+    q0 = data.draw(st.integers(0, nq - 1))
+    q1 = data.draw(st.integers(q0 + 1, nq))
+    tiles = [ki for ki in range(-(-nk // tile)) if seen[q0:q1, ki * tile:(ki + 1) * tile].any()]
+    found = mask.key_tiles(q0, q1, nk, tile)
+    assert list(found) == (list(range(tiles[0], tiles[-1] + 1)) if tiles else [])
+    for ki in found:
+        k0, k1 = ki * tile, min(nk, (ki + 1) * tile)
+        assert mask.whole(q0, q1, k0, k1) == seen[q0:q1, k0:k1].all()
 
 
 # ---- the tensor ops ------------------------------------------------------------------------
@@ -177,10 +220,8 @@ def test_flash_attention_bad_input(ctx):
         ((q, k, v, q, lse, 0.5), ValueError, "same tensor"),
         ((q, k, v, o, lse, float("nan")), ValueError, "finite"),
         ((q, k, v, o, lse, "1"), ValueError, "finite"),
-        ((q, k, v, o, lse, 0.5, True, -1), ValueError, "offset"),
-        ((q, k, v, o, lse, 0.5, True, 2), ValueError, "offset"),
-        ((q, k, v, o, lse, 0.5, False, 0, 3), ValueError, "window"),
-        ((q, k, v, o, lse, 0.5, True, 0, -3), ValueError, "window"),
+        ((q, k, v, o, lse, 0.5, nntile.AttentionMask(offset=2)), ValueError, "offset"),
+        ((q, k, v, o, lse, 0.5, True), TypeError, "mask"),  # a mask is an AttentionMask
     ]
     for args, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -227,8 +268,9 @@ def test_flash_keys_longer_than_queries(ctx, seed, T, offset, tt, causal, window
                    for a, b in zip(x, (qt, kt, kt, qt)))
     o, dq = t(q.shape, qt, dtype), t(q.shape, qt, dtype)
     dk, dv, lse = t(k.shape, kt, dtype), t(k.shape, kt, dtype), t((B, T, H), qt[:3], dtype)
-    ops.flash_attention(q, k, v, o, lse, 0.5, causal, offset, window)
-    ops.flash_attention_backward(q, k, v, o, do, lse, dq, dk, dv, 0.5, causal, offset, window)
+    mask = nntile.AttentionMask(causal, window=window, offset=offset)
+    ops.flash_attention(q, k, v, o, lse, 0.5, mask)
+    ops.flash_attention_backward(q, k, v, o, do, lse, dq, dk, dv, 0.5, mask)
     want_o, want_lse, _ = reference(*x[:3], 0.5, causal, offset=offset, window=window)
     want = [want_o, want_lse, *reference_backward(*x, 0.5, causal, offset=offset,
                                                   window=window)]
@@ -249,7 +291,8 @@ def test_warm_up_runs_each_fused_attention_tile_shape_once(ctx):
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
     model = GPT2LMHead(config, dict(batch=2, seq=8, head=2), "bf16-mixed")
     shapes = attention_tile_shapes(model, 4, 16)
-    assert shapes == [(2, 8, 2, 2, 8, "bf16", True, 0, 1 / math.sqrt(8), 2)]  # layers alike
+    causal = nntile.AttentionMask()
+    assert shapes == [(2, 8, 2, 2, 8, "bf16", causal, 1 / math.sqrt(8), 2)]  # layers alike
     assert attention_tile_shapes(model, 4, 8)[0][-1] == 1  # one seq tile: the diagonal only
     from nntile.models.mistral import MistralLM
     from nntile.models.mistral_config import MistralConfig
@@ -257,8 +300,8 @@ def test_warm_up_runs_each_fused_attention_tile_shape_once(ctx):
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, sliding_window=13),
         dict(batch=2, seq=8, head=2), "bf16-mixed", create=False)
-    assert attention_tile_shapes(mistral, 4, 40) == [(2, 8, 2, 1, 8, "bf16", True, 13,
-                                                      1 / math.sqrt(8), 3)]
+    assert attention_tile_shapes(mistral, 4, 40) == [
+        (2, 8, 2, 1, 8, "bf16", nntile.AttentionMask(window=13), 1 / math.sqrt(8), 3)]
     assert attention_tile_shapes(GPT2LMHead(config, dict(batch=2), "fp32"), 4, 16) == []
     before = live_tensor_count()
     run_attention_tiles(shapes)

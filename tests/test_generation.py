@@ -108,7 +108,8 @@ def test_flash_attention_against_a_longer_cache(ctx, tq, offset, window):
     o = nntile.Tensor(q.shape, (1, tq, 2, 4), "fp64")
     lse = nntile.Tensor(q.shape[:3], (1, tq, 2), "fp64")
     ops.flash_attention(tensor(q, (1, tq, 2, 4)), tensor(k, (1, 8, 1, 4)),
-                        tensor(v, (1, 8, 1, 4)), o, lse, 0.5, True, offset, window)
+                        tensor(v, (1, 8, 1, 4)), o, lse, 0.5,
+                        nntile.AttentionMask(offset=offset, window=window))
     ref_o, ref_lse, _ = reference(q, k, v, 0.5, True, offset=offset, window=window)
     np.testing.assert_allclose(o.to_array(), ref_o, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse.to_array(), ref_lse, rtol=1e-12)

@@ -219,7 +219,7 @@ def test_softmax_masked_rows(ctx):
 def test_mask_scores(ctx, rng, shape, tiles, offset, window):
     x = rng.standard_normal(shape)
     X = T(x, tiles)
-    ops.mask_scores(X, offset=offset, window=window)
+    ops.mask_scores(X, nntile.AttentionMask(offset=offset, window=window))
     q = np.arange(shape[-2])[:, None] + offset
     k = np.arange(shape[-1])[None, :]
     ref = np.where((k > q) | (window > 0) & (k <= q - window), -np.inf, x)
@@ -471,8 +471,8 @@ def test_bad_misc(ctx):
         ops.gelu(None, a)
     with pytest.raises(ValueError, match="at least 2"):
         ops.mask_scores(a)
-    with pytest.raises(ValueError, match="offset"):
-        ops.mask_scores(t((3, 3), (3, 3)), offset=-1)
+    with pytest.raises(TypeError, match="mask"):
+        ops.mask_scores(t((3, 3), (3, 3)), True)  # a mask is an AttentionMask
     with pytest.raises(ValueError, match="layernorm_forward: gamma"):
         ops.layernorm_forward(t((4, 6), (2, 3)), t((6,), (2,)), t((6,), (3,)), 1e-5,
                               t((4, 2), (2, 2)), t((4, 6), (2, 3)))

@@ -86,34 +86,6 @@ cdef int _check_heads(str op, Tensor X, str xname, Tensor S, str sname, int seq_
     return 0
 
 
-cdef extern from "kernels/kernels.h" nogil:
-    nntile_range nntile_mask_keys(nntile_mask m, int64_t q0, int64_t q1, int64_t nk)
-    bint nntile_mask_whole(nntile_mask m, int64_t q0, int64_t q1, int64_t k0, int64_t k1)
-
-
-cdef nntile_mask _mask(str op, bint causal, offset, window) except *:
-    """The attention mask of an op's arguments (kernels.h, nntile_mask), checked."""
-    for name, value in (("offset (the key position of query 0)", offset), ("window", window)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{op}: {name} must be an int >= 0, got {value!r}")
-    if window and not causal:
-        raise ValueError(f"{op}: a window (sliding-window attention) needs causal attention")
-    cdef nntile_mask m
-    m.causal = causal
-    m.window = window
-    m.offset = offset
-    return m
-
-
-cdef (Py_ssize_t, Py_ssize_t) _key_tiles(nntile_mask m, Py_ssize_t q0, Py_ssize_t q1,
-                                         Py_ssize_t nk, Py_ssize_t tile):
-    """The key tiles [first, end) of size ``tile`` (of nk keys) that queries [q0, q1) see."""
-    cdef nntile_range r = nntile_mask_keys(m, q0, q1, nk)
-    if r.hi <= r.lo:
-        return 0, 0
-    return r.lo // tile, (r.hi + tile - 1) // tile
-
-
 cdef inline bint _masked_out(TensorTraits st, nntile_mask m, Py_ssize_t qi, Py_ssize_t ki):
     """True when no query of score tile row qi sees a key of tile column ki."""
     cdef Py_ssize_t q0 = qi * st._basetile[2]
@@ -122,16 +94,16 @@ cdef inline bint _masked_out(TensorTraits st, nntile_mask m, Py_ssize_t qi, Py_s
     return not keys[0] <= ki < keys[1]
 
 
-def mask_scores(Tensor dst, bint causal=True, offset=0, window=0):
-    """Set dst[..., q, k] = -inf where the mask (``causal``, ``offset``, ``window``:
-    kernels.h, nntile_mask) hides key k from query q (queries on axis -2, keys on axis -1)."""
+def mask_scores(Tensor dst, AttentionMask mask not None=_CAUSAL):
+    """Set dst[..., q, k] = -inf where ``mask`` (an AttentionMask) hides key k from query q
+    (queries on axis -2, keys on axis -1)."""
     _float_same("mask_scores", [(dst, "dst")])
     cdef Py_ssize_t nd = dst.traits.ndim
     if nd < 2:
         raise ValueError(f"mask_scores: dst must have at least 2 dimensions (queries, keys), "
                          f"got shape {dst.traits.shape}")
     cdef nntile_mask_scores_args args
-    args.mask = _mask("mask_scores", causal, offset, window)
+    args.mask = mask.m
     cdef starpu_data_handle_t h[1]
     cdef Py_ssize_t coords[MAX_NDIM]
     cdef Py_ssize_t i, d, batch
@@ -161,17 +133,15 @@ cdef _head_gemm(Tensor A, Py_ssize_t a_lin, Tensor B, Py_ssize_t b_lin, Tensor C
     submit(NNTILE_OP_gemm, C.dtype_id, 3, h, args, sizeof(nntile_gemm_args))
 
 
-def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=float("-inf"),
-            offset=0, window=0):
+def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, AttentionMask mask not None=_CAUSAL,
+            masked_value=float("-inf")):
     """S[b, h, q, k] = alpha * sum_d X[b, q, h, d] * Y[b, k, h, d].
 
-    Score tiles that the mask (``causal``, ``offset``, ``window``: kernels.h, nntile_mask)
-    hides wholly
-    are filled with ``masked_value`` instead of computed: -inf for scores (the mask inside
-    the other tiles is applied by mask_scores), 0 for gradients of probabilities that are
-    zero there.
+    Score tiles that ``mask`` (an AttentionMask) hides wholly are filled with
+    ``masked_value`` instead of computed: -inf for scores (the mask inside the other tiles is
+    applied by mask_scores), 0 for gradients of probabilities that are zero there.
     """
-    cdef nntile_mask m = _mask("attn_qk", causal, offset, window)
+    cdef nntile_mask m = mask.m
     _usable(S, "S")
     _check_heads("attn_qk", X, "X", S, "S", 2)
     _check_heads("attn_qk", Y, "Y", S, "S", 3)
@@ -220,10 +190,10 @@ def attn_qk(alpha, Tensor X, Tensor Y, Tensor S, bint causal=True, masked_value=
         _head_gemm(X, X.traits.tile_linear(xc), Y, Y.traits.tile_linear(yc), S, i, &args)
 
 
-def attn_pv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True, offset=0, window=0):
+def attn_pv(alpha, Tensor P, Tensor Y, Tensor O, AttentionMask mask not None=_CAUSAL):
     """O[b, q, h, :] = alpha * sum_k P[b, h, q, k] * Y[b, k, h, :]  (overwrites O); the
-    tiles of P that the mask hides wholly (attn_qk) are left out."""
-    cdef nntile_mask m = _mask("attn_pv", causal, offset, window)
+    tiles of P that ``mask`` hides wholly (attn_qk) are left out."""
+    cdef nntile_mask m = mask.m
     _usable(P, "P")
     _usable(O, "O")
     _check_heads("attn_pv", Y, "Y", P, "P", 3)
@@ -233,10 +203,10 @@ def attn_pv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True, offset=0, win
     _attn_sum(alpha, P, Y, O, m, False)
 
 
-def attn_ptv(alpha, Tensor P, Tensor Y, Tensor O, bint causal=True, offset=0, window=0):
+def attn_ptv(alpha, Tensor P, Tensor Y, Tensor O, AttentionMask mask not None=_CAUSAL):
     """O[b, k, h, :] = alpha * sum_q P[b, h, q, k] * Y[b, q, h, :]  (overwrites O); the
-    tiles of P that the mask hides wholly (attn_qk) are left out."""
-    cdef nntile_mask m = _mask("attn_ptv", causal, offset, window)
+    tiles of P that ``mask`` hides wholly (attn_qk) are left out."""
+    cdef nntile_mask m = mask.m
     _usable(P, "P")
     _usable(O, "O")
     _check_heads("attn_ptv", Y, "Y", P, "P", 2)

@@ -6,6 +6,7 @@ include "runtime.pxi"
 include "traits.pxi"
 include "tensor.pxi"
 include "collective.pxi"
+include "mask.pxi"
 _BEFORE_OPS = frozenset(globals())
 include "ops.pxi"
 include "nn_ops.pxi"

@@ -120,42 +120,39 @@ cdef _zero_unseen_keys(list dkv, TensorTraits kt, Py_ssize_t *kc, list kv_seen):
 
 
 def flash_attention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, scale,
-                    bint causal=True, offset=0, window=0):
+                    AttentionMask mask not None=_CAUSAL):
     """o = softmax(scale * q k^T) v per head, with the keys each query does not see masked
-    (``causal``: those after it; ``window`` > 0: also those ``window`` or more before it;
-    ``offset``: the key position of query 0, when k and v hold ``offset`` keys more than q;
-    kernels.h, nntile_mask); causal attention also takes a key/value cache as k and v: longer
-    than q's + offset (the keys past the last query's are hidden) and with sequence tiles of
-    its own;
+    (``mask``, an AttentionMask: causal by default; its offset is the key position of query
+    0, when k and v hold that many keys more than q); causal attention also takes a
+    key/value cache as k and v: longer than q's + offset (the keys past the last query's
+    are hidden) and with sequence tiles of its own;
     lse = the log of each row's sum of exp of its scaled, masked scores (what backward
     needs). q, o [batch, seq, heads, head_dim]; k, v [batch, seq, kv_heads, head_dim] with
     heads a multiple of kv_heads (grouped-query attention; query head h reads kv head
     h // (heads // kv_heads)); lse [batch, seq, heads], fp32 for bf16 data. Tilings: the
     head dimension whole; k and v tiled as q, with head tiles of ht // group where q's
     are ht, a whole number of groups."""
-    cdef nntile_mask mask = _mask("flash_attention", causal, offset, window)
     cdef int column = _check_flash("flash_attention", [(q, "q"), (k, "k"), (v, "v"), (o, "o")],
-                                   lse, ("o", "lse"), scale, mask.offset, causal)
+                                   lse, ("o", "lse"), scale, mask.m.offset, mask.m.causal)
     _flash_tasks(NNTILE_OP_flash_forward, column, q, k,
                  [(BUF_flash_forward_q, q, "q"), (BUF_flash_forward_k, k, "k"),
                   (BUF_flash_forward_v, v, "k"), (BUF_flash_forward_o, o, "q"),
-                  (BUF_flash_forward_lse, lse, "lse")], scale, mask, False)
+                  (BUF_flash_forward_lse, lse, "lse")], scale, mask.m, False)
 
 
 def flash_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor dout, Tensor lse,
-                             Tensor dq, Tensor dk, Tensor dv, scale, bint causal=True,
-                             offset=0, window=0):
+                             Tensor dq, Tensor dk, Tensor dv, scale,
+                             AttentionMask mask not None=_CAUSAL):
     """dq, dk, dv (overwritten) of flash_attention's o = attention(q, k, v), given dout, the
     gradient of o, and forward's o and lse; the query heads of a group sum into the dk and
     dv of their kv head. Shapes, tilings and dtypes as flash_attention's."""
-    cdef nntile_mask mask = _mask("flash_attention_backward", causal, offset, window)
     cdef int column = _check_flash(
         "flash_attention_backward", [(q, "q"), (k, "k"), (v, "v"), (o, "o"), (dout, "dout"),
                                      (dq, "dq"), (dk, "dk"), (dv, "dv")],
-        lse, ("dq", "dk", "dv"), scale, mask.offset)
+        lse, ("dq", "dk", "dv"), scale, mask.m.offset)
     _flash_tasks(NNTILE_OP_flash_backward, column, q, k,
                  [(BUF_flash_backward_q, q, "q"), (BUF_flash_backward_k, k, "k"),
                   (BUF_flash_backward_v, v, "k"), (BUF_flash_backward_o, o, "q"),
                   (BUF_flash_backward_dout, dout, "q"), (BUF_flash_backward_lse, lse, "lse"),
                   (BUF_flash_backward_dq, dq, "q"), (BUF_flash_backward_dk, dk, "k"),
-                  (BUF_flash_backward_dv, dv, "k")], scale, mask, True)
+                  (BUF_flash_backward_dv, dv, "k")], scale, mask.m, True)

@@ -6,10 +6,10 @@ the keys and values of ``batch`` sequences of up to ``length`` tokens: [batch, l
 kv heads, head_dim] (grouped-query attention: the kv heads only), tiled as the model tiles
 its keys, with sequence tiles of the model's ``seq`` tile. While attached, a core writes
 each step's k and v into the cache at the cached length (ops.copy_into, after the rotation)
-and runs flash attention of its q against the whole cache with the key offset of the mask
-(kernels.h, nntile_mask): query i sits at key position i + cached length, so the causal
-mask hides the keys not written yet and no other mask is needed. The positions of the new
-tokens continue from the cached length (CausalLM.forward's ``start``).
+and runs flash attention of its q against the whole cache under the core's mask at the
+cached length (``core.mask.at(length)``): query i sits at key position i + cached length,
+so the causal mask hides the keys not written yet and no other mask is needed. The
+positions of the new tokens continue from the cached length (CausalLM.forward's ``start``).
 
 ``generate`` is what CausalLM.generate and nntile-generate run: greedy decoding, or sampling
 with a temperature, top-k and top-p (``token_probs``); each sequence stops at its
@@ -68,7 +68,7 @@ class KVCache:
         self.length = 0
         bt, lt = model.data_tiles(batch, capacity)
         self.cores = [m for _, m in model.named_modules() if isinstance(m, CoreAttention)]
-        if not all(core.causal for core in self.cores):
+        if not all(core.mask.causal for core in self.cores):
             raise ValueError("KVCache: a key/value cache needs causal attention (a key is "
                              "cached before the queries after it see it)")
         self.tensors = {}
@@ -114,7 +114,7 @@ class KVCache:
         ops.copy_into(k, keys, at)
         ops.copy_into(v, values, at)
         o, lse = self._outputs(core, q)
-        ops.flash_attention(q, keys, values, o, lse, core.scale, **core.mask(self.length))
+        ops.flash_attention(q, keys, values, o, lse, core.scale, core.mask.at(self.length))
         return o
 
     def _outputs(self, core, q):

@@ -87,7 +87,7 @@ cdef class LlamaBlock(PreNormBlock):
         return (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                 config.head_dim, tiles, dtype, config.attention == "fused", config.qkv_bias,
                 config.o_bias, ("q_proj", "k_proj", "v_proj", "o_proj"), rotary,
-                config.attention_window)
+                config.attention_mask())
 
 
 def rotary_of(config, str dtype):

@@ -8,6 +8,7 @@ from either spelling of a config.json: transformers 4's top-level ``rope_theta``
 """
 import dataclasses
 
+from nntile._core.core import AttentionMask
 from nntile.models.config import CausalLMConfig
 from nntile.models.name_map import NameMap, linear, same
 
@@ -192,10 +193,10 @@ class LlamaConfig(CausalLMConfig):
             ignored.append(r"lm_head\.weight")  # the embedding, where a state dict holds it
         return NameMap(entries, "model.", ignored)
 
-    @property
-    def attention_window(self):
-        """The sliding window of attention (0: none; Mistral's config has one)."""
-        return 0
+    def attention_mask(self):
+        """Which keys each query of attention sees (an AttentionMask): causal attention; a
+        family whose mask differs overrides this (Mistral)."""
+        return AttentionMask()
 
     def attention_extras(self, prefix):
         """The name map's entries of a layer's attention (under ``prefix``) besides the four

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Mistral with a language-model head on tiled tensors: transformers' MistralForCausalLM.
-Llama's model (models/llama.pyx) with Mistral's config, whose ``attention_window`` gives the
-attention its sliding window."""
+Llama's model (models/llama.pyx) with Mistral's config, whose ``attention_mask`` gives the
+attention its mask."""
 from nntile.models.llama import LlamaLM
 from nntile.models.mistral_config import MistralConfig
 

@@ -7,6 +7,7 @@ earlier position. Mistral has no biases.
 """
 import dataclasses
 
+from nntile._core.core import AttentionMask
 from nntile.models.llama_config import LlamaConfig
 
 
@@ -29,9 +30,8 @@ class MistralConfig(LlamaConfig):
             raise ValueError("MistralConfig: Mistral has no biases (attention_bias and mlp_bias "
                              "must be false)")
 
-    @property
-    def attention_window(self):
-        return self.sliding_window or 0
+    def attention_mask(self):
+        return AttentionMask(window=self.sliding_window or 0)
 
     def describe(self):
         window = f", window {self.sliding_window}" if self.sliding_window else ""

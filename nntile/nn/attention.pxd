@@ -4,8 +4,9 @@ from nntile.nn.module cimport Module
 
 
 cdef class CoreAttention(Module):
-    cdef readonly int n_head, n_kv_head, head_dim, head_tile, group, window
-    cdef readonly bint fused, causal
+    cdef readonly int n_head, n_kv_head, head_dim, head_tile, group
+    cdef readonly bint fused
+    cdef readonly object mask  # an AttentionMask (nntile._core), query 0 at key position 0
     cdef readonly double scale
     cdef readonly str lse_dtype
     cdef Tensor q, k, v, o, lse, p

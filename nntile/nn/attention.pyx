@@ -1,9 +1,8 @@
 # cython: language_level=3
-"""The core of self-attention, o = softmax(scale q k^T, keys after their query masked) v per
-head (``causal=False``: no mask; ``window`` > 0: sliding-window attention, where a query also
-does not see the keys ``window`` or more positions before it), as a module with no
-parameters: the layers of a model family (GPT-2's Attention, Llama's) project q, k and v and
-hand them to it.
+"""The core of self-attention, o = softmax(scale q k^T, the keys its mask hides from a query
+masked) v per head (``mask``, an AttentionMask: causal by default; a model's config may give
+another), as a module with no parameters: the layers of a model family (GPT-2's Attention,
+Llama's) project q, k and v and hand them to it.
 
 Queries are [batch, seq, n_head, head_dim], keys and values [batch, seq, n_kv_head, head_dim]:
 grouped-query attention when n_kv_head < n_head, each kv head serving a group of n_head /
@@ -19,17 +18,20 @@ first under grouped-query attention: the reference the fused path is tested agai
 import math
 
 from nntile._core.core cimport Tensor
+from nntile._core.core import AttentionMask
 from nntile import ops
 from nntile.nn.module cimport Module
 
 
 cdef class CoreAttention(Module):
-    """Causal attention of q, k, v (see the module's docstring); ``scale`` defaults to
-    1 / sqrt(head_dim). The log-sum-exp of the fused path is in fp32 for bf16 data and in the
-    data's dtype otherwise; the softmax statistics of the unfused path in the master dtype."""
+    """Attention of q, k, v under ``mask`` (see the module's docstring; ``mask.at(offset)``
+    is the mask of queries after ``offset`` keys, as a key/value cache runs them); ``scale``
+    defaults to 1 / sqrt(head_dim). The log-sum-exp of the fused path is in fp32 for bf16
+    data and in the data's dtype otherwise; the softmax statistics of the unfused path in the
+    master dtype."""
 
     def __init__(self, int n_head, int n_kv_head, int head_dim, int head_tile, str dtype,
-                 bint fused=True, scale=None, bint causal=True, int window=0):
+                 bint fused=True, scale=None, mask=AttentionMask()):
         super().__init__(dtype)
         if n_head < 1 or n_kv_head < 1 or head_dim < 1 or n_head % n_kv_head:
             raise ValueError(f"CoreAttention: {n_head} query heads cannot share {n_kv_head} kv "
@@ -41,18 +43,11 @@ cdef class CoreAttention(Module):
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.head_tile = head_tile
         self.fused = fused
-        if window < 0 or window and not causal:
-            raise ValueError(f"CoreAttention: window={window} must be 0 (none) or, with causal "
-                             "attention, the number of positions a query sees")
-        self.causal = causal
-        self.window = window
+        if not isinstance(mask, AttentionMask):
+            raise TypeError(f"CoreAttention: mask must be an AttentionMask, got {mask!r}")
+        self.mask = mask
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         self.lse_dtype = "fp32" if self.compute == "bf16" else self.compute
-
-    def mask(self, offset=0):
-        """This core's mask as the attention ops take it (kernels.h, nntile_mask), with
-        ``offset``, the key position of query 0 (a key/value cache's length)."""
-        return {"causal": self.causal, "offset": offset, "window": self.window}
 
     def declare(self, tuple lead, tuple tiles):
         """Fused: forward keeps o and the log-sum-exp of each row. Unfused: forward keeps the
@@ -83,31 +78,32 @@ cdef class CoreAttention(Module):
         attached (generation), k and v join the cache and q attends to every key cached."""
         if self.kv_cache is not None:
             return self.kv_cache.attend(self, q, k, v)
-        cdef dict buffers = self.buffers(q), mask = self.mask()
+        cdef dict buffers = self.buffers(q)
+        mask = self.mask
         cdef Tensor o = buffers["o"]
         if self.fused:
             self.lse = buffers["lse"]
-            ops.flash_attention(q, k, v, o, self.lse, self.scale, **mask)
+            ops.flash_attention(q, k, v, o, self.lse, self.scale, mask)
         else:
             if self.group > 1:
                 ops.repeat_kv(k, buffers["k"])
                 ops.repeat_kv(v, buffers["v"])
                 k, v = buffers["k"], buffers["v"]
             self.p = buffers["p"]
-            ops.attn_qk(self.scale, q, k, self.p, **mask)
-            ops.mask_scores(self.p, **mask)
+            ops.attn_qk(self.scale, q, k, self.p, mask)
+            ops.mask_scores(self.p, mask)
             ops.maxsumexp(self.p, buffers["stats"], 3)
             ops.softmax_inplace(buffers["stats"], self.p, 3)
-            ops.attn_pv(1.0, self.p, v, o, **mask)
+            ops.attn_pv(1.0, self.p, v, o, mask)
         self.q, self.k, self.v, self.o = q, k, v, o
         return o
 
     cpdef backward(self, Tensor do, Tensor dq, Tensor dk, Tensor dv):
         """dq, dk, dv (overwritten) from do, the gradient of forward's o."""
-        cdef dict mask = self.mask()
+        mask = self.mask
         if self.fused:
             ops.flash_attention_backward(self.q, self.k, self.v, self.o, do, self.lse, dq, dk,
-                                         dv, self.scale, **mask)
+                                         dv, self.scale, mask)
             return
         cdef dict scratch = self.scratch()
         cdef Tensor p = self.p, dp = scratch["core.dp"], sums = scratch["core.sums"]
@@ -115,12 +111,12 @@ cdef class CoreAttention(Module):
         if self.group > 1:
             dk_heads, dv_heads = scratch["core.dk"], scratch["core.dv"]
         # tiles above the diagonal hold zero probabilities: their gradient is never needed
-        ops.attn_qk(1.0, do, self.v, dp, masked_value=0.0, **mask)
-        ops.attn_ptv(1.0, p, do, dv_heads, **mask)
+        ops.attn_qk(1.0, do, self.v, dp, mask, masked_value=0.0)
+        ops.attn_ptv(1.0, p, do, dv_heads, mask)
         ops.sumprod_slice(1.0, p, dp, 0.0, sums, 3)
         ops.softmax_backward(self.scale, p, sums, dp, 3)
-        ops.attn_pv(1.0, dp, self.k, dq, **mask)
-        ops.attn_ptv(1.0, dp, self.q, dk_heads, **mask)
+        ops.attn_pv(1.0, dp, self.k, dq, mask)
+        ops.attn_ptv(1.0, dp, self.q, dk_heads, mask)
         if self.group > 1:
             ops.sum_kv(dk_heads, dk)
             ops.sum_kv(dv_heads, dv)

@@ -18,6 +18,7 @@ kernels with bf16 data and fp32 accumulators.
 """
 
 from nntile._core.core cimport Tensor
+from nntile._core.core import AttentionMask
 from nntile import ops
 from nntile.nn.attention cimport CoreAttention
 from nntile.nn.module cimport Module, Parameter
@@ -198,7 +199,7 @@ cdef class Attention(Module):
     where ``qkv_bias`` says and on the output projection where ``o_bias`` says (Qwen2 has the
     first, not the second), rotary positions on q and k where the family has them (in place:
     the core keeps them turned, and backward turns their gradients back), the attention core
-    (nntile.nn.attention, fused or not; ``window`` > 0: sliding-window attention), the output
+    (nntile.nn.attention, fused or not, under ``mask``, an AttentionMask), the output
     projection.
 
     A family that transforms q and k between their projections and the rotation (Qwen3's
@@ -213,7 +214,7 @@ cdef class Attention(Module):
 
     def __init__(self, int n_embd, int n_head, int n_kv_head, int head_dim, dict tiles,
                  str dtype, bint fused=True, bint qkv_bias=True, bint o_bias=True,
-                 tuple names=("q", "k", "v", "c_proj"), Rotary rotary=None, int window=0):
+                 tuple names=("q", "k", "v", "c_proj"), Rotary rotary=None, mask=AttentionMask()):
         # imported here: nntile.nn.attention cimports this module
         super().__init__(dtype)
         cdef int e = tiles["embd"], h = tiles["head"], d = head_dim
@@ -228,7 +229,7 @@ cdef class Attention(Module):
         self.v = self.add_child(names[2], Linear((n_embd,), (e,), kv, (self.kv_tile, d), dtype,
                                                  qkv_bias))
         self.core = self.add_child("core", CoreAttention(n_head, n_kv_head, d, h, dtype, fused,
-                                                         window=window))
+                                                         mask=mask))
         self.out = self.add_child(names[3], Linear(heads, (h, d), (n_embd,), (e,), dtype, o_bias,
                                                    residual=True))
 

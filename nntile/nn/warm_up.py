@@ -19,24 +19,34 @@ from nntile.nn.attention import CoreAttention
 
 def attention_tile_shapes(model, batch, seq):
     """The distinct fused-attention calls of a ``[batch, seq]`` input as (batch tile, seq
-    tile, query heads per tile, kv heads per tile, head dim, compute dtype, causal, window,
-    scale, seq tiles), where the seq tiles are enough for every distance between a query tile
-    and a key tile it sees: 1 or 2 without a window (2: the causal tiles off the diagonal,
-    which see every key, are a call of their own), up to 1 + ceil(window / seq tile) with one
-    (each distance cuts the window elsewhere). cuDNN runs bf16 attention only."""
+    tile, query heads per tile, kv heads per tile, head dim, compute dtype, mask, scale, seq
+    tiles), where the seq tiles are enough for every pair of a query tile and a key tile that
+    cuDNN tells apart (``seq_tiles_met``). cuDNN runs bf16 attention only."""
     tiles = model.tiles
     bt = min(batch, tiles.get("batch") or math.ceil(batch / model.batch_count))
     tt = min(seq, tiles.get("seq") or seq)
     shapes = set()
     for _, module in model.named_modules():
         if isinstance(module, CoreAttention) and module.fused and module.compute == "bf16":
-            nseq = 1 if tt == seq or not module.causal else 2
-            if module.window and nseq > 1:
-                nseq = min(math.ceil(seq / tt), 1 + math.ceil(module.window / tt))
             shapes.add((bt, tt, module.head_tile, module.head_tile // module.group,
-                        module.head_dim, module.compute, module.causal, module.window,
-                        module.scale, nseq))
-    return sorted(shapes)
+                        module.head_dim, module.compute, module.mask, module.scale,
+                        seq_tiles_met(module.mask, seq, tt)))
+    return sorted(shapes, key=repr)
+
+
+def seq_tiles_met(mask, seq, tile):
+    """The fewest sequence tiles of ``tile`` positions whose attention under ``mask`` meets
+    every kind of (query tile, key tile) pair that ``seq`` positions meet, as the attention
+    ops submit them (``mask.key_tiles``): a pair the mask cuts is a kind of its own at each
+    distance between the two tiles (its band moves with it), a pair it leaves whole is one
+    kind at every distance."""
+    cut, whole = [0], []
+    for qi in range(math.ceil(seq / tile)):
+        q0, q1 = qi * tile, min(seq, (qi + 1) * tile)
+        for ki in mask.key_tiles(q0, q1, seq, tile):
+            pairs = whole if mask.whole(q0, q1, ki * tile, min(seq, (ki + 1) * tile)) else cut
+            pairs.append(qi - ki)
+    return 1 + max(max(cut), min(whole, default=0))
 
 
 def run_attention_tiles(shapes):
@@ -45,16 +55,15 @@ def run_attention_tiles(shapes):
     ctx = current_context()
     created = []
     for rank in range(ctx.owner_ranks):
-        for bt, tt, ht, hkv, d, dtype, causal, window, scale, nseq in shapes:
+        for bt, tt, ht, hkv, d, dtype, mask, scale, nseq in shapes:
             q_shape, kv_shape = (bt, nseq * tt, ht, d), (bt, nseq * tt, hkv, d)
             q_tile, kv_tile = (bt, tt, ht, d), (bt, tt, hkv, d)
             owned = [rank] * nseq
             q, o, do, dq = (Tensor(q_shape, q_tile, dtype, owners=owned) for _ in range(4))
             k, v, dk, dv = (Tensor(kv_shape, kv_tile, dtype, owners=owned) for _ in range(4))
             lse = Tensor(q_shape[:3], q_tile[:3], "fp32", owners=owned)
-            ops.flash_attention(q, k, v, o, lse, scale, causal, 0, window)
-            ops.flash_attention_backward(q, k, v, o, do, lse, dq, dk, dv, scale, causal, 0,
-                                         window)
+            ops.flash_attention(q, k, v, o, lse, scale, mask)
+            ops.flash_attention_backward(q, k, v, o, do, lse, dq, dk, dv, scale, mask)
             created += [q, o, do, dq, k, v, dk, dv, lse]
     ctx.wait()
     for tensor in created:

@@ -75,7 +75,7 @@ def main():
         from nntile._core.core import live_tensor_count
         from nntile.nn.warm_up import run_attention_tiles
         before = live_tensor_count()
-        run_attention_tiles([(1, 4, 2, 1, 8, "bf16", True, 0, 0.5, 2)])
+        run_attention_tiles([(1, 4, 2, 1, 8, "bf16", nntile.AttentionMask(), 0.5, 2)])
         assert live_tensor_count() == before
         print(f"rank {ctx.rank} of {size}: ok", flush=True)
 

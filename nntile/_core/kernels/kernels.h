@@ -21,6 +21,7 @@
 #ifndef NNTILE_CORE_KERNELS_H
 #define NNTILE_CORE_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -113,6 +114,22 @@ static inline NNTILE_HOST_DEVICE struct nntile_range nntile_mask_queries(
     if (m.window > 0 && k1 - 1 - m.offset + m.window < nq)
         r.hi = k1 - 1 - m.offset + m.window;
     return r;
+}
+
+/* Why m is not a mask the functions above describe, in one line; NULL when it
+ * is one. The rules of the fields live here, beside them: the core checks every
+ * mask with it before any task (nntile/_core/mask.pxi, AttentionMask). */
+static inline const char *nntile_mask_error(struct nntile_mask m)
+{
+    if (m.causal != 0 && m.causal != 1)
+        return "causal must be 0 or 1 (true or false)";
+    if (m.offset < 0)
+        return "offset (the key position of query 0) must be >= 0";
+    if (m.window < 0)
+        return "window must be >= 0 (0: none)";
+    if (m.window > 0 && !m.causal)
+        return "a window (sliding-window attention) needs causal attention";
+    return NULL;
 }
 
 /* dst[b, i, j] = -inf where key k_offset + j is not visible from query
