@@ -92,10 +92,13 @@ SMALL = {"gpt2": dict(model=dict(vocab_size=1000, n_positions=64, n_embd=96, n_l
                       tiling=dict(batch=1, seq=10, embd=40, head=2, inner=100, vocab=300)),
          "llama": dict(family="llama", model=LLAMA, tiling=LLAMA_TILES),
          # per-head norms of q and k, head_dim apart from hidden / heads
-         "qwen3": dict(family="qwen3", model=dict(LLAMA, head_dim=16), tiling=LLAMA_TILES)}
+         "qwen3": dict(family="qwen3", model=dict(LLAMA, head_dim=16), tiling=LLAMA_TILES),
+         # a sliding window shorter than the sequence and not a multiple of the seq tile
+         "mistral": dict(family="mistral", model=dict(LLAMA, sliding_window=13),
+                         tiling=LLAMA_TILES)}
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3", "mistral"])
 def test_small_model_gpu_matches_cpu(family):
     """fp32 and tf32 on the GPU against fp32 on the CPU, through 3 AdamW steps (Llama:
     RMSNorm, rotary positions, SwiGLU and grouped-query fused attention too)."""
