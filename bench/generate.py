@@ -99,9 +99,9 @@ def main(argv=None):
     hf = hf_model(args)
     ctx = nntile.Context(ncuda=1 if args.device == "cuda" else 0)
     model = LlamaLM.from_transformers(hf, dtype=args.dtype)
-    # transformers' model moves to the GPU once ours holds its weights: on a host of two
-    # GPUs, tensors PyTorch had placed on GPU 0 before StarPU started failed to read back
-    # ("CUDA error: invalid argument", 2026-11-28)
+    # transformers' model moves to the GPU once ours holds its weights: no PyTorch tensor is
+    # on a GPU while StarPU starts (its bus sampling used to reset the GPUs it measured:
+    # scripts/starpu-patches/bus-sampling-keeps-cuda-context.patch)
     hf.to(device=args.device, dtype=getattr(torch, TORCH_DTYPES[args.dtype]))
     for batch in args.batch:
         print(result_line(args, batch, *measure(hf, model, args, batch)), flush=True)

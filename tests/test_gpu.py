@@ -1,5 +1,6 @@
 """GPU runs of the tiled GPT-2 and Llama against the CPU path (skipped without CUDA)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -222,3 +223,19 @@ def test_core_module_links_the_shared_cpp_runtime():
     defined = subprocess.run(["nm", "-C", "--defined-only", core.__file__], capture_output=True,
                              text=True, check=True).stdout
     assert "std::locale::locale()" not in defined
+
+
+def test_torch_tensors_made_before_starpu_survive_its_bus_sampling(tmp_path):
+    """A fresh STARPU_HOME makes StarPU sample the bus as it starts, in this process; the
+    sampling reset every GPU it measured (cudaDeviceReset), destroying the tensors PyTorch had
+    made there ("CUDA error: invalid argument": scripts/starpu-patches)."""
+    pytest.importorskip("torch")
+    code = ("import torch, nntile\n"
+            "x = torch.arange(8.0, device='cuda')\n"
+            "with nntile.Context(ncuda=1):\n"
+            "    print(float(x.cpu().sum()), float((x + 1).sum()))\n")
+    env = dict(os.environ, STARPU_HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["28.0", "36.0"]
