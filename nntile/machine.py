@@ -232,7 +232,6 @@ def use_disk_swap(directory, size_mib=None, backend=None, unaligned_tiles=0):
     unistd_o_direct, or unistd where `unaligned_tiles` of the run are not whole pages, which
     unistd_o_direct aborts on: src/core/disk_ops/disk_unistd_o_direct.c). Returns the
     backend."""
-    os.makedirs(directory, exist_ok=True)
     if backend is None:
         backend = "unistd" if unaligned_tiles else "unistd_o_direct"
     os.environ["STARPU_DISK_SWAP"] = os.path.abspath(directory)
@@ -241,7 +240,8 @@ def use_disk_swap(directory, size_mib=None, backend=None, unaligned_tiles=0):
         os.environ["STARPU_DISK_SWAP_SIZE"] = str(size_mib)
     else:
         os.environ.pop("STARPU_DISK_SWAP_SIZE", None)
-    check_disk_swap_env()
+    check_disk_swap_env()  # a size StarPU would abort on makes no directory
+    os.makedirs(directory, exist_ok=True)
     return backend
 
 
