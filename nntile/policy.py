@@ -169,18 +169,22 @@ def scheduler(gpu_workers, cpu_workers):
 def device_replica_bytes(breakdown, devices):
     """What one of ``devices`` GPUs holds when each trains a replica (nntile.parallel.
     DeviceReplicas), from a run's bytes by category (nntile.memory.Estimate.breakdown): the
-    weights GEMMs read (compute copies, or the parameters themselves), its share of the
-    masters, optimizer states, workspaces and logits, and the larger of its gradients and
-    its share of the activations. Both are not held at once: a replica's gradients are
-    dropped between steps (DataParallel.zero_grad) and backward writes a block's gradients
-    as it frees that block's activations, so while one grows the other shrinks."""
+    weights GEMMs read (compute copies, or the parameters themselves), and its share of
+    everything else. A replica's activations are its share of the batch's. Of the gradients
+    a GPU keeps the tiles it is home to: backward sums each block's gradients there and drops
+    the other replicas' (DeviceReplicas.sum_gradients). Gradients and activations are not
+    held at once: backward writes a block's gradients as it frees that block's activations,
+    so while one grows the other shrinks. Counting every replica's gradients whole kept
+    13.0B (Llama-2-13B's shape, batch 8x2048) and a 16-layer wide GPT-2 (13.7B, 16x1024)
+    off replicas on two H200s, where a replica per GPU is 1.37x and 1.12x faster
+    (docs/performance.md, "Several GPUs in one process")."""
     shared = breakdown["parameters"] + breakdown["optimizer_states"]
     weights = breakdown["compute_copies"] or breakdown["parameters"]
     if not breakdown["compute_copies"]:
         shared -= breakdown["parameters"]  # the weights GEMMs read, counted whole above
     per_batch = breakdown["workspaces"] + breakdown["logits"]
-    return int(weights + (shared + per_batch) / devices
-               + max(breakdown["gradients"], breakdown["activations"] / devices))
+    held_in_turn = max(breakdown["gradients"], breakdown["activations"])
+    return int(weights + (shared + per_batch + held_in_turn) / devices)
 
 
 def device_replicas(given, devices, owner_ranks, replica_bytes=None, gpu_bytes=None, rows=None):

@@ -137,13 +137,19 @@ def test_policy_keeps_a_replica_per_gpu_where_it_fits():
                        compute_copies=16 * gib, activations=60 * gib, workspaces=5 * gib,
                        logits=8 * gib)
     need = policy.device_replica_bytes(llama_8b_b8, 2)
-    # copies whole, half of masters, states, workspaces and logits, and the larger of the
-    # gradients and half the activations
-    assert need == int(16 * gib + (96 + 13) * gib / 2 + 32 * gib)
-    assert policy.device_replica_bytes(dict(llama_8b_b8, activations=90 * gib), 2) == \
-        int(16 * gib + (96 + 13) * gib / 2 + 45 * gib)
+    # copies whole; half of masters, states, workspaces and logits, and of the larger of the
+    # gradients and the activations
+    assert need == int(16 * gib + (96 + 13 + 60) * gib / 2)
+    assert policy.device_replica_bytes(dict(llama_8b_b8, activations=20 * gib), 2) == \
+        int(16 * gib + (96 + 13 + 32) * gib / 2)
     assert policy.device_replicas(None, 2, 1, need, 136 * gib).value == 2
     assert policy.device_replicas(None, 2, 1, need, 96 * gib).value == 1
+    # Llama-2-13B's shape at batch 8, activations recomputed: a replica per GPU of an H200
+    llama_13b = dict(parameters=48.5 * gib, gradients=48.5 * gib, optimizer_states=97 * gib,
+                     compute_copies=23.9 * gib, activations=15.8 * gib, workspaces=3.3 * gib,
+                     logits=1 * gib)
+    assert policy.device_replicas(None, 2, 1, policy.device_replica_bytes(llama_13b, 2),
+                                  136 * gib).value == 2
     assert policy.device_replicas(None, 4, 1, policy.device_replica_bytes(llama_8b_b8, 4),
                                   96 * gib).value == 4
     assert policy.device_replicas(True, 2, 1, need, 96 * gib).value == 2
@@ -152,7 +158,7 @@ def test_policy_keeps_a_replica_per_gpu_where_it_fits():
     assert policy.device_replicas(None, 2, 1, rows=6).value == 2
     assert policy.device_replicas(None, 1, 1).value == 1
     fp32 = dict(llama_8b_b8, compute_copies=0)
-    assert policy.device_replica_bytes(fp32, 2) == int(32 * gib + (64 + 13) * gib / 2 + 32 * gib)
+    assert policy.device_replica_bytes(fp32, 2) == int(32 * gib + (64 + 13 + 60) * gib / 2)
 
 
 @pytest.mark.parametrize("model_type,config", [(LlamaLM, LLAMA), (GPT2LMHead, GPT2)])
