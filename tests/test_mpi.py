@@ -681,6 +681,28 @@ def test_replicas_reduce_each_gradient_once_and_stay_equal():
 
 
 @needs_mpi
+def test_ranks_of_several_devices_train_as_ranks_of_one(tmp_path):
+    """A rank that drives several devices (its CPU workers grouped into two, as a rank with
+    two GPUs of a machine among several) sums its replicas' gradients at home, then over the
+    ranks: each gradient tile still goes to the all-reduce once, the ranks stay bit for bit
+    equal, and they train as ranks of one device each: the same rows, summed in another order
+    (losses within 1e-6; weights within 1e-4, where AdamW's first steps scale gradients near
+    zero up to the learning rate, 1e-2)."""
+    weights, losses = {}, {}
+    for devices in (1, 2):
+        path = str(tmp_path / f"weights-{devices}.npy")
+        result = mpirun(2, [os.path.join(HERE, "mpi", "replicas_check.py"), str(devices), path])
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        reports = [json.loads(m) for m in re.findall(r"\{[^{}]*\}", result.stdout)]
+        assert [r["reduced_per_step"] for r in reports] == [[r["gradient_bytes"]] * 3
+                                                            for r in reports]
+        assert reports[0]["weights_sha256"] == reports[1]["weights_sha256"]
+        weights[devices], losses[devices] = np.load(path), reports[0]["losses"]
+    np.testing.assert_allclose(losses[2], losses[1], rtol=1e-6)
+    np.testing.assert_allclose(weights[2], weights[1], rtol=0, atol=1e-4)
+
+
+@needs_mpi
 def test_replicas_refuse_a_batch_they_cannot_share_equally(tmp_path):
     result = train(tmp_path, 3, ["--batch-size", "4"])
     assert result.returncode == 2, result.stderr[-3000:]
