@@ -98,9 +98,43 @@ def slices(table, t0, t1, count=20):
     return rows
 
 
+def op_rows(table, t0, t1):
+    """The GPU workers' time in the window by (op, dtype), longest first: dicts of op, dtype,
+    tasks, seconds (each task's run clipped to the window, summed over the workers: tasks that
+    share a GPU each count whole) and share (of all GPU task time)."""
+    g = table[np.array([is_gpu(w) for w in table["worker"]], bool)]
+    taken = np.clip(np.minimum(g["end"], t1) - np.maximum(g["start"], t0), 0, None) * 1e-6
+    rows = {}
+    for op, dtype, seconds in zip(g["op"], g["dtype"], taken):
+        row = rows.setdefault((op, dtype), dict(op=op, dtype=dtype, tasks=0, seconds=0.0))
+        row["tasks"] += 1
+        row["seconds"] += float(seconds)
+    total = float(taken.sum()) or 1.0
+    out = sorted(rows.values(), key=lambda r: -r["seconds"])
+    for row in out:
+        row["share"] = row["seconds"] / total
+    return out
+
+
+def op_lines(table, t0, t1, top=12):
+    """op_rows' first ``top`` as the report's lines, the rest summed in one."""
+    rows = op_rows(table, t0, t1)
+    lines = [f"  {'GPU time by op':<34}{'tasks':>7}{'ms':>9}{'share':>7}"]
+    for r in rows[:top]:
+        lines.append(f"  {(r['op'] + ' ' + str(r['dtype']))[:34]:<34}{r['tasks']:>7}"
+                     f"{1e3 * r['seconds']:>9.1f}{100 * r['share']:>6.1f}%")
+    if len(rows) > top:
+        rest = rows[top:]
+        lines.append(f"  {'(the other ' + str(len(rest)) + ')':<34}"
+                     f"{sum(r['tasks'] for r in rest):>7}"
+                     f"{1e3 * sum(r['seconds'] for r in rest):>9.1f}"
+                     f"{100 * sum(r['share'] for r in rest):>6.1f}%")
+    return lines
+
+
 def report(table, t0, t1, dropped=0, count=20):
-    """A text summary of the window: the state split, GPU concurrency, submission, and the
-    slices."""
+    """A text summary of the window: the state split, GPU concurrency, submission, the slices
+    and the GPU's time by op."""
     total = (t1 - t0) * 1e-6
     sp = split(table, t0, t1)
     lines = [f"timeline: {len(table)} tasks in {total:.3f} s"
@@ -122,6 +156,8 @@ def report(table, t0, t1, dropped=0, count=20):
                      + "".join(f"{100 * r[s]:>{w}.0f}" for s, w in
                                zip(STATES, (5, 6, 6, 5, 6)))
                      + f"{r['submitted']:>6}  {r['top_op']}")
+    if len(table):
+        lines += op_lines(table, t0, t1)
     return "\n".join(lines)
 
 

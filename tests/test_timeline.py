@@ -205,3 +205,16 @@ def test_scale_trains_bf16_mixed_from_its_first_step():
     result = json.loads(next(line for line in done.stdout.splitlines()
                              if line.startswith("RESULT "))[len("RESULT "):])
     assert abs(result["losses"][0] - math.log(50)) > 1e-3, result["losses"]
+
+
+def test_op_rows_sum_each_ops_gpu_time_in_the_window():
+    step = int(timeline.BIN_US)
+    table = _table([("CUDA 0", 0, 0, 0, 0, 4 * step), ("CUDA 1", 0, 0, 0, 2 * step, 8 * step),
+                    ("CPU 0", 0, 0, 0, 0, 9 * step)])
+    table["op"] = ["gemm", "add", "gemm"]
+    rows = timeline.op_rows(table, step, 6 * step)  # clipped to the window; CPU left out
+    assert [(r["op"], r["tasks"]) for r in rows] == [("add", 1), ("gemm", 1)]
+    assert [r["seconds"] for r in rows] == pytest.approx([4 * step * 1e-6, 3 * step * 1e-6])
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    text = timeline.report(table, step, 6 * step)
+    assert "GPU time by op" in text and "add fp32" in text
