@@ -227,11 +227,15 @@ def add_verbose_arg(parser):
 
 
 def add_recompute_arg(parser):
-    parser.add_argument("--recompute", action=argparse.BooleanOptionalAction,
-                        help="activation recomputation: keep only the residual stream between "
-                        "blocks and run each block's forward again in backward, for about a "
-                        "third more arithmetic (default: on where the run then fits better, "
-                        "in GPU memory or at all; nntile.policy.recompute)")
+    parser.add_argument("--recompute", nargs="?", const=True, type=positive_int,
+                        metavar="BLOCKS", help="activation recomputation: keep only the "
+                        "residual stream between blocks and run each block's forward again "
+                        "in backward, for about a third more arithmetic; with BLOCKS, only "
+                        "the first BLOCKS blocks (less arithmetic, more memory) (default: "
+                        "every block where the run then fits better, in GPU memory or at "
+                        "all; nntile.policy.recompute)")
+    parser.add_argument("--no-recompute", dest="recompute", action="store_false",
+                        help="no activation recomputation")
 
 
 def add_disk_swap_args(parser):

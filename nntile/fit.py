@@ -197,7 +197,8 @@ def _suggestions(est, b):
 
     config = args["config"]
     out = []
-    if not args["recompute"] and fits(recompute=True):
+    if config.recomputed_blocks(args["recompute"]) < config.num_hidden_layers and \
+            fits(recompute=True):
         out.append("activation recomputation (--recompute)")
     layers = _largest(lambda n: fits(config=config.replace(num_hidden_layers=n)),
                       config.num_hidden_layers)
@@ -286,8 +287,13 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     against its GPUs and its part of the node's host memory, and all ranks agree: one rank
     that cannot fit stops them all, each with the message.
 
-    ``recompute``: activation recomputation, on or off; None: as nntile.policy.recompute
-    picks it for this machine. The estimate returned holds the Choice (``est.recompute``)."""
+    ``recompute``: activation recomputation, on or off, or of a number of blocks (the first
+    ones); None: as nntile.policy.recompute picks it for this machine. The estimate returned
+    holds the Choice (``est.recompute``)."""
+    if isinstance(recompute, int) and not isinstance(recompute, bool) and \
+            recompute > config.num_hidden_layers:
+        raise CLIError(f"--recompute {recompute}: the model has {config.num_hidden_layers} "
+                       f"blocks ({config.field_name('num_hidden_layers')})")
     rank, _ = launcher_rank()
     gpus = machine.gpus_of_this_process(ncuda)
     check = os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0"
@@ -332,7 +338,7 @@ def _with_recompute(estimate_with, given, b):
     nntile.policy.recompute picks it from where each fits the budget ``b``; its
     ``recompute`` holds the Choice. Under mpirun every rank must build the same model: on
     for all where one rank's share needs it."""
-    est = estimate_with(bool(given))
+    est = estimate_with(given or False)
     if given is not None:
         est.recompute = recompute_rule(given, None, None)
         return est

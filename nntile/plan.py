@@ -96,10 +96,11 @@ def compute_rate(dtype, ngpu, cores):
     return CPU_FLOPS_PER_CORE * cores * (0.5 if compute == "fp64" else 1)
 
 
-def predict_step(flops, tokens, recompute, rate, cross, ngpu):
-    """The Step of ``flops`` model FLOPs at ``rate`` FLOP/s, with ``cross`` bytes of floor
-    each way between host and ``ngpu`` GPUs."""
-    compute_s = flops * (RECOMPUTE_FLOPS if recompute else 1) / rate
+def predict_step(flops, tokens, recomputed, rate, cross, ngpu):
+    """The Step of ``flops`` model FLOPs at ``rate`` FLOP/s, with the share ``recomputed`` of
+    the blocks recomputing theirs, and ``cross`` bytes of floor each way between host and
+    ``ngpu`` GPUs."""
+    compute_s = flops * (1 + (RECOMPUTE_FLOPS - 1) * recomputed) / rate
     bandwidth = PCIE_BYTES_S * max(ngpu, 1)
     floor_s = cross / bandwidth
     moved = int(cross * TRAFFIC_OVER_FLOOR)
@@ -122,10 +123,16 @@ class Plan:
     def text(self, title):
         """The plan in a few aligned lines under ``title``."""
         rows = [("machine", self.machine), *self._memory(), ("tiles", self._tiles()),
-                ("recompute", f"{'on' if self.est.recompute.value else 'off'} "
-                              f"({self.est.recompute.reason})"),
+                ("recompute", f"{self._recomputed()} ({self.est.recompute.reason})"),
                 ("PCIe per step", self._pcie()), ("predicted step", self._time())]
         return "\n".join([title] + [f"  {name:<16} {value}" for name, value in rows])
+
+    def _recomputed(self):
+        config = self.est.args["config"]
+        blocks = config.recomputed_blocks(self.est.recompute.value)
+        if blocks in (0, config.num_hidden_layers):
+            return "on" if blocks else "off"
+        return f"the first {blocks} of {config.num_hidden_layers} blocks"
 
     def _memory(self):
         est, b = self.est, self.budget
@@ -176,8 +183,9 @@ def plan(est, config, batch, seq, dtype, tiles, ncuda=None, micro_batches=1):
     rate = compute_rate(dtype, len(gpus), machine.probe().cores)
     cross, _ = pcie_floor(live_at_turn(est), b["gpu"], {"h2d": 1, "d2h": 1})
     tokens = batch * seq
-    one = predict_step(config.flops_per_token(seq) * tokens, tokens, est.recompute.value, rate,
-                       cross, len(gpus))
+    recomputed = config.recomputed_blocks(est.recompute.value) / config.num_hidden_layers
+    one = predict_step(config.flops_per_token(seq) * tokens, tokens, recomputed, rate, cross,
+                       len(gpus))
     step = Step(*(v * micro_batches for v in (one.flops, one.tokens, one.compute_s,
                                               one.transfer_s, one.seconds, one.moved,
                                               one.floor, one.floor_s)))

@@ -275,8 +275,8 @@ FITS_WORDS = {None: "nowhere (the memory pre-check refuses it)",
 
 def recompute(given, without, with_recompute):
     """Whether backward recomputes each block's forward (CausalLM's ``recompute``): ``given``
-    (--recompute or --no-recompute) where there is one, else on exactly where it makes the
-    run fit better. ``without`` and ``with_recompute``: where the run fits each way, one of
+    (--recompute [BLOCKS] or --no-recompute: True, False or a number of blocks) where there is
+    one, else on for every block exactly where it makes the run fit better. ``without`` and ``with_recompute``: where the run fits each way, one of
     ``FITS`` (nntile.fit.fits_where; without GPUs, "host" is host memory alone).
 
     Recomputation runs the blocks' forward twice: about a third more arithmetic. Past GPU
@@ -285,7 +285,7 @@ def recompute(given, without, with_recompute):
     recomputation brings into GPU memory should gain (not measured with recomputation); a
     run the pre-check would refuse can run at all."""
     if given is not None:
-        return Choice(bool(given), "argument")
+        return Choice(given, "argument")
     if FITS.index(with_recompute) > FITS.index(without):
         return Choice(True, RECOMPUTE_TO_FIT.format(better=FITS_WORDS[with_recompute],
                                                     worse=FITS_WORDS[without]))

@@ -101,6 +101,22 @@ def test_8b_fits_an_h100_at_batch_8_with_recomputation_and_not_without(run_files
     assert_clean_error(refused, "not enough memory", "--recompute")
 
 
+def test_recomputing_some_blocks_is_planned_between_none_and_all(run_files):
+    """--recompute 16 of the 8B's 32 blocks: the plan says so, and predicts a step between
+    recomputing every block and none (on a machine where all three fit); more blocks than
+    the model has is a one-line error."""
+    def step(*flag):
+        result = dry_run(run_files, "--batch-size", "2", "--machine", "gpus=2x141GiB,host=1TiB",
+                         *flag)
+        assert result.returncode == 0, result.stderr
+        return result.stdout, float(re.search(r"predicted step +([\d.]+) s", result.stdout)[1])
+    half, half_s = step("--recompute", "16")
+    assert re.search(r"recompute +the first 16 of 32 blocks \(argument\)", half), half
+    assert step("--no-recompute")[1] < half_s < step("--recompute")[1]
+    assert_clean_error(dry_run(run_files, "--batch-size", "2", "--recompute", "33"),
+                       "--recompute 33", "32 blocks")
+
+
 def test_plan_of_this_machine_by_default(run_files):
     result = cli("train", "--dry-run", "--data", run_files / "data", "--out",
                  run_files / "out", "--n-layer", "2", "--n-embd", "64", "--n-head", "2")

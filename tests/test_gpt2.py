@@ -184,27 +184,30 @@ def test_backward_drops_what_forward_kept_and_changes_no_number(ctx):
 def same_with_recompute(ctx, make, batches):
     """``make(recompute)`` builds a model; two AdamW steps on ``batches`` ((ids, targets),
     of several shapes) give the same losses and gradients, bit for bit, with recomputation
-    as without, and with it each block keeps only its output between forward and backward."""
-    runs = {}
-    for recompute in (False, True):
+    of every block, and of the first block only, as without; between forward and backward
+    each recomputing block keeps only its output, and the others all they keep."""
+    runs = {}  # by repr: 1 == True as dict keys
+    for recompute in (False, True, 1):
         model = make(recompute)
         opt = AdamW(model.named_parameters(), lr=1e-3, weight_decay=0.1)
         losses, grads = [], []
         for ids, targets in batches:
             model.zero_grad()
             losses.append(model.loss(ids, targets))
-            if recompute:
-                ctx.wait()
-                assert {name for block in model.blocks for name, t in block.kept_buffers()
-                        if t.valid_tiles()} == {"out"}
+            ctx.wait()
+            for i, block in enumerate(model.blocks):
+                kept = {name for name, t in block.kept_buffers() if t.valid_tiles()}
+                assert (kept == {"out"}) == (i < model.recompute), (recompute, i, kept)
             model.backward()
             grads.append(model.gradients())
             opt.step()
-        runs[recompute] = losses, grads
+        runs[repr(recompute)] = losses, grads
         model.unregister()
-    assert runs[True][0] == runs[False][0]
-    for with_it, without in zip(runs[True][1], runs[False][1]):
-        assert not [name for name in without if not np.array_equal(with_it[name], without[name])]
+    for recompute in ("True", "1"):
+        assert runs[recompute][0] == runs["False"][0]
+        for with_it, without in zip(runs[recompute][1], runs["False"][1]):
+            assert not [name for name in without
+                        if not np.array_equal(with_it[name], without[name])], recompute
 
 
 def batches_of_two_shapes(sample):

@@ -224,6 +224,21 @@ def test_recompute_keeps_every_blocks_stream_and_one_blocks_inner_activations(ca
         {c: est[False][c] for c in memory.CATEGORIES if c != "activations"}
 
 
+def test_recomputing_the_first_blocks_keeps_one_set_of_their_inner_activations():
+    """Of 4 blocks, the first k recomputing hold one set of inner activations among them:
+    each more such block saves one block's, and all 4 save 3."""
+    fields, B, T, tiling, dtype, optimizer = CASES["llama-partial"]
+    config = config_from_dict(dict(fields, num_hidden_layers=4))
+    none, one, two, three, every = (
+        memory.estimate(config, B, T, tiling, dtype, optimizer=optimizer,
+                        recompute=k)["activations"] for k in (False, 1, 2, 3, True))
+    inner = (none - every) // 3
+    assert inner > 0 and none - every == 3 * inner
+    assert [one, two, three] == [none, none - inner, none - 2 * inner]
+    with pytest.raises(ValueError, match="from 0 to 4"):
+        memory.estimate(config, B, T, tiling, dtype, recompute=5)
+
+
 @pytest.mark.parametrize("case", RECOMPUTE_CASES[:2])
 def test_recompute_registers_what_its_estimate_lists(ctx, case):
     fields, B, T, tiling, dtype, optimizer = CASES[case]

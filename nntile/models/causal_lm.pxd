@@ -19,7 +19,7 @@ cdef class CausalLM(Module):
     cdef bint _ready_for_backward
     cdef public bint layer_priorities
     cdef public bint free_activations
-    cdef readonly bint recompute
+    cdef readonly int recompute  # the blocks, the first ones, that recompute in backward
     cdef list _inputs  # the residual stream into each block in the last forward
     cdef readonly int batch_count  # batch tiles where no batch tile size was given
     # the family's embeddings: built, run forward into the residual stream, run backward

@@ -56,15 +56,18 @@ cdef class CausalLM(Module):
     ``create=False`` builds the layers and their declarations only, and no tensor: what
     ``tensor_specs`` (and nntile.memory) read before StarPU starts.
 
-    ``recompute``: activation recomputation. Forward keeps only the residual stream between
-    blocks (each block's input and output) and drops the rest of what a block keeps as soon
-    as the block's forward is submitted; backward runs each block's forward again on its
-    kept input just before its backward. The blocks' other buffers are then one set that
-    every block overwrites in turn (Module.share_buffers): activations take the stream of
-    every block and the inner activations of one, at the cost of a second forward of the
-    blocks. StarPU orders a block's rewrite after the reads of the block before
-    (data dependencies), so backward sees the same values, and gradients are the same bit
-    for bit where the kernels are deterministic.
+    ``recompute``: activation recomputation, of every block (True) or of the first
+    ``recompute`` blocks (CausalLMConfig.recomputed_blocks; the attribute holds that number).
+    Forward keeps only the residual stream between those blocks (each block's input and
+    output) and drops the rest of what such a block keeps as soon as the block's forward is
+    submitted; backward runs the block's forward again on its kept input just before its
+    backward. Their other buffers are then one set that each of them overwrites in turn
+    (Module.share_buffers): activations take the stream of every block, the inner
+    activations of one recomputed block and those of the others, at the cost of a second
+    forward of the recomputed blocks (fewer of them: less arithmetic, more memory). StarPU
+    orders a block's rewrite after the reads of the block before (data dependencies), so
+    backward sees the same values, and gradients are the same bit for bit where the kernels
+    are deterministic.
     """
     config_type = None
     block_type = None
@@ -73,7 +76,7 @@ cdef class CausalLM(Module):
     norm_name = None
 
     def __init__(self, config, tiling=None, str dtype="fp32", bint create=True,
-                 bint recompute=False):
+                 recompute=False):
         name = type(self).__name__
         if dtype not in PRECISIONS:
             raise ValueError(f"{name}: dtype {dtype!r}; use {', '.join(PRECISIONS)}")
@@ -91,10 +94,9 @@ cdef class CausalLM(Module):
         self.embedding = self._build_embeddings()
         self.blocks = [self.add_child(f"{self.block_prefix}.{i}", self._build_block())
                        for i in range(config.num_hidden_layers)]
-        self.recompute = recompute
-        if recompute:  # one set of inner buffers, named for every block
-            for block in self.blocks:
-                block.share_buffers(f"{self.block_prefix}.*.")
+        self.recompute = config.recomputed_blocks(recompute)
+        for block in self.blocks[:self.recompute]:  # one set of inner buffers, named for all
+            block.share_buffers(f"{self.block_prefix}.*.")
         self.norm = self.add_child(self.norm_name, self.norm_type(E, t["embd"], config.norm_eps,
                                                                   dtype))
         if config.tie_word_embeddings:
@@ -374,7 +376,7 @@ cdef class CausalLM(Module):
             self._prioritize(2 * L + 2 - i)
             self._inputs.append(x)
             x = self.blocks[i].forward(x, positions)
-            if self.recompute:  # backward runs the block again from its input
+            if i < self.recompute:  # backward runs the block again from its input
                 self._drop([self.blocks[i]], (), False, x)
             yield
         if not head:
@@ -459,7 +461,7 @@ cdef class CausalLM(Module):
         yield [p for _, p in self.norm.named_parameters()] + head
         for i in reversed(range(len(self.blocks))):
             self._prioritize(i + 1)
-            if self.recompute:  # its buffers again, once block i+1's backward has read them
+            if i < self.recompute:  # its buffers again, once block i+1's backward read them
                 self.blocks[i].forward(self._inputs[i], ws["positions"])
             self.blocks[i].backward(dx, other)
             if self.free_activations:  # block i's output was read by block i+1's backward

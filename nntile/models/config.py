@@ -14,6 +14,7 @@ in ``ATTRIBUTE_MAP``, as transformers' own ``attribute_map`` does.
 import dataclasses
 import json
 import math
+import numbers
 
 TILING_KEYS = ("batch", "seq", "embd", "head", "inner", "vocab")
 # the default width of the vocabulary's tiles, where it is larger (CausalLMConfig.sizes)
@@ -178,6 +179,20 @@ class CausalLMConfig:
                 f"{self.num_attention_heads} / {self.field_name('num_key_value_heads')} "
                 f"{self.num_key_value_heads}): give a multiple of {group} (the key/value "
                 f"tile is then that divided by {group})")
+
+    def recomputed_blocks(self, recompute):
+        """How many blocks, the first ones, recompute their activations in backward
+        (CausalLM's ``recompute``): True every block, False (or None) none, or a number of
+        them from 0 to num_hidden_layers."""
+        layers = self.num_hidden_layers
+        if recompute is None or recompute is False:
+            return 0
+        if recompute is True:
+            return layers
+        if isinstance(recompute, numbers.Integral) and 0 <= recompute <= layers:
+            return int(recompute)
+        raise ValueError(f"recompute={recompute!r}: use True, False or a number of blocks "
+                         f"from 0 to {layers} ({self.field_name('num_hidden_layers')})")
 
     # ---- what the family computes ---------------------------------------------------------
 
