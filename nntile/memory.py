@@ -67,7 +67,8 @@ def tensor_specs(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw
     (and under StarPU-MPI, with ``nranks`` > 1, one partial norm per rank). ``dtype`` is a
     precision: under bf16-mixed, tensors are fp32 or bf16 as the layers make them, and every
     GEMM weight has a bf16 copy ("compute_copies"). ``recompute``: the model recomputes
-    activations (CausalLM), its blocks then sharing one set of inner buffers.
+    activations (CausalLM: True, or the first N blocks), those blocks then sharing one set
+    of inner buffers.
     """
     if optimizer is not None and optimizer not in BY_NAME:
         raise ValueError(f"optimizer {optimizer!r}: use 'adamw', 'sgd' or None")
@@ -320,8 +321,9 @@ def estimate(config, batch, seq, tiling=None, dtype="fp32", optimizer="adamw", g
     With a ``distribution`` of several ranks (nntile.distributed), what ``rank`` holds: a
     RankEstimate; of replicas, the whole model on batch / replicas rows, or, where they shard
     the update, a ShardedEstimate. ``model``: a subclass of the family's model class to estimate instead.
-    ``recompute``: with activation recomputation, whose activations are every block's input
-    and output and one block's inner activations (CausalLM)."""
+    ``recompute``: with activation recomputation (True, or of the first N blocks), whose
+    activations are every block's input and output, one recomputing block's inner
+    activations and those of the blocks that do not recompute (CausalLM)."""
     if init not in ("full", "tiles", None):
         raise ValueError(f"init {init!r}: use 'full', 'tiles' or None")
     nranks = distribution.nranks if distribution is not None else 1
