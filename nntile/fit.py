@@ -290,10 +290,11 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     ``recompute``: activation recomputation, on or off, or of a number of blocks (the first
     ones); None: as nntile.policy.recompute picks it for this machine. The estimate returned
     holds the Choice (``est.recompute``)."""
-    if isinstance(recompute, int) and not isinstance(recompute, bool) and \
-            recompute > config.num_hidden_layers:
+    try:
+        config.recomputed_blocks(recompute)
+    except ValueError:
         raise CLIError(f"--recompute {recompute}: the model has {config.num_hidden_layers} "
-                       f"blocks ({config.field_name('num_hidden_layers')})")
+                       f"blocks ({config.field_name('num_hidden_layers')})") from None
     rank, _ = launcher_rank()
     gpus = machine.gpus_of_this_process(ncuda)
     check = os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0"
