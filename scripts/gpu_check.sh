@@ -50,6 +50,10 @@
 #   node-capacity which Llama shapes of $NNTILE_NODE_CAPACITY (default
 #              llama-3.2-1b,llama-3.2-3b,llama-3.1-8b) each side trains, batch
 #              $NNTILE_NODE_CAPACITY_BATCH (default 8) x 2048, 2 steps, and the largest
+#   recompute  recomputation of fewer blocks: ours on every GPU with --recompute K for each K of
+#              $NNTILE_RECOMPUTE_BLOCKS (default "32 20 12"), $NNTILE_RECOMPUTE_MODEL
+#              (llama-3.1-8b) at batch $NNTILE_RECOMPUTE_BATCH (16) x 2048 in bf16-mixed, and
+#              FSDP2 with activation checkpointing beside the first (bench/node_table.py)
 #   replicas   data parallelism: for each "SHAPE:PRECISION" of $NNTILE_REPLICA_RUNS (';'-separated),
 #              the sides of $NNTILE_REPLICA_SIDES (default "one ranks ddp fsdp2"): ours in one
 #              process on every GPU (one: a replica per GPU; off: --device-replicas off), ours
@@ -327,6 +331,18 @@ if want node-llama; then
             --timeout "${NNTILE_LLAMA_LIMIT:-570}" --out "$logs/node-$model-$batch.json" \
             --logs "$logs/node-$model-$batch"
         sed -n '/^## Node table/,$p' "$logs/node-$model-$batch.log"
+    done
+fi
+if want recompute; then
+    model="${NNTILE_RECOMPUTE_MODEL:-llama-3.1-8b}" batch="${NNTILE_RECOMPUTE_BATCH:-16}"
+    sides="ours,fsdp-ac"
+    for k in ${NNTILE_RECOMPUTE_BLOCKS:-32 20 12}; do
+        step "recompute-$k" python3 bench/node_table.py --model "$model" --batch "$batch" \
+            --seq 2048 --precision bf16-mixed --steps 3 --sides "$sides" \
+            --ours-args "--recompute $k" --timeout "${NNTILE_LLAMA_LIMIT:-570}" \
+            --logs "$logs/recompute-$k"
+        sed -n '/^## Node table/,$p' "$logs/recompute-$k.log"
+        sides="ours"
     done
 fi
 if want node-capacity; then
