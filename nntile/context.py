@@ -426,9 +426,10 @@ class Context(Runtime):
                 line += (f", host memory pinned ahead (up to "
                          f"{int(settings['pinned_host_mem'].value) / 1024:.1f} GiB)")
             if self.recompute is not None and self.recompute.value:
-                line += (", activations recomputed in backward"
-                         + ("" if self.recompute.value is True
-                            else f" (the first {self.recompute.value} blocks)"))
+                blocks = self.recompute.value
+                line += (", activations recomputed in backward" + (
+                    "" if blocks is True else
+                    " (the first block)" if blocks == 1 else f" (the first {blocks} blocks)"))
             return line + (f", MPI rank {self.rank} of {self.world_size}" if self.mpi else "")
         lines = [f"nntile: StarPU {STARPU_VERSION}, {len(self.workers)} workers: "
                  + ", ".join(self.workers)]

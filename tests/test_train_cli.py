@@ -333,16 +333,19 @@ def test_attention_flag_and_checkpoints(tmp_path, data_dir):
 
 
 def test_recompute_flag_trains_to_the_same_losses_and_says_so(tmp_path, data_dir):
-    """--recompute: the same losses, bit for bit, as --no-recompute; the start-up line says
-    so (on this machine the policy leaves it off: the run fits either way)."""
+    """--recompute, and --recompute 1 (the first block only): the same losses, bit for bit,
+    as --no-recompute; the start-up line says so (on this machine the policy leaves it off:
+    the run fits either way)."""
     steps = ["--steps", "2", "--eval-every", "0"]
-    runs = {flag: train(tmp_path / flag, data_dir, *steps, flag)
-            for flag in ("--recompute", "--no-recompute")}
+    runs = {flag: train(tmp_path / flag.replace(" ", "-"), data_dir, *steps, *flag.split())
+            for flag in ("--recompute", "--recompute 1", "--no-recompute")}
     assert all(r.returncode == 0 for r in runs.values()), runs
-    losses = {flag: [r["loss"] for r in read_metrics(tmp_path / flag / "metrics.jsonl")]
-              for flag in runs}
-    assert losses["--recompute"] == losses["--no-recompute"]
-    assert "activations recomputed in backward" in runs["--recompute"].stderr
+    losses = {flag: [r["loss"] for r in read_metrics(
+        tmp_path / flag.replace(" ", "-") / "metrics.jsonl")] for flag in runs}
+    assert losses["--recompute"] == losses["--recompute 1"] == losses["--no-recompute"]
+    assert "activations recomputed in backward\n" in runs["--recompute"].stderr
+    assert "activations recomputed in backward (the first block)" in \
+        runs["--recompute 1"].stderr
     assert "recomputed" not in runs["--no-recompute"].stderr
 
 
