@@ -193,8 +193,8 @@ def write_weights(model, rng):
 def checked_estimate(args, config, tiling, distribution):
     """(the estimate of this rank's share, with its recomputation chosen; the disk swap's
     backend) of a run that fits, else a CLIError (under mpirun all ranks agree)."""
-    est = memory.estimate(config, args.batch, args.seq, tiling, args.dtype, init=INIT)
-    backend = apply_disk_swap(args, est)
+    backend = apply_disk_swap(args, lambda: memory.estimate(config, args.batch, args.seq,
+                                                            tiling, args.dtype, init=INIT))
     if args.force:
         os.environ["NNTILE_MEMORY_CHECK"] = "0"
     return fit.preflight(config, args.batch, args.seq, tiling, args.dtype, ncuda=args.ncuda,

@@ -249,19 +249,21 @@ def add_disk_swap_args(parser):
                        "some tiles are not whole pages)")
 
 
-def apply_disk_swap(args, est):
+def apply_disk_swap(args, estimate):
     """Set up the disk swap that args ask for (before StarPU starts); its backend, or None.
-    `est` (nntile.memory's estimate of the run) tells whether some tiles are not whole pages."""
+    `estimate()` (nntile.memory's estimate of the run, made only where there is a disk swap)
+    tells whether some tiles are not whole pages."""
     if not args.disk_swap:
         return None
     from nntile import machine
+    unaligned = estimate().unaligned_tiles
     try:
         backend = machine.use_disk_swap(args.disk_swap, args.disk_swap_mib,
-                                        args.disk_swap_backend, est.unaligned_tiles)
+                                        args.disk_swap_backend, unaligned)
     except (OSError, ValueError) as exc:
         raise CLIError(f"--disk-swap {args.disk_swap}: {exc}") from None
-    if args.disk_swap_backend is None and est.unaligned_tiles:
-        print(f"disk swap: {est.unaligned_tiles} tiles are not whole pages (e.g. the loss), "
+    if args.disk_swap_backend is None and unaligned:
+        print(f"disk swap: {unaligned} tiles are not whole pages (e.g. the loss), "
               "which unistd_o_direct cannot swap: using the unistd backend", flush=True)
     return backend
 

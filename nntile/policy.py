@@ -276,8 +276,9 @@ FITS_WORDS = {None: "nowhere (the memory pre-check refuses it)",
 def recompute(given, without, with_recompute):
     """Whether backward recomputes each block's forward (CausalLM's ``recompute``): ``given``
     (--recompute [BLOCKS] or --no-recompute: True, False or a number of blocks) where there is
-    one, else on for every block exactly where it makes the run fit better. ``without`` and ``with_recompute``: where the run fits each way, one of
-    ``FITS`` (nntile.fit.fits_where; without GPUs, "host" is host memory alone).
+    one, else on for every block exactly where it makes the run fit better. ``without`` and
+    ``with_recompute``: where the run fits each way, one of ``FITS`` (nntile.fit.fits_where;
+    without GPUs, "host" is host memory alone).
 
     Recomputation runs the blocks' forward twice: about a third more arithmetic. Past GPU
     memory the same GPU ran at 34-40% of its in-memory rate (n_embd 8192 on one H100: 72-85

@@ -724,10 +724,9 @@ def checked(args):
         print(f"nntile-train: {s.complete}")
         return None
     distribution = resolve_distribution(args, s.batch_size, s.tiles, s.config)
-    if args.disk_swap:  # before the pre-check, which counts the disk
-        from nntile import memory
-        apply_disk_swap(args, memory.estimate(s.config, s.batch_size, s.seq_len, s.tiles,
-                                              s.dtype))
+    from nntile import memory  # the disk swap before the pre-check, which counts the disk
+    apply_disk_swap(args, lambda: memory.estimate(s.config, s.batch_size, s.seq_len, s.tiles,
+                                                  s.dtype))
     from nntile.fit import preflight  # before StarPU starts: refuse what cannot fit
     est = preflight(s.config, s.batch_size, s.seq_len, s.tiles, s.dtype, ncuda=args.ncuda,
                     grad_clip=bool(s.grad_clip), prog="nntile-train", distribution=distribution,

@@ -48,8 +48,9 @@ def main():
             np.save(sys.argv[2], np.concatenate([w.ravel() for w in weights]))
         grads = sum(p.grad.traits.size * p.grad.numpy_dtype.itemsize
                     for _, p in model.named_parameters())
-        print(json.dumps(dict(rank=ctx.rank, losses=losses, reduced_per_step=reduced, gradient_bytes=grads,
-                              weights_sha256=digest.hexdigest())), flush=True)
+        print(json.dumps(dict(rank=ctx.rank, losses=losses, reduced_per_step=reduced,
+                              gradient_bytes=grads, weights_sha256=digest.hexdigest())),
+              flush=True)
 
 
 if __name__ == "__main__":
