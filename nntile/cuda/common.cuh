@@ -688,5 +688,10 @@ NNTILE_CUDA_END
 #define NNTILE_CUDA_EXPORT_AS(op, fn)                                        \
     NNTILE_CUDA_EXPORT_BUFFERS(op, fn, NNTILE_BUFFERS_##op)
 #define NNTILE_CUDA_EXPORT(op) NNTILE_CUDA_EXPORT_AS(op, nntile_cuda::op)
+/* nntile_cuda_<op>_bf16_fp32 (mixed precision) where the same template
+ * serves bf16 data with float accumulator buffers */
+#define NNTILE_CUDA_EXPORT_MIXED(op)                                         \
+    NNTILE_CUDA_DEFINE(uint16_t, float, bf16_fp32, op, nntile_cuda::op,      \
+                       NNTILE_BUFFERS_##op)
 
 #endif /* NNTILE_CUDA_COMMON_CUH */

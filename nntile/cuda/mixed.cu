@@ -1,8 +1,8 @@
 /* Kernels of mixed precision: bf16 data buffers, float accumulator buffers
  * (column NNTILE_BF16_FP32 of the op table).  Twins of the bf16_fp32
  * instantiation of the CPU kernels (../_core/kernels/kernels.h names the
- * accumulator buffers of each op); gemm_bf16_fp32 is in gemm.cu and
- * adam_step_refresh_bf16_fp32 in optim.cu.
+ * accumulator buffers of each op); gemm_bf16_fp32 is in gemm.cu,
+ * adam_step_refresh_bf16_fp32 in optim.cu and the cross entropy's in xent.cu.
  *
  * What is fused, and why.  Every kernel here reads and writes its two dtypes
  * directly, so no op of mixed precision needs a separate conversion pass over
@@ -155,34 +155,7 @@ __global__ void maxsumexp_cols_k(int64_t m, int64_t k, int64_t n, int init,
     }
 }
 
-/* ---- cross entropy and layer norm */
-
-__global__ void xent_picked_k(int64_t rows, int64_t v, int64_t v_offset,
-                              const bf16 *__restrict__ logits,
-                              const int64_t *__restrict__ labels,
-                              float *__restrict__ picked)
-{
-    NNTILE_GRID_STRIDE(int64_t, r, rows) {
-        const int64_t c = labels[r] - v_offset;
-        if (c >= 0 && c < v)
-            picked[r] = ld(logits[r * v + c]);
-    }
-}
-
-__global__ void xent_grad_k(int64_t rows, int64_t v, int64_t v_offset,
-                            float alpha, const float *__restrict__ stats,
-                            const int64_t *__restrict__ labels,
-                            bf16 *__restrict__ logits)
-{
-    NNTILE_GRID_STRIDE(int64_t, idx, rows * v) {
-        const int64_t r = idx / v, j = idx - r * v;
-        const float sh = exp_shift(stats[2 * r]);
-        const float inv = inv_sum(stats[2 * r + 1]);
-        const float e = vexp(ld(logits[idx]) - sh);
-        logits[idx] =
-            st<bf16>(xent_grad(e, inv, alpha, labels[r] - v_offset == j));
-    }
-}
+/* ---- layer norm */
 
 __global__ void layernorm_forward_k(int64_t rows, int64_t e, int64_t e_total,
                                     double eps, const float *__restrict__ x,
@@ -294,25 +267,6 @@ extern "C" void nntile_cuda_softmax_backward_bf16_fp32(
 {
     mkn(a->m, a->k, a->n,
         SoftmaxBackward{(const bf16 *)p, sums, (bf16 *)dp, (float)a->alpha}, s);
-}
-
-extern "C" void nntile_cuda_xent_picked_bf16_fp32(
-    const struct nntile_xent_picked_args *a, cudaStream_t s,
-    const uint16_t *logits, const int64_t *labels, float *picked)
-{
-    if (a->rows > 0)
-        xent_picked_k<<<grid_for(a->rows), kBlock, 0, s>>>(
-            a->rows, a->v, a->v_offset, (const bf16 *)logits, labels, picked);
-}
-
-extern "C" void nntile_cuda_xent_grad_inplace_bf16_fp32(
-    const struct nntile_xent_grad_inplace_args *a, cudaStream_t s,
-    const float *stats, const int64_t *labels, uint16_t *logits)
-{
-    if (a->rows > 0 && a->v > 0)
-        xent_grad_k<<<grid_for(a->rows * a->v), kBlock, 0, s>>>(
-            a->rows, a->v, a->v_offset, (float)a->alpha, stats, labels,
-            (bf16 *)logits);
 }
 
 extern "C" void nntile_cuda_layernorm_forward_bf16_fp32(

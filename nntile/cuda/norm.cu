@@ -384,10 +384,4 @@ NNTILE_NORM_EXPORT(layernorm, LnRow)
 NNTILE_NORM_EXPORT(rmsnorm, RmsRow)
 
 /* mixed precision: fp32 x, stats and weight, bf16 y */
-extern "C" void nntile_cuda_rmsnorm_forward_bf16_fp32(
-    const struct nntile_rmsnorm_forward_args *args, cudaStream_t stream,
-    const float *x, const float *stats, const float *weight, uint16_t *y)
-{
-    nntile_cuda::rmsnorm_forward(args, stream, x, stats, weight,
-                                 nntile_cuda::storage(y));
-}
+NNTILE_CUDA_EXPORT_MIXED(rmsnorm_forward)

@@ -62,18 +62,5 @@ NNTILE_CUDA_EXPORT(rope_forward)
 NNTILE_CUDA_EXPORT(rope_backward)
 
 /* mixed precision: bf16 vectors, fp32 inverse frequencies */
-extern "C" void nntile_cuda_rope_forward_bf16_fp32(
-    const struct nntile_rope_forward_args *args, cudaStream_t stream,
-    const int64_t *pos, const float *inv_freq, uint16_t *x)
-{
-    nntile_cuda::rope_forward(args, stream, pos, inv_freq,
-                              nntile_cuda::storage(x));
-}
-
-extern "C" void nntile_cuda_rope_backward_bf16_fp32(
-    const struct nntile_rope_backward_args *args, cudaStream_t stream,
-    const int64_t *pos, const float *inv_freq, uint16_t *dx)
-{
-    nntile_cuda::rope_backward(args, stream, pos, inv_freq,
-                               nntile_cuda::storage(dx));
-}
+NNTILE_CUDA_EXPORT_MIXED(rope_forward)
+NNTILE_CUDA_EXPORT_MIXED(rope_backward)

@@ -1,6 +1,8 @@
 /* Cross-entropy kernels (twins of _core/kernels/xent.inc).  Logits tiles are
  * [rows, v] and cover vocabulary entries [v_offset, v_offset + v); labels
- * are global vocabulary indices (int64). */
+ * are global vocabulary indices (int64).  In mixed precision (the bf16_fp32
+ * exports at the end) the logits are bf16 and the picked logits and row
+ * statistics fp32: the same ops over two types. */
 #include "common.cuh"
 
 NNTILE_CUDA_BEGIN
@@ -8,19 +10,19 @@ NNTILE_CUDA_BEGIN
 /* picked[r] = logits[r, labels[r]] where this tile holds that entry */
 struct XentPickedOp {
     int64_t v, v_offset;
-    template <typename T>
+    template <typename T, typename P>
     __device__ void operator()(int64_t r, const T *logits,
-                               const int64_t *labels, T *picked) const
+                               const int64_t *labels, P *picked) const
     {
         const int64_t c = labels[r] - v_offset;
         if ((uint64_t)c < (uint64_t)v)
-            picked[r] = logits[r * v + c];
+            picked[r] = st<P>(ld(logits[r * v + c]));
     }
 };
 
-template <typename T>
+template <typename T, typename P>
 void xent_picked(const nntile_xent_picked_args *a, cudaStream_t s,
-                 const T *logits, const int64_t *labels, T *picked)
+                 const T *logits, const int64_t *labels, P *picked)
 {
     if (a->v > 0)
         launch_elementwise(a->rows, XentPickedOp{a->v, a->v_offset}, s,
@@ -59,8 +61,8 @@ void xent_loss(const nntile_xent_loss_args *a, cudaStream_t s, const T *lse,
 /* logits = alpha*(softmax(logits) - onehot(label)), global row stats.
  * Element-wise over the flat tile (vocabulary tiles are often odd-sized,
  * so rows are not aligned; the flat form keeps every warp aligned). */
-template <typename T> struct XentGradOp {
-    const T *stats;
+template <typename S, typename T> struct XentGradOp {
+    const S *stats;
     const int64_t *labels;
     T *logits;
     int64_t v_offset;
@@ -76,12 +78,12 @@ template <typename T> struct XentGradOp {
     }
 };
 
-template <typename T>
+template <typename S, typename T>
 void xent_grad_inplace(const nntile_xent_grad_inplace_args *a, cudaStream_t s,
-                       const T *stats, const int64_t *labels, T *logits)
+                       const S *stats, const int64_t *labels, T *logits)
 {
     mkn(a->rows, a->v, 1,
-        XentGradOp<T>{stats, labels, logits, a->v_offset, (C_t<T>)a->alpha},
+        XentGradOp<S, T>{stats, labels, logits, a->v_offset, (C_t<T>)a->alpha},
         s);
 }
 
@@ -90,3 +92,6 @@ NNTILE_CUDA_END
 NNTILE_CUDA_EXPORT(xent_picked)
 NNTILE_CUDA_EXPORT(xent_loss)
 NNTILE_CUDA_EXPORT(xent_grad_inplace)
+
+NNTILE_CUDA_EXPORT_MIXED(xent_picked)
+NNTILE_CUDA_EXPORT_MIXED(xent_grad_inplace)
