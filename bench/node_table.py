@@ -31,6 +31,7 @@ import sys
 from harness import RESULT_PREFIX
 from shapes import LLAMA_SHAPES, add_model_args, llama_config, resolve_model
 from nntile.cli_common import output_file
+from nntile.machine import gpu_memory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # each side's column; for the FSDP sides, the record key and the column of ours/that side
@@ -100,14 +101,6 @@ def shapes(args):
         raise ValueError(f"--configs {args.configs!r}: expected EMBDxBATCH,... such as "
                          "8192x4") from None
     return [dict(n_embd=e, batch=b) for e, b in configs]
-
-
-def visible_gpus():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-        return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
-    except (OSError, subprocess.SubprocessError):
-        return 0
 
 
 def device_name(ngpu):
@@ -263,7 +256,7 @@ def print_capacity(args, records):
 
 def main(argv=None):
     args = parse_args(argv)
-    ngpu = visible_gpus() if args.ngpu is None else args.ngpu
+    ngpu = len(gpu_memory()) if args.ngpu is None else args.ngpu
     os.makedirs(args.logs, exist_ok=True)
     records = [measure(args, row, ngpu) for row in args.rows]
     title = f"{device_name(ngpu)}, {args.precision}, {datetime.date.today().isoformat()}"

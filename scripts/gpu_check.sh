@@ -131,7 +131,7 @@ if want attention; then
     step attention-bench python3 bench/attention_op.py
     sed -n '/^cuDNN workspace/p; /^cuDNN ran/,$p' "$logs/attention-bench.log"
 fi
-ngpu=$(nvidia-smi -L | wc -l)
+ngpu=$(python3 -c "from nntile.machine import gpu_memory; print(len(gpu_memory()))")
 wide_embd="${NNTILE_WIDE_EMBD:-8192}"
 # batch 4 x 1024, two batch tiles (one per data-parallel rank), 4096-wide weight tiles
 wide=(--n-layer 4 --batch 4 --steps 3 --ncpu 0 --tile-batch 2 --tile-embd 4096
