@@ -159,6 +159,8 @@ class Context(Runtime):
         if self.ncuda and not HAVE_CUDA:
             raise RuntimeError(f"Context(ncuda={self.ncuda}) asked for GPUs, but this nntile "
                                "was built without CUDA")
+        from nntile.machine import check_ncuda
+        check_ncuda(self.ncuda)
         if start:
             self.start()
 

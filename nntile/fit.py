@@ -301,6 +301,7 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     if check:
         refuse_absurd_depth(config, gpus)
     try:
+        machine.check_ncuda(ncuda)
         machine.check_disk_swap_env()
     except ValueError as exc:
         raise CLIError(str(exc)) from None

@@ -211,6 +211,18 @@ def env_int(name):
     return int(value) if re.fullmatch(r"\d+", value) else None
 
 
+def check_ncuda(ncuda):
+    """Raise ValueError where ``ncuda`` asks for more GPUs than this process sees (StarPU
+    would start with fewer, and say so only in a warning)."""
+    if not ncuda or _described is not None or not HAVE_CUDA:
+        return
+    visible = len(gpu_memory())
+    if visible and int(ncuda) > visible:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ValueError(f"ncuda={ncuda} asks for {ncuda} GPUs, but this process sees {visible}"
+                         + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else ""))
+
+
 def check_disk_swap_env():
     """Raise ValueError for a STARPU_DISK_SWAP_SIZE StarPU would abort on (below 16 MiB,
     or not a number of MiB) while STARPU_DISK_SWAP asks for a disk swap."""

@@ -259,3 +259,16 @@ def test_subpackages_work_after_a_plain_import():
     assert lazy == "[]"  # nothing loaded until used
     assert used == "GPT2LMHead AdamW True Distribution nntile.nn True"
     assert missing == "module 'nntile' has no attribute 'no_such_thing'"
+
+
+def test_more_gpus_than_visible_is_refused(monkeypatch):
+    """StarPU would start on the GPUs there are and only warn; nntile says so before."""
+    import pytest
+    from nntile import machine
+    monkeypatch.setattr(machine, "HAVE_CUDA", True)
+    monkeypatch.setattr(machine, "gpu_memory", lambda: [80 << 30] * 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    machine.check_ncuda(2)
+    with pytest.raises(ValueError, match=r"ncuda=4 asks for 4 GPUs, but this process sees 2 "
+                                         r"\(CUDA_VISIBLE_DEVICES=0,1\)"):
+        machine.check_ncuda(4)
