@@ -233,7 +233,8 @@ def add_recompute_arg(parser):
                         "in backward, for about a third more arithmetic; with BLOCKS, only "
                         "the first BLOCKS blocks (less arithmetic, more memory) (default: "
                         "every block where the run then fits better, in GPU memory or at "
-                        "all; nntile.policy.recompute)")
+                        "all, and in GPU memory the fewest first blocks that leave a margin; "
+                        "nntile.policy.recompute, keeps_activations)")
     parser.add_argument("--no-recompute", dest="recompute", action="store_false",
                         help="no activation recomputation")
 

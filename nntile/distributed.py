@@ -158,11 +158,11 @@ def agree_refusal(refusal):
                  for rank, text in enumerate(refusals) if text is not None), None)
 
 
-def any_rank(flag):
-    """Under mpirun, whether ``flag`` holds on any rank (every rank calls it); else ``flag``."""
+def most_over_ranks(n):
+    """Under mpirun, the largest ``n`` of any rank (every rank calls it); else ``n``."""
     if policy.launcher_rank()[1] < 2:
-        return flag
-    return any(mpi().COMM_WORLD.allgather(bool(flag)))
+        return n
+    return max(mpi().COMM_WORLD.allgather(n))
 
 
 def thread_cores():

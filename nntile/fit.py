@@ -24,8 +24,8 @@ StarPU starts when it does not.
 import os
 import sys
 
-from nntile.distributed import agree_refusal, any_rank
-from nntile import machine
+from nntile.distributed import agree_refusal, most_over_ranks
+from nntile import machine, policy
 from nntile.errors import CLIError
 from nntile.memory import GiB, MiB, RankEstimate, estimate, fmt_bytes
 from nntile.policy import STARPU_MARGIN, Choice, launcher_rank
@@ -311,7 +311,7 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
         return estimate(config, batch, seq, tiling, dtype, optimizer, grad_clip, training,
                         init, distribution=distribution, rank=rank, recompute=flag)
 
-    est = _with_recompute(estimate_with, recompute, budget(*offers))
+    est = _with_recompute(estimate_with, recompute, budget(*offers), len(gpus))
     refusal, b = None, None
     try:
         b = check_fits(est, *offers)
@@ -335,20 +335,50 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     return est
 
 
-def _with_recompute(estimate_with, given, b):
+def _with_recompute(estimate_with, given, b, devices):
     """The estimate of the run with activation recomputation or without, as given or as
     nntile.policy.recompute picks it from where each fits the budget ``b``; its
-    ``recompute`` holds the Choice. Under mpirun every rank must build the same model: on
-    for all where one rank's share needs it."""
+    ``recompute`` holds the Choice. Where recomputation brings the run into the ``devices``
+    GPUs, only the fewest first blocks that keep each GPU's share within
+    policy.keeps_activations recompute. Under mpirun every rank must build the same model:
+    each recomputes the most blocks any rank needs."""
     est = estimate_with(given or False)
     if given is not None:
         est.recompute = recompute_rule(given, None, None)
         return est
     with_recompute = estimate_with(True)
     choice = recompute_rule(None, fits_where(est, b), fits_where(with_recompute, b))
-    if any_rank(choice.value) and not choice.value:
-        choice = Choice(True, "nntile default: another MPI rank fits better with "
-                              "recomputation, and every rank builds the same model")
-    est = with_recompute if choice.value else est
+    layers = est.args["config"].num_hidden_layers
+    blocks = layers if choice.value else 0
+    if blocks and fits_where(with_recompute, b) == "gpu":
+        blocks, choice = _fewest_recomputed(estimate_with, b, devices, layers) or (blocks, choice)
+    agreed = most_over_ranks(blocks)
+    if agreed != blocks:
+        blocks, choice = agreed, Choice(agreed, "nntile default: another MPI rank recomputes "
+                                        "more blocks, and every rank builds the same model")
+    if blocks == layers:
+        choice = Choice(True, choice.reason)
+    est = {0: est, layers: with_recompute}.get(blocks) or estimate_with(blocks)
     est.recompute = choice
     return est
+
+
+def _gpu_share(est, b, devices):
+    """What one of ``devices`` GPUs holds of the run: a replica's share where several each
+    train one (policy.device_replica_bytes, at least an even split otherwise), else all."""
+    if devices > 1:
+        return policy.device_replica_bytes(est.breakdown, devices)
+    return _needs(est, b)
+
+
+def _fewest_recomputed(estimate_with, b, devices, layers):
+    """(blocks, Choice): the fewest first blocks to recompute that keep a GPU's share within
+    policy.keeps_activations, where fewer than every block do (None otherwise)."""
+    gpu_bytes = b["gpu"] / devices
+    kept = _largest(lambda kept: policy.keeps_activations(
+        _gpu_share(estimate_with(layers - kept), b, devices), gpu_bytes), layers)
+    if kept is None:
+        return None
+    blocks = layers - kept
+    need = _gpu_share(estimate_with(blocks), b, devices)
+    return blocks, policy.fewest_recomputed(blocks, layers, need, gpu_bytes)

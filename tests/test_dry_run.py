@@ -8,14 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-from nntile import fit, machine, memory, plan
+from nntile import fit, machine, memory, plan, policy
 from nntile.cli_common import default_tiles
 from nntile.models import GPT2Config, LlamaConfig
 from tests.test_train_cli import ROOT, assert_clean_error, cli, cli_env
 
 H100 = "gpus=1x80GiB,host=128GiB"  # one H100 80GB, 128 GiB of host memory
 # (hidden, MLP, layers, heads, key/value heads, vocabulary, tied)
-LLAMA = {"8B": (4096, 14336, 32, 32, 8, 128256, False),
+LLAMA = {"13B": (5120, 13824, 40, 40, 40, 32000, False),
+         "8B": (4096, 14336, 32, 32, 8, 128256, False),
          "3B": (3072, 8192, 28, 24, 8, 128256, True),
          "1B": (2048, 8192, 16, 32, 8, 128256, True)}
 # Steps measured on one H100 80GB + 128 GiB host (2026-11-27, bf16-mixed; the middle of the
@@ -115,6 +116,25 @@ def test_recomputing_some_blocks_is_planned_between_none_and_all(run_files):
     assert step("--no-recompute")[1] < half_s < step("--recompute")[1]
     assert_clean_error(dry_run(run_files, "--batch-size", "2", "--recompute", "33"),
                        "--recompute 33", "32 blocks")
+
+
+H200_PAIR = "gpus=2x143771MiB,host=453GiB"  # nvidia-h200-x2
+
+
+def test_recomputes_only_the_fewest_blocks_that_leave_a_margin():
+    """Llama-3.1-8B at batch 16x2048 fits two H200s only with recomputation; recomputing its
+    first 20 of 32 blocks, each GPU's replica is within policy.RECOMPUTE_FILL of StarPU's
+    share (measured: no host traffic, 1.09x the step of all 32), and with 19 it would not
+    be. Llama-2-13B at batch 8 leaves no such margin: every block recomputes."""
+    def gpu_share(recompute, name="8B", batch=16):
+        est = planned(name, batch, 2048, recompute, H200_PAIR).est
+        return est, policy.device_replica_bytes(est.breakdown, 2)
+    est, share = gpu_share(None)
+    assert est.recompute.value == 20, est.recompute
+    gpu = fit.budget(*fit.budget_args([143771 * memory.MiB] * 2))["gpu"] / 2
+    assert share <= policy.RECOMPUTE_FILL * gpu < gpu_share(19)[1]
+    assert gpu_share(True)[1] < share  # every block would leave more room, at more work
+    assert gpu_share(None, "13B", 8)[0].recompute.value is True
 
 
 def test_plan_of_this_machine_by_default(run_files):
