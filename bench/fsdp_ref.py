@@ -49,6 +49,10 @@ def parse_args(argv=None):
                    help="recompute each block's forward in backward (checkpoint_wrapper)")
     p.add_argument("--max-grad-norm", type=float, default=1.0,
                    help="clip the gradients' global norm, as bench/scale.py does (0: off)")
+    p.add_argument("--pipeline", action="store_true", help="no barrier, synchronize or loss "
+                   "read between the steps after the first: the CPU queues the next step "
+                   "while the GPU runs; the step is the mean of the steps after the first, as "
+                   "bench/scale.py --pipeline")
     return resolve_model(p.parse_args(argv))
 
 
@@ -158,8 +162,10 @@ def main(argv=None):
         local = args.batch // world
         ids = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
         targets = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
-        for _ in range(args.steps):
-            dist.barrier()
+        for step in range(args.steps):
+            waited = not args.pipeline or step in (0, args.steps - 1)
+            if waited:
+                dist.barrier()
             start = time.perf_counter()
             opt.zero_grad()
             with autocast:
@@ -172,24 +178,31 @@ def main(argv=None):
             if args.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()
-            if gpu:
-                torch.cuda.synchronize()
-            dist.all_reduce(loss.detach())  # also ends the step on every rank
+            if waited:
+                if gpu:
+                    torch.cuda.synchronize()
+                dist.barrier()  # ends the step on every rank
             times.append(time.perf_counter() - start)
-            losses.append(float(loss.detach()) / world)
+            losses.append(loss.detach())
+        losses = torch.stack(losses)
+        dist.all_reduce(losses)  # the mean over the ranks, read once all steps ran
+        losses = [float(x) / world for x in losses]
     except Exception as exc:  # an OOM is a result, not a crash
+        losses = []
         result.update(status="oom" if torch_reference.is_oom(exc) else "error",
                       error=f"{type(exc).__name__}: {exc}"[:300])
         result.setdefault("params", None)
     if times:
         best = min(times[1:]) if len(times) > 1 else times[0]
+        if args.pipeline and len(times) > 1:  # the steps overlap: their mean, not the best
+            best = sum(times[1:]) / (len(times) - 1)
         flops = step_flops(args, result["params"], tokens)
         result.update(step_s=best, steps_s=times, tokens_per_s=tokens / best,
                       tflops=flops / best / 1e12, losses=losses,
                       peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if gpu else 0)
     if rank == 0:
-        for i, t in enumerate(times):
-            print(f"step {i + 1}: {t:.2f} s, loss {losses[i]:.4f}", flush=True)
+        for i, (t, loss) in enumerate(zip(times, losses)):
+            print(f"step {i + 1}: {t:.2f} s, loss {loss:.4f}", flush=True)
     if rank == 0 or result["status"] != "ok":
         # a rank that fails alone says so itself: its peers wait in a collective until the
         # launcher ends them, and rank 0 may never print

@@ -73,6 +73,10 @@ def parse_args(argv=None):
     add_recompute_arg(p)
     p.add_argument("--optimizer-on", choices=("cpu", "cuda"),
                    help="run the AdamW tasks only on this kind of worker (cpu needs --ncpu)")
+    p.add_argument("--pipeline", action="store_true", help="submit the steps after the first "
+                   "back to back, as nntile-train does: the next step's forward may start "
+                   "while the update runs; the step is then the mean of the steps after the "
+                   "first, the last waited for (default: each step waited for, the best)")
     p.add_argument("--timeline", metavar="PATH", help="record the last step task by task: "
                    "print where the GPU's time went (bench/timeline.py) and write a Chrome "
                    "trace to PATH")
@@ -214,9 +218,12 @@ def timed_step(ctx, loop, batch, step, args, say):
         t0 = ctx.clock_us()
     result = []
 
+    waited = not args.pipeline or step in (0, args.steps - 1) or traced or under_cupti
+
     def step_fn():
         result.append(loop.step(lambda: batch))
-        ctx.wait()
+        if waited:
+            ctx.wait()
 
     if under_cupti:
         cupti = gpu_time(step_fn, 1, args.cupti)
@@ -342,10 +349,14 @@ def run(args):
         times, losses, sent, reduced, moved, busy, host_used = [], [], [], [], [], [], []
         measured = None
         whole = est.whole.total  # all ranks together
+        ended = None
         for step in range(args.steps):
             before = sum(ctx.bytes_sent()) if ctx.owner_ranks > 1 else 0
             ctx.bus_stats(), ctx.worker_stats()  # both count from here
             seconds_taken, loss = timed_step(ctx, loop, (ids, targets), step, args, say)
+            if args.pipeline and ended is not None:  # since the last step's loss was read
+                seconds_taken = time.perf_counter() - ended
+            ended = time.perf_counter()
             times.append(seconds_taken)
             losses.append(loss)
             note_calibration()
@@ -375,8 +386,10 @@ def run(args):
                 f" GiB, GPU->GPU {step_moved['d2d'] / 2**30:.1f} GiB; GPUs busy "
                 f"{100 * busy[-1]:.0f}%; host memory in use {grew / 2**30:+.1f} GiB{pinned}",
                 flush=True)
-        best = min(times[1:]) if len(times) > 1 else times[0]
-        ibest = times.index(best)
+        ibest = times.index(min(times[1:])) if len(times) > 1 else 0
+        best = times[ibest]
+        if args.pipeline and len(times) > 1:  # the steps overlap: their mean, not the best
+            best = sum(times[1:]) / (len(times) - 1)
         cross, floor_s = pcie_floor(live_at_turn(est), gpu_total, bandwidth)
         if floor_s:
             say(f"PCIe floor: {cross / 2**30:.1f} GiB live when backward starts that the GPUs "

@@ -80,3 +80,20 @@ def test_capacity_names_the_largest_shape_each_side_trains(tmp_path):
     assert all(r["ours"]["status"] == "refused" for r in records)
     assert "| llama-3.1-8b, 64x4096 | 8.03B | refused |" in stdout
     assert "largest trained, ours (defaults): none" in stdout
+
+
+def test_pipelined_steps_train_alike_and_report_their_mean(tmp_path):
+    """--pipeline on both sides (the steps after the first submitted back to back): the same
+    losses as steps waited for one by one, and the step reported is the mean of the steps
+    after the first."""
+    pytest.importorskip("torch.distributed")
+    args = ["--configs", "64x2", "--sides", "ours,fsdp", "--steps", "3"]
+    for run in ("waited", "pipelined"):
+        (tmp_path / run).mkdir()
+    (waited,), _ = node_table(tmp_path / "waited", *args)
+    (pipelined,), _ = node_table(tmp_path / "pipelined", *args, "--ours-args=--pipeline",
+                                 "--fsdp-args=--pipeline")
+    for side in ("ours", "fsdp"):
+        assert pipelined[side]["losses"] == pytest.approx(waited[side]["losses"], rel=1e-5)
+        steps = pipelined[side]["steps_s"]
+        assert pipelined[side]["step_s"] == pytest.approx(sum(steps[1:]) / (len(steps) - 1))
