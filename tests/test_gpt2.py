@@ -241,7 +241,8 @@ def test_free_buffers_after_an_evaluation_loss(ctx):
     ctx.wait()
     kept = dict(model.kept_buffers())
     assert kept["positions"].valid_tiles() == kept["positions"].ntiles
-    inputs = ("ids", "labels", "positions")  # written from the host, left as they are
+    # written from the host, left as they are
+    inputs = ("ids", "labels", "positions", "ids/spare", "labels/spare")
     assert not {name: t.valid_tiles() for name, t in kept.items()
                 if name not in inputs and t.valid_tiles()}
     with pytest.raises(RuntimeError, match="needs a loss"):

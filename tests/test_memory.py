@@ -334,10 +334,10 @@ def test_estimate_scales_as_expected():
     assert big["parameters"] == small["parameters"]
     assert big["activations"] > small["activations"]
     assert big["logits"] == 2 * small["logits"]
-    # int64 token ids, labels and positions do not shrink with the dtype, nor the fp32
-    # log-sum-exp [batch, seq, heads] of each layer's fused attention
+    # int64 token ids and labels (each twice) and positions do not shrink with the dtype,
+    # nor the fp32 log-sum-exp [batch, seq, heads] of each layer's fused attention
     assert _estimate(dtype="bf16").total * 2 == \
-        _estimate(dtype="fp32").total + 3 * 4 * 256 * 8 + 4 * 4 * 256 * 8 * 4
+        _estimate(dtype="fp32").total + 5 * 4 * 256 * 8 + 4 * 4 * 256 * 8 * 4
     assert _estimate().init_host_peak == _estimate()["parameters"] + 512 * 2048 * 8
     assert "parameters" in _estimate().summary()
 

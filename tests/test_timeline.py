@@ -218,3 +218,46 @@ def test_op_rows_sum_each_ops_gpu_time_in_the_window():
     assert sum(r["share"] for r in rows) == pytest.approx(1.0)
     text = timeline.report(table, step, 6 * step)
     assert "GPU time by op" in text and "add fp32" in text
+
+
+def test_the_next_step_is_submitted_while_the_last_one_runs_backward(ctx, rng):
+    """TrainingLoop steps back to back (no wait between them, as nntile-train runs them):
+    the next step writes its token ids and targets into spare buffers, so its forward is
+    submitted before the last step's backward is done, and starts before that step's
+    update ends (the blocks' forward waits for their own update only). The same losses as
+    steps waited for one by one."""
+    from nntile.models import LlamaConfig, model_class
+    from nntile.training import TrainingLoop
+    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128)
+    tiling = {"batch": 4, "seq": 128, "embd": 128, "head": 2, "inner": 256, "vocab": 256}
+    ids, targets = rng.integers(0, 512, (2, 8, 128))
+
+    def losses(back_to_back):
+        model = model_class("llama")(config, tiling, "fp32")
+        for _, param in model.named_parameters():
+            param.value.write(np.random.default_rng(1).standard_normal(param.value.shape) / 50)
+        loop = TrainingLoop(model, ctx, lr=1e-3, max_grad_norm=1.0)
+        out = [loop.step(lambda: (ids, targets)).loss]
+        ctx.wait()
+        ctx.profiling(True)
+        ctx.record_timeline()
+        out.append(loop.step(lambda: (ids, targets)).loss)
+        if not back_to_back:
+            ctx.wait()
+        second = ctx.clock_us()
+        out.append(loop.step(lambda: (ids, targets)).loss)
+        ctx.wait()
+        table, _ = ctx.timeline()
+        ctx.profiling(False)
+        model.unregister()
+        return out, table[table["submitted"] < second], table[table["submitted"] >= second]
+
+    waited, _, _ = losses(False)
+    pipelined, last, following = losses(True)
+    assert pipelined == pytest.approx(waited, rel=1e-6)
+    update = last[np.char.startswith(last["op"].astype(str), "adam")]
+    backward_end = last[~np.char.startswith(last["op"].astype(str), "adam")]["end"].max()
+    assert following["submitted"].min() < backward_end
+    assert following["start"].min() < update["end"].max()

@@ -40,6 +40,16 @@ _HEAD_BUFFERS = ("logits", "loss/stats", "loss/lse", "loss/picked")
 _STREAM_BUFFERS = ("x0", "dx", "dx_other")
 
 
+
+cdef Tensor _take_spare(dict ws, str name):
+    """ws[name]'s spare, swapped in: the step before may still read ws[name] (the embeddings'
+    and the loss's backward, at the end of its backward), and a write into it would wait for
+    that, holding the next step's submission until the last one's backward is done. Into
+    the spare, which only the step before that read, the next step is submitted while the
+    last one's update runs."""
+    ws[name], ws[name + "/spare"] = ws[name + "/spare"], ws[name]
+    return ws[name]
+
 cdef class CausalLM(Module):
     """A causal language model over tiles (subclassed by each family, see the module).
 
@@ -206,13 +216,13 @@ cdef class CausalLM(Module):
         return self._lead_for(batch, seq)[1]
 
     def declare(self, tuple lead, tuple tiles):
-        """The tensors of a [batch, seq] shape of the data: token ids, targets and positions,
-        the residual stream x0 and its gradient (ping-pong with dx_other), the logits and
-        the loss's statistics. The stream and the statistics are in the master dtype, the
-        logits (a GEMM's output) in the compute dtype."""
+        """The tensors of a [batch, seq] shape of the data: token ids and targets (each twice:
+        _take_spare), positions, the residual stream x0 and its gradient (ping-pong with
+        dx_other), the logits and the loss's statistics. The stream and the statistics are
+        in the master dtype, the logits (a GEMM's output) in the compute dtype."""
         cdef tuple x = lead + (self.config.hidden_size,), x_tiles = tiles + (self.tiles["embd"],)
-        return [self.buffer_spec("ids", lead, tiles, "int64", "workspaces"),
-                self.buffer_spec("labels", lead, tiles, "int64", "workspaces"),
+        return [*(self.buffer_spec(name, lead, tiles, "int64", "workspaces")
+                  for name in ("ids", "labels", "ids/spare", "labels/spare")),
                 self.buffer_spec("positions", lead, tiles, "int64", "workspaces"),
                 self.buffer_spec("x0", x, x_tiles, self.master),
                 self.buffer_spec("dx", x, x_tiles, self.master, "workspaces"),
@@ -366,7 +376,7 @@ cdef class CausalLM(Module):
         ids = self._check_tokens(input_ids, "input_ids")
         cdef dict ws = self._workspace(ids.shape[0], ids.shape[1], start)
         self._ws = ws
-        ws["ids"].write(ids)
+        _take_spare(ws, "ids").write(ids)
         cdef int L = len(self.blocks), i
         self._prioritize(2 * L + 3)
         cdef Tensor x = self._embed(ws), positions = ws["positions"]
@@ -424,7 +434,7 @@ cdef class CausalLM(Module):
             raise ValueError(f"targets have shape {targets.shape} but input_ids {input_ids.shape}")
         yield from self._forward_steps(input_ids)
         cdef dict ws = self._ws
-        ws["labels"].write(targets)
+        _take_spare(ws, "labels").write(targets)
         ops.cross_entropy(ws["logits"], ws["labels"], ws["loss/stats"], ws["loss/lse"],
                           ws["loss/picked"], self.loss_value, 1.0 / input_ids.size)
         self._prioritize(0)
