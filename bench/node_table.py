@@ -13,7 +13,10 @@ the same global batch) and fsdp-ac (the same with --activation-checkpointing). T
 of --configs, ours with the tiles of --tile and --tile-vocab; a Llama (--model, a named shape of
 bench/shapes.py or `llama` of the shape flags) runs at --batch with our default tiles. Each
 side is its own process, with a timeout; a refusal by our memory pre-check, an FSDP
-out-of-memory and a timeout are results. Prints the table with ours/FSDP2 and
+out-of-memory and a timeout are results. Both sides run their steps back to back, as training
+loops do (--pipeline of both scripts: the mean of the steps after the first); --waited times
+each step alone and keeps the best, which costs FSDP2 10-38% on two H200s and ours nothing
+(docs/performance.md, "Steps back to back"). Prints the table with ours/FSDP2 and
 ours/(FSDP2+AC) tokens per second, and writes every record to --out. --capacity runs each
 named Llama shape of a list and prints the largest that each side trains. On a machine without
 GPUs (--ngpu 0), ours runs on the CPU workers and FSDP on --cpu-ranks gloo ranks: small
@@ -59,6 +62,9 @@ def parse_args(argv=None):
                    "tiles of ours")
     p.add_argument("--tile-vocab", type=int, default=8192)
     p.add_argument("--timeout", type=int, default=400, help="seconds per run")
+    p.add_argument("--waited", action="store_true", help="time each step alone, waited for "
+                   "on both sides, and keep the best (default: the steps back to back, as "
+                   "training loops run them, their mean: --pipeline of both scripts)")
     p.add_argument("--ours-args", default="", help="more arguments for bench/scale.py")
     p.add_argument("--fsdp-args", default="", help="more arguments for bench/fsdp_ref.py")
     p.add_argument("--out", type=output_file("node-table.json"),
@@ -192,9 +198,10 @@ def commands(args, row, ngpu):
     fsdp = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={ngpu or args.cpu_ranks}", os.path.join(HERE, "fsdp_ref.py"),
             *shape, "--dtype", dtype]
+    timing = [] if args.waited else ["--pipeline"]
     # last, so that they override the defaults above
-    fsdp += shlex.split(args.fsdp_args)
-    return {"ours": ours + shlex.split(args.ours_args), "fsdp": fsdp,
+    fsdp += timing + shlex.split(args.fsdp_args)
+    return {"ours": ours + timing + shlex.split(args.ours_args), "fsdp": fsdp,
             "fsdp-ac": fsdp + ["--activation-checkpointing"]}
 
 
@@ -259,7 +266,9 @@ def main(argv=None):
     ngpu = len(gpu_memory()) if args.ngpu is None else args.ngpu
     os.makedirs(args.logs, exist_ok=True)
     records = [measure(args, row, ngpu) for row in args.rows]
-    title = f"{device_name(ngpu)}, {args.precision}, {datetime.date.today().isoformat()}"
+    timing = "each step waited for" if args.waited else "steps back to back"
+    title = (f"{device_name(ngpu)}, {args.precision}, {timing}, "
+             f"{datetime.date.today().isoformat()}")
     print_table(args, records, title)
     if args.capacity:
         print_capacity(args, records)

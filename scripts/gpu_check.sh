@@ -57,8 +57,9 @@
 #   replicas   data parallelism: for each "SHAPE:PRECISION" of $NNTILE_REPLICA_RUNS (';'-separated),
 #              the sides of $NNTILE_REPLICA_SIDES (default "one ranks ddp fsdp2"): ours in one
 #              process on every GPU (one: a replica per GPU; off: --device-replicas off), ours
-#              with one rank per GPU (--distribution replicas, NCCL), PyTorch DDP and FSDP2;
-#              tokens/s side by side in replicas.txt
+#              with one rank per GPU (--distribution replicas, NCCL), PyTorch DDP and FSDP2,
+#              each with its steps back to back (--pipeline); tokens/s side by side in
+#              replicas.txt
 #   mixed      bf16-mixed at scale: the wide model on one GPU against PyTorch autocast
 #              (compare_torch.py), on every GPU, ours and FSDP MixedPrecision (fsdp_ref.py),
 #              and out of core on one GPU ($NNTILE_OOC_ARGS, default --batch 8: 1.23x an H100),
@@ -286,13 +287,13 @@ if want replicas && [ "$ngpu" -gt 1 ]; then
         for side in $sides; do
             case $side in
             one|off) step "replicas-$i-$side" timeout "$run_limit" python3 bench/scale.py \
-                --ncuda "$ngpu" --steps 4 --precision "$precision" $shape \
+                --ncuda "$ngpu" --steps 4 --pipeline --precision "$precision" $shape \
                 $([ "$side" = off ] && echo --device-replicas off) ;;
             ranks) step "replicas-$i-ranks" timeout "$run_limit" "${mpi[@]}" -x NCCL_NVLS_ENABLE=0 \
-                -np "$ngpu" python3 bench/scale.py --ncuda 1 --steps 4 --precision "$precision" \
-                $shape ;;
+                -np "$ngpu" python3 bench/scale.py --ncuda 1 --steps 4 --pipeline \
+                --precision "$precision" $shape ;;
             ddp|fsdp2) step "replicas-$i-$side" timeout "$run_limit" python3 -m torch.distributed.run \
-                --standalone --nproc-per-node "$ngpu" bench/fsdp_ref.py --steps 4 \
+                --standalone --nproc-per-node "$ngpu" bench/fsdp_ref.py --steps 4 --pipeline \
                 --dtype "$precision" $shape $([ "$side" = ddp ] && echo --ddp) ;;
             esac
         done

@@ -83,17 +83,18 @@ def test_capacity_names_the_largest_shape_each_side_trains(tmp_path):
 
 
 def test_pipelined_steps_train_alike_and_report_their_mean(tmp_path):
-    """--pipeline on both sides (the steps after the first submitted back to back): the same
-    losses as steps waited for one by one, and the step reported is the mean of the steps
+    """Both sides run their steps back to back by default (--pipeline): the same losses as
+    with --waited (each step waited for), and the step reported is the mean of the steps
     after the first."""
     pytest.importorskip("torch.distributed")
     args = ["--configs", "64x2", "--sides", "ours,fsdp", "--steps", "3"]
     for run in ("waited", "pipelined"):
         (tmp_path / run).mkdir()
-    (waited,), _ = node_table(tmp_path / "waited", *args)
-    (pipelined,), _ = node_table(tmp_path / "pipelined", *args, "--ours-args=--pipeline",
-                                 "--fsdp-args=--pipeline")
+    (waited,), waited_out = node_table(tmp_path / "waited", *args, "--waited")
+    (pipelined,), pipelined_out = node_table(tmp_path / "pipelined", *args)  # the default
     for side in ("ours", "fsdp"):
         assert pipelined[side]["losses"] == pytest.approx(waited[side]["losses"], rel=1e-5)
         steps = pipelined[side]["steps_s"]
         assert pipelined[side]["step_s"] == pytest.approx(sum(steps[1:]) / (len(steps) - 1))
+        assert waited[side]["step_s"] == min(waited[side]["steps_s"][1:])
+    assert "steps back to back" in pipelined_out and "each step waited for" in waited_out
