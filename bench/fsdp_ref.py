@@ -33,7 +33,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noq
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 
 import torch_reference  # noqa: E402
-from harness import model_flops_per_step, print_result  # noqa: E402
+from harness import model_flops_per_step, print_result, reported_step  # noqa: E402
 from shapes import add_model_args, llama_config, resolve_model  # noqa: E402
 
 
@@ -193,9 +193,7 @@ def main(argv=None):
                       error=f"{type(exc).__name__}: {exc}"[:300])
         result.setdefault("params", None)
     if times:
-        best = min(times[1:]) if len(times) > 1 else times[0]
-        if args.pipeline and len(times) > 1:  # the steps overlap: their mean, not the best
-            best = sum(times[1:]) / (len(times) - 1)
+        best = reported_step(times, args.pipeline)
         flops = step_flops(args, result["params"], tokens)
         result.update(step_s=best, steps_s=times, tokens_per_s=tokens / best,
                       tflops=flops / best / 1e12, losses=losses,

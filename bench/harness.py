@@ -39,6 +39,15 @@ def seconds(fn):
     return time.perf_counter() - start
 
 
+def reported_step(times, back_to_back):
+    """The step a bench reports of its steps' seconds: the best after the first, each waited
+    for; with the steps back to back (--pipeline), where one step's work runs on into the
+    next, their mean after the first (the last waited for)."""
+    if len(times) < 2:
+        return times[0]
+    return sum(times[1:]) / (len(times) - 1) if back_to_back else min(times[1:])
+
+
 def interleaved(ctx, ours, reference, rounds, blas_threads=None):
     """Seconds per round of ours and of the reference, alternating so that both see the same
     machine state; the reference runs with StarPU paused (and numpy's BLAS on

@@ -29,7 +29,8 @@ import time
 import numpy as np
 
 import timeline
-from harness import gpu_time, gpu_time_table, model_flops_per_step, print_result, seconds
+from harness import (gpu_time, gpu_time_table, model_flops_per_step, print_result,
+                     reported_step, seconds)
 from shapes import add_model_args, llama_config, resolve_model
 # nntile.memory needs no running StarPU; the rest is imported once the environment is set
 from nntile import fit, memory
@@ -387,19 +388,17 @@ def run(args):
                 f"{100 * busy[-1]:.0f}%; host memory in use {grew / 2**30:+.1f} GiB{pinned}",
                 flush=True)
         ibest = times.index(min(times[1:])) if len(times) > 1 else 0
-        best = times[ibest]
-        if args.pipeline and len(times) > 1:  # the steps overlap: their mean, not the best
-            best = sum(times[1:]) / (len(times) - 1)
+        step_s = reported_step(times, args.pipeline)
         cross, floor_s = pcie_floor(live_at_turn(est), gpu_total, bandwidth)
         if floor_s:
             say(f"PCIe floor: {cross / 2**30:.1f} GiB live when backward starts that the GPUs "
                 f"cannot hold, out and in each step at {bandwidth['h2d'] / 1e9:.1f} / "
-                f"{bandwidth['d2h'] / 1e9:.1f} GB/s: {floor_s:.2f} s; best step {best:.2f} s "
-                f"= {best / floor_s:.1f}x the floor", flush=True)
+                f"{bandwidth['d2h'] / 1e9:.1f} GB/s: {floor_s:.2f} s; step {step_s:.2f} s "
+                f"= {step_s / floor_s:.1f}x the floor", flush=True)
         result = dict(model=args.model, n_embd=E, n_layer=args.n_layer, params=nparams,
                       flops_per_step=flops_per_step, batch=args.batch,
-                      seq=args.seq, step_s=best, tokens_per_s=tokens / best,
-                      tflops=flops_per_step / best / 1e12, losses=losses,
+                      seq=args.seq, step_s=step_s, tokens_per_s=tokens / step_s,
+                      tflops=flops_per_step / step_s / 1e12, losses=losses,
                       max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                       estimate_gib=whole / 2**30,
                       rank_need_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,

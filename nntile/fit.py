@@ -381,4 +381,4 @@ def _fewest_recomputed(estimate_with, b, devices, layers):
         return None
     blocks = layers - kept
     need = _gpu_share(estimate_with(blocks), b, devices)
-    return blocks, policy.fewest_recomputed(blocks, layers, need, gpu_bytes)
+    return blocks, policy.fewest_recomputed(blocks, need, gpu_bytes)

@@ -308,13 +308,12 @@ def keeps_activations(gpu_need, gpu_bytes):
     of each): where recomputation is on by default, it then recomputes only the fewest first
     blocks that keep this true. Each block left out runs its forward once instead of twice:
     on that 8B run 20 blocks instead of 32 took the step from 1.97 to 1.80 s (18,169 tokens/s
-    against 16,612, 1.16x FSDP2 with activation checkpointing; docs/performance.md, "Past a
-    replica's memory")."""
+    against 16,612; docs/performance.md, "Past a replica's memory")."""
     return gpu_need <= RECOMPUTE_FILL * gpu_bytes
 
 
-def fewest_recomputed(blocks, layers, gpu_need, gpu_bytes):
-    """The Choice of recomputing the first ``blocks`` of ``layers`` (keeps_activations)."""
+def fewest_recomputed(blocks, gpu_need, gpu_bytes):
+    """The Choice of recomputing the first ``blocks`` blocks (keeps_activations)."""
     return Choice(blocks, f"nntile default: the fewest that leave a margin, "
                           f"{gpu_need / 2**30:.1f} GiB a GPU by the estimate, within "
                           f"{RECOMPUTE_FILL:.0%} of {gpu_bytes / 2**30:.1f} GiB")

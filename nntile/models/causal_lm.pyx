@@ -40,7 +40,6 @@ _HEAD_BUFFERS = ("logits", "loss/stats", "loss/lse", "loss/picked")
 _STREAM_BUFFERS = ("x0", "dx", "dx_other")
 
 
-
 cdef Tensor _take_spare(dict ws, str name):
     """ws[name]'s spare, swapped in: the step before may still read ws[name] (the embeddings'
     and the loss's backward, at the end of its backward), and a write into it would wait for
@@ -49,6 +48,7 @@ cdef Tensor _take_spare(dict ws, str name):
     last one's update runs."""
     ws[name], ws[name + "/spare"] = ws[name + "/spare"], ws[name]
     return ws[name]
+
 
 cdef class CausalLM(Module):
     """A causal language model over tiles (subclassed by each family, see the module).
