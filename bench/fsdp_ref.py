@@ -162,6 +162,7 @@ def main(argv=None):
         local = args.batch // world
         ids = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
         targets = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
+        ended = None
         for step in range(args.steps):
             waited = not args.pipeline or step in (0, args.steps - 1)
             if waited:
@@ -182,7 +183,11 @@ def main(argv=None):
                 if gpu:
                     torch.cuda.synchronize()
                 dist.barrier()  # ends the step on every rank
-            times.append(time.perf_counter() - start)
+            # back to back, a step is timed from the last one's end: the GPU work queued by
+            # the steps not waited for is done inside the last step's barrier and sync
+            since = ended if args.pipeline and ended is not None else start
+            ended = time.perf_counter()
+            times.append(ended - since)
             losses.append(loss.detach())
         losses = torch.stack(losses)
         dist.all_reduce(losses)  # the mean over the ranks, read once all steps ran

@@ -92,6 +92,8 @@ def parse_args(argv=None):
     for flag, path in (("--timeline", args.timeline), ("--cupti", args.cupti)):
         if path and os.path.exists(path):  # a trace written once is not replaced
             p.error(f"{flag} {path}: it exists; remove it or name another file")
+        if path and args.pipeline:  # a traced step starts with no task in flight
+            p.error(f"{flag} traces a step waited for; leave out --pipeline")
     return resolve_model(args)
 
 
@@ -219,7 +221,7 @@ def timed_step(ctx, loop, batch, step, args, say):
         t0 = ctx.clock_us()
     result = []
 
-    waited = not args.pipeline or step in (0, args.steps - 1) or traced or under_cupti
+    waited = not args.pipeline or step in (0, args.steps - 1)
 
     def step_fn():
         result.append(loop.step(lambda: batch))
