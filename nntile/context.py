@@ -274,7 +274,9 @@ class Context(Runtime):
             raise ValueError(f"Context(device_replicas={groups}): the process drives "
                              f"{cuda_devices()} GPUs, one replica each (give True)")
         devices = cuda_devices()
-        gpus = self.machine().gpus
+        # what StarPU may use of each GPU (its share, not the GPU's whole memory)
+        gpus = [node["total"] for node in self.memory_nodes()
+                if node["node"].startswith("CUDA") and node["total"] > 0]
         need = (policy.device_replica_bytes(self.run_breakdown, devices)
                 if self.run_breakdown and devices > 1 else None)
         rows = self.run_batch
