@@ -15,11 +15,11 @@ bench/shapes.py or `llama` of the shape flags) runs at --batch with our default 
 side is its own process, with a timeout; a refusal by our memory pre-check, an FSDP
 out-of-memory and a timeout are results. Both sides run their steps back to back, as training
 loops do (--pipeline of both scripts: the mean of the steps after the first); --waited times
-each step alone and keeps the best (docs/performance.md, "Steps back to back"). Prints the table with ours/FSDP2 and
-ours/(FSDP2+AC) tokens per second, and writes every record to --out. --capacity runs each
-named Llama shape of a list and prints the largest that each side trains. On a machine without
-GPUs (--ngpu 0), ours runs on the CPU workers and FSDP on --cpu-ranks gloo ranks: small
-shapes only, to check the harness.
+each step alone and keeps the best (docs/performance.md, "Steps back to back"). Prints the
+table with ours/FSDP2 and ours/(FSDP2+AC) tokens per second, and writes every record to
+--out. --capacity runs each named Llama shape of a list and prints the largest that each side
+trains. On a machine without GPUs (--ngpu 0), ours runs on the CPU workers and FSDP on
+--cpu-ranks gloo ranks: small shapes only, to check the harness.
 """
 import argparse
 import datetime

@@ -348,17 +348,19 @@ def _with_recompute(estimate_with, given, b, devices):
         return est
     with_recompute = estimate_with(True)
     choice = recompute_rule(None, fits_where(est, b), fits_where(with_recompute, b))
-    layers = est.args["config"].num_hidden_layers
-    blocks = layers if choice.value else 0
-    if blocks and fits_where(with_recompute, b) == "gpu":
-        blocks, choice = _fewest_recomputed(estimate_with, b, devices, layers) or (blocks, choice)
+    config = est.args["config"]
+    if choice.value:
+        est = with_recompute
+        if fits_where(with_recompute, b) == "gpu":
+            est, choice = (_fewest_recomputed(estimate_with, b, devices,
+                                              config.num_hidden_layers) or (est, choice))
+    blocks = config.recomputed_blocks(choice.value)
     agreed = most_over_ranks(blocks)
     if agreed != blocks:
-        blocks, choice = agreed, Choice(agreed, "nntile default: another MPI rank recomputes "
-                                        "more blocks, and every rank builds the same model")
-    if blocks == layers:
-        choice = Choice(True, choice.reason)
-    est = {0: est, layers: with_recompute}.get(blocks) or estimate_with(blocks)
+        choice = Choice(True if agreed == config.num_hidden_layers else agreed,
+                        "nntile default: another MPI rank recomputes more blocks, and every "
+                        "rank builds the same model")
+        est = estimate_with(choice.value)
     est.recompute = choice
     return est
 
@@ -372,13 +374,14 @@ def _gpu_share(est, b, devices):
 
 
 def _fewest_recomputed(estimate_with, b, devices, layers):
-    """(blocks, Choice): the fewest first blocks to recompute that keep a GPU's share within
-    policy.keeps_activations, where fewer than every block do (None otherwise)."""
+    """(estimate, Choice) of the fewest first blocks of ``layers`` to recompute that keep a
+    GPU's share within policy.keeps_activations, where fewer than every block do (None
+    otherwise)."""
     gpu_bytes = b["gpu"] / devices
     kept = _largest(lambda kept: policy.keeps_activations(
         _gpu_share(estimate_with(layers - kept), b, devices), gpu_bytes), layers)
     if kept is None:
         return None
-    blocks = layers - kept
-    need = _gpu_share(estimate_with(blocks), b, devices)
-    return blocks, policy.fewest_recomputed(blocks, need, gpu_bytes)
+    est = estimate_with(layers - kept)
+    need = _gpu_share(est, b, devices)
+    return est, policy.fewest_recomputed(layers - kept, need, gpu_bytes)
