@@ -24,28 +24,10 @@ void copy(const nntile_copy_args *a, cudaStream_t s, const T *src, T *dst)
                         cudaMemcpyDeviceToDevice, s);
 }
 
-/* mode: 0 dst = alpha*src, 1 dst = alpha*src + dst, 2 general beta */
-template <typename T> struct AddOp {
-    C_t<T> alpha, beta;
-    int mode;
-    __device__ void operator()(int64_t i, const T *src, T *dst) const
-    {
-        const C_t<T> x = alpha * ld(src[i]);
-        if (mode == 0)
-            dst[i] = st<T>(x);
-        else if (mode == 1)
-            dst[i] = st<T>(x + ld(dst[i]));
-        else
-            dst[i] = st<T>(x + beta * ld(dst[i]));
-    }
-};
-
 template <typename T>
 void add(const nntile_add_args *a, cudaStream_t s, const T *src, T *dst)
 {
-    const int mode = a->beta == 0.0 ? 0 : (a->beta == 1.0 ? 1 : 2);
-    launch_elementwise(a->n, AddOp<T>{(C_t<T>)a->alpha, (C_t<T>)a->beta, mode},
-                       s, src, dst);
+    launch_elementwise(a->n, AddOp<C_t<T>>(a->alpha, a->beta), s, src, dst);
 }
 
 template <typename T> struct ScalOp {

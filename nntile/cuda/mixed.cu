@@ -22,22 +22,12 @@
 
 NNTILE_CUDA_BEGIN
 
-/* dst = alpha*src + beta*dst; mode 0: beta == 0 (dst not read), 1: beta == 1 */
-__global__ void add_k(int64_t n, float alpha, float beta, int mode,
-                      const bf16 *__restrict__ src, float *__restrict__ dst)
-{
-    NNTILE_GRID_STRIDE(int64_t, i, n) {
-        const float x = alpha * ld(src[i]);
-        dst[i] = mode == 0 ? x : (mode == 1 ? x + dst[i] : x + beta * dst[i]);
-    }
-}
-
-__global__ void cast_k(int64_t n, const float *__restrict__ src,
-                       bf16 *__restrict__ dst)
-{
-    NNTILE_GRID_STRIDE(int64_t, i, n)
+struct CastOp {
+    __device__ void operator()(int64_t i, const float *src, bf16 *dst) const
+    {
         dst[i] = st<bf16>(src[i]);
-}
+    }
+};
 
 /* ---- element-wise over [m, k, n] with a float fiber or slice (mkn) */
 
@@ -110,7 +100,8 @@ __device__ void merge_stats(float *st_, float m1, double s1, int init)
 }
 
 /* n == 1 (scores, logits): a group of TPR threads per contiguous row, two
- * passes (max, then sum of exp(x - max)) */
+ * passes (max, then sum of exp(x - max)), each unrolled so that a thread has
+ * several bf16 loads in flight */
 template <int TPR>
 __global__ void maxsumexp_rows_k(int64_t m, int64_t k, int init,
                                  const bf16 *__restrict__ src,
@@ -122,12 +113,14 @@ __global__ void maxsumexp_rows_k(int64_t m, int64_t k, int init,
         const bf16 *row = src + r * k;
         float mt = ninf<float>();
         if (active)
+#pragma unroll 4
             for (int64_t j = tid; j < k; j += TPR)
                 mt = fmaxf(mt, ld(row[j]));
         const float mx = group_allreduce<TPR>(mt, MaxOp(), shc);
         const float sh = exp_shift(mx);
         double s = 0.0;
         if (active)
+#pragma unroll 4
             for (int64_t j = tid; j < k; j += TPR)
                 s += (double)vexp(ld(row[j]) - sh);
         s = group_allreduce<TPR>(s, SumOp(), shd);
@@ -179,20 +172,15 @@ extern "C" void nntile_cuda_add_bf16_fp32(const struct nntile_add_args *a,
                                           cudaStream_t s, const uint16_t *src,
                                           float *dst)
 {
-    if (a->n <= 0)
-        return;
-    const int mode = a->beta == 0.0 ? 0 : (a->beta == 1.0 ? 1 : 2);
-    add_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, (float)a->alpha,
-                                            (float)a->beta, mode,
-                                            (const bf16 *)src, dst);
+    launch_elementwise(a->n, AddOp<float>(a->alpha, a->beta), s,
+                       (const bf16 *)src, dst);
 }
 
 extern "C" void nntile_cuda_cast_bf16_fp32(const struct nntile_cast_args *a,
                                            cudaStream_t s, const float *src,
                                            uint16_t *dst)
 {
-    if (a->n > 0)
-        cast_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, src, (bf16 *)dst);
+    launch_elementwise(a->n, CastOp(), s, src, (bf16 *)dst);
 }
 
 extern "C" void nntile_cuda_add_fiber_bf16_fp32(

@@ -256,7 +256,7 @@ template <template <typename> class Row> struct NormRowAccRow {
     template <int TPR, typename T>
     __device__ void row(int64_t r, int tid, bool active, const T *x,
                         const T *dy, const T *stats, const T *weight,
-                        T *rowacc) const
+                        T *rowacc, Row<T> *kept) const
     {
         typedef C_t<T> C;
         constexpr int K = Row<T>::kTerms;
@@ -264,6 +264,8 @@ template <template <typename> class Row> struct NormRowAccRow {
         double a[K] = {};
         if (active) {
             const Row<T> nr(stats, r, e_total, eps);
+            if (kept != nullptr && tid == 0)
+                kept[r] = nr;
             const T *xr = x + r * e;
             const T *dyr = dy + r * e;
             #pragma unroll 4
@@ -285,16 +287,20 @@ template <template <typename> class Row> struct NormRowAccRow {
     }
 };
 
-/* the weights' gradients, column sums over rows of Row's terms */
+/* the weights' gradients, column sums over rows of Row's terms.  A row's
+ * statistics come from ``kept`` (NormRowAccRow's, once per row) where there
+ * was scratch for them: made again for each element, their square root and
+ * division in double cost the sums four times their memory time. */
 template <template <typename> class Row, typename T> struct NormColTerm {
     static constexpr int K = Row<T>::kTerms;
     const T *x, *dy, *stats;
+    const Row<T> *kept;
     int64_t e, e_total;
     double eps;
     __device__ void operator()(int64_t, int64_t r, int64_t j,
                                double (&acc)[K]) const
     {
-        const Row<T> nr(stats, r, e_total, eps);
+        const Row<T> nr = kept ? kept[r] : Row<T>(stats, r, e_total, eps);
         const C_t<T> d = ld(dy[r * e + j]);
         Row<T>::col_terms(d, nr.xhat(x[r * e + j]), acc);
     }
@@ -320,11 +326,13 @@ void norm_backward_reduce(const nntile_norm_backward_reduce_args *a, cudaStream_
     constexpr int K = Row<T>::kTerms;
     static_assert(sizeof...(D) == K, "one weight gradient per term");
     const int64_t rows = a->rows > 0 ? a->rows : 0, e = a->e > 0 ? a->e : 0;
+    Scratch rows_kept((size_t)rows * sizeof(Row<T>), s);
+    Row<T> *kept = (Row<T> *)rows_kept.ptr;
     launch_rows(rows, e, NormRowAccRow<Row>{e, a->e_total, a->eps,
                                             a->init != 0},
-                s, x, dy, stats, weight, rowacc);
+                s, x, dy, stats, weight, rowacc, kept);
     colsum<K>(1, rows, e,
-              NormColTerm<Row, T>{x, dy, stats, e, a->e_total, a->eps},
+              NormColTerm<Row, T>{x, dy, stats, kept, e, a->e_total, a->eps},
               NormColEpi<T, K>{{dweights...}}, s);
 }
 

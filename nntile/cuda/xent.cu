@@ -59,22 +59,37 @@ void xent_loss(const nntile_xent_loss_args *a, cudaStream_t s, const T *lse,
 }
 
 /* logits = alpha*(softmax(logits) - onehot(label)), global row stats.
- * Element-wise over the flat tile (vocabulary tiles are often odd-sized,
- * so rows are not aligned; the flat form keeps every warp aligned). */
-template <typename S, typename T> struct XentGradOp {
-    const S *stats;
-    const int64_t *labels;
-    T *logits;
-    int64_t v_offset;
-    C_t<T> alpha;
-    __device__ void operator()(int64_t idx, int64_t c, int64_t r) const
+ * A group of threads per row: the row's shift, 1/sum and label column once
+ * (per element, their division was most of the kernel's time), then
+ * kUnroll elements a thread loaded before any is stored. */
+template <typename C> struct XentGradRow {
+    int64_t v, v_offset;
+    C alpha;
+    template <int TPR, typename S, typename T>
+    __device__ void row(int64_t r, int tid, bool active, const S *stats,
+                        const int64_t *labels, T *logits) const
     {
-        typedef C_t<T> C;
-        const C sh = exp_shift(ld(stats[2 * r]));
-        const C inv = inv_sum(ld(stats[2 * r + 1]));
-        const C e = vexp(ld(logits[idx]) - sh);
-        logits[idx] =
-            st<T>(xent_grad(e, inv, alpha, c == labels[r] - v_offset));
+        if (!active)
+            return;
+        const C sh = exp_shift((C)ld(stats[2 * r]));
+        const C inv = inv_sum((C)ld(stats[2 * r + 1]));
+        const int64_t label = labels[r] - v_offset;
+        T *row = logits + r * v;
+        for (int64_t j0 = tid; j0 < v; j0 += TPR * kUnroll) {
+            C x[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int64_t j = j0 + u * TPR;
+                x[u] = j < v ? ld(row[j]) : (C)0;
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int64_t j = j0 + u * TPR;
+                if (j < v)
+                    row[j] = st<T>(
+                        xent_grad(vexp(x[u] - sh), inv, alpha, j == label));
+            }
+        }
     }
 };
 
@@ -82,9 +97,10 @@ template <typename S, typename T>
 void xent_grad_inplace(const nntile_xent_grad_inplace_args *a, cudaStream_t s,
                        const S *stats, const int64_t *labels, T *logits)
 {
-    mkn(a->rows, a->v, 1,
-        XentGradOp<S, T>{stats, labels, logits, a->v_offset, (C_t<T>)a->alpha},
-        s);
+    if (a->v > 0)
+        launch_rows(a->rows, a->v,
+                    XentGradRow<C_t<T>>{a->v, a->v_offset, (C_t<T>)a->alpha}, s,
+                    stats, labels, logits);
 }
 
 NNTILE_CUDA_END

@@ -1,4 +1,5 @@
-"""Rough timings of the CUDA kernels at GPT-2-small tile sizes (not a test).
+"""Rough timings of the CUDA kernels at GPT-2-small tile sizes, then at the tiles of
+Llama-3.2-1B in bf16-mixed (not a test).
 
     python3 tests/cuda/bench_cuda_kernels.py
 
@@ -188,7 +189,43 @@ def main():
               dict(transA=0, transB=0, M=M, N=N, K=K, alpha=1.0, beta=0.0,
                    batch1=1, batch2=1, lda=K, ldb=N, ldc=N),
               [A, B, C], flops=2.0 * M * N * K)
+    llama_mixed(bench, arr, set_stats, rng, s)
     env.close()
+
+
+def llama_mixed(bench, arr, set_stats, rng, s):
+    """The bf16-mixed kernels outside GEMM and attention at Llama-3.2-1B's default tiles (4 x
+    2048 tokens, hidden 2048, MLP 8192, vocabulary tiles of 8192): bf16 data, fp32 stream,
+    statistics and norms."""
+    def bf16(*shape):
+        with s:
+            return arr(*shape).view(np.uint16)[..., 1::2].copy()
+
+    tok, hidden, inner, vt = 8192, 2048, 8192, 8192
+    n = tok * inner
+    bench("swiglu_forward bf16 [8192x8192]", "swiglu_forward", "bf16", dict(n=n),
+          [bf16(tok, inner), bf16(tok, inner), bf16(tok, inner)], 6 * n)
+    bench("swiglu_backward bf16 [8192x8192]", "swiglu_backward", "bf16", dict(n=n),
+          [bf16(tok, inner) for _ in range(5)], 10 * n)
+    m = tok * hidden
+    bench("cast fp32->bf16 [8192x2048]", "cast", "bf16_fp32", dict(n=m),
+          [arr(tok, hidden), bf16(tok, hidden)], 6 * m)
+    bench("add bf16 into fp32 (beta=1) [8192x2048]", "add", "bf16_fp32",
+          dict(n=m, alpha=1.0, beta=1.0), [bf16(tok, hidden), arr(tok, hidden)], 10 * m)
+    logits, stats = bf16(tok, vt), arr(tok, 2)
+    bench("maxsumexp bf16 logits [8192x8192]", "maxsumexp", "bf16_fp32",
+          dict(m=tok, k=vt, n=1, init=1), [logits, stats], 2 * tok * vt)
+    set_stats(stats)
+    with s:
+        labels = cp.asarray(rng.integers(0, vt, tok).astype(np.int64))
+    bench("xent_grad_inplace bf16 [8192x8192]", "xent_grad_inplace", "bf16_fp32",
+          dict(rows=tok, v=vt, v_offset=0, alpha=1.0), [stats, labels, logits], 4 * tok * vt)
+    x, w = arr(tok, hidden), arr(hidden)
+    sumsq = arr(tok, fill=float(hidden))
+    bench("rmsnorm_backward_reduce fp32 [8192x2048]", "rmsnorm_backward_reduce", "fp32",
+          dict(rows=tok, e=hidden, e_total=hidden, eps=1e-5, init=1),
+          [x, arr(tok, hidden), sumsq, w, arr(tok), arr(hidden)], 8 * m)
+    bench("sumsq fp32 [16.8M]", "sumsq", "fp32", dict(n=m, beta=0.0), [x, arr(1)], 4 * m)
 
 
 if __name__ == "__main__":
