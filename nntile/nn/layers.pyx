@@ -300,12 +300,11 @@ cdef class PreNormBlock(Module):
         self._norm_1, self._attn, self._norm_2, self._mlp = norm_1, attn, norm_2, mlp
 
     def declare(self, tuple lead, tuple tiles):
-        """Forward keeps the stream after each branch, x1 and out; backward needs the
-        stream's gradient inside the block and a branch's (all in the master dtype)."""
+        """Forward keeps the stream after each branch, x1 and out; backward needs a
+        branch's gradient (all in the master dtype)."""
         cdef tuple x = lead + self._stream[:1], x_tiles = tiles + self._stream[1:]
         return [self.buffer_spec("x1", x, x_tiles, self.master),
                 self.buffer_spec("out", x, x_tiles, self.master),
-                self.scratch_spec("dx1", x, x_tiles, self.master),
                 self.scratch_spec("dh", x, x_tiles, self.master)]
 
     def share_buffers(self, str pool_as, tuple own=("out",)):
@@ -326,13 +325,13 @@ cdef class PreNormBlock(Module):
         return out
 
     cpdef backward(self, Tensor dy, Tensor dx):
-        """dx = gradient with respect to the block's input (dy is left as it is)."""
-        cdef dict scratch = self.scratch()
-        cdef Tensor dx1 = scratch["dx1"], dh = scratch["dh"]
-        ops.copy(dy, dx1)
+        """dx = gradient with respect to the block's input (dy is left as it is). dx first
+        holds the gradient at x1, which the attention's backward reads before the first
+        norm's adds to it (StarPU orders the write after the reads): no copy of it."""
+        cdef Tensor dh = self.scratch()["dh"]
+        ops.copy(dy, dx)
         self._mlp.backward(dy, dh, 0.0)
-        self._norm_2.backward(dh, dx1, 1.0)
-        self._attn.backward(dx1, dh, 0.0)
-        ops.copy(dx1, dx)
+        self._norm_2.backward(dh, dx, 1.0)
+        self._attn.backward(dx, dh, 0.0)
         self._norm_1.backward(dh, dx, 1.0)
         return dx
