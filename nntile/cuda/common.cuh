@@ -161,25 +161,28 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * op holds itself (the reductions' terms do) carry no such promise. */
 
 /* ---- element-wise over n items: op(i, bufs...) for every i < n.
- * Each thread takes kUnroll items a block apart (coalesced) and no grid
- * stride; in every block but the last the calls are straight-line code, so
- * their loads may be issued together (the buffers are __restrict__).  One load in flight per thread leaves a 2-byte
- * bf16 stream at a third of the memory's bandwidth. */
+ * A launch of many items gives each thread U = kUnroll of them, a block
+ * apart (coalesced), and no grid stride; in every block but the last the
+ * calls are straight-line code, so their loads may be issued together (the
+ * buffers are __restrict__): one load in flight a thread leaves a two-byte
+ * bf16 stream at a third of the memory's bandwidth.  A launch of fewer items
+ * than kUnroll full waves keeps one a thread, so that it still fills the GPU
+ * (rotary embeddings: an item per row and pair, looping over the heads). */
 constexpr int kUnroll = 4;
 
-template <typename I, typename Op, typename... B>
+template <int U, typename I, typename Op, typename... B>
 __global__ void elementwise_k(I n, Op op, B *__restrict__... bufs)
 {
-    const I start = (I)blockIdx.x * (kBlock * kUnroll);
+    const I start = (I)blockIdx.x * (kBlock * U);
     const I first = start + threadIdx.x;
-    if (n - start >= (I)(kBlock * kUnroll)) { /* straight-line: no guards */
+    if (n - start >= (I)(kBlock * U)) { /* straight-line: no guards */
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+        for (int u = 0; u < U; ++u)
             op((int64_t)(first + (I)u * kBlock), bufs...);
         return;
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
         const I i = first + (I)u * kBlock;
         if (i < n)
             op((int64_t)i, bufs...);
@@ -191,13 +194,19 @@ void launch_elementwise(int64_t n, Op op, cudaStream_t stream, B *... bufs)
 {
     if (n <= 0)
         return;
-    const int64_t grid = ceil_div(n, (int64_t)kBlock * kUnroll);
-    if (n < ((int64_t)1 << 31))
-        elementwise_k<uint32_t><<<(unsigned)grid, kBlock, 0, stream>>>(
+    if (n >= ((int64_t)1 << 31)) {
+        elementwise_k<1, int64_t><<<(unsigned)ceil_div(n, kBlock), kBlock, 0,
+                                    stream>>>(n, op, bufs...);
+        return;
+    }
+    const bool unroll = n >= (int64_t)kUnroll * kBlock * kWaveBlocks;
+    const unsigned grid = (unsigned)ceil_div(n, kBlock * (unroll ? kUnroll : 1));
+    if (unroll)
+        elementwise_k<kUnroll, uint32_t><<<grid, kBlock, 0, stream>>>(
             (uint32_t)n, op, bufs...);
     else
-        elementwise_k<int64_t><<<(unsigned)grid, kBlock, 0, stream>>>(
-            n, op, bufs...);
+        elementwise_k<1, uint32_t><<<grid, kBlock, 0, stream>>>(
+            (uint32_t)n, op, bufs...);
 }
 
 /* dst = alpha*src + beta*dst, src and dst of any two storage types; mode 0:

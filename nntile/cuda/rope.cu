@@ -2,9 +2,10 @@
  * rows x heads vectors of head_dim elements, row r at position pos[r]; pair
  * j of each vector, (x[j], x[j + head_dim/2]), turns by pos * inv_freq[j].
  * A thread per (row, pair) computes the cos and sin once and turns that pair
- * of every head (consecutive threads, consecutive pairs: coalesced).  A
- * template over the data type T and the inverse frequencies' type A, so that
- * mixed precision (bf16 vectors, fp32 frequencies) is the same function. */
+ * of every head, four heads at a time (consecutive threads, consecutive
+ * pairs: coalesced).  A template over the data type T and the inverse
+ * frequencies' type A, so that mixed precision (bf16 vectors, fp32
+ * frequencies) is the same function. */
 #include "common.cuh"
 
 NNTILE_CUDA_BEGIN
@@ -21,11 +22,29 @@ template <typename C> struct RopeOp {
         rope_cos_sin((C)pos[r], (C)ld(inv_freq[j]), scale, &c, &s);
         s *= sign;
         T *v = x + r * heads * head_dim + j;
-        for (int64_t h = 0; h < heads; ++h, v += head_dim) {
+        int64_t h = 0;
+        for (; h + 4 <= heads; h += 4, v += 4 * head_dim)
+            turn<4>(v, c, s);
+        for (; h < heads; ++h, v += head_dim)
+            turn<1>(v, c, s);
+    }
+    /* the pair at v of N heads, all loaded before any is stored (the heads'
+     * addresses differ by a run-time stride the compiler cannot tell apart) */
+    template <int N, typename T>
+    __device__ void turn(T *v, C c, C s) const
+    {
+        C a[N], b[N];
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            a[u] = (C)ld(v[u * head_dim]);
+            b[u] = (C)ld(v[u * head_dim + half]);
+        }
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
             C y1, y2;
-            rope_rotate((C)ld(v[0]), (C)ld(v[half]), c, s, &y1, &y2);
-            v[0] = st<T>(y1);
-            v[half] = st<T>(y2);
+            rope_rotate(a[u], b[u], c, s, &y1, &y2);
+            v[u * head_dim] = st<T>(y1);
+            v[u * head_dim + half] = st<T>(y2);
         }
     }
 };
