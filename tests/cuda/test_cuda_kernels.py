@@ -469,7 +469,8 @@ def test_bf16_helpers():
 
 # ---------------------------------------------------------------- elementwise
 
-SIZES = [1, 7, 256, 1000, 70001]
+# 1 << 20 and over: launch_elementwise's four items a thread, with a partial last block
+SIZES = [1, 7, 256, 1000, 70001, (1 << 20) + 777]
 
 
 @pytest.mark.parametrize("dt", DT)
@@ -801,7 +802,8 @@ def test_rmsnorm(env, dt, rows, e_total, ntiles):
 @pytest.mark.parametrize("dt", DT)
 @pytest.mark.parametrize("rows,heads,d,scale", [(1, 1, 2, 1.0), (5, 3, 8, 1.0),
                                                 (7, 2, 64, 0.7), (1024, 16, 128, 1.0),
-                                                (3, 4, 130, 1.0)])
+                                                (3, 4, 130, 1.0), (9, 6, 8, 1.0),
+                                                (16391, 2, 128, 1.0)])
 def test_rope(env, dt, rows, heads, d, scale):
     """the angle's cos and sin: float libm on the CPU, CUDA's sinf/cosf (2 ulp)"""
     rng = np.random.default_rng(rows + d)
@@ -1031,7 +1033,8 @@ def check_mixed(env, op, args, bufs, outs, rtol=1e-6, scale=None):
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 1), (2, 7, 3), (300, 64, 1),
-                                   (7, 300, 37), (4, 33000, 1), (3000, 3, 1)])
+                                   (7, 300, 37), (4, 33000, 1), (3000, 3, 1),
+                                   (1, (1 << 20) + 777, 1)])
 def test_mixed_elementwise_and_reductions(env, m, k, n):
     rng = np.random.default_rng(m + k + n)
     x, y = R(rng, m, k, n), R(rng, m, k, n)
