@@ -342,6 +342,32 @@ inline unsigned row_grid(int64_t rows, int tpr)
         for (int64_t r = r0_ + grp_, once_ = 0; once_ < 1; ++once_)          \
             for (bool active = r < (rows), o2_ = true; o2_; o2_ = false)
 
+/* A thread's elements j = tid, tid + TPR, ... < len of a row, kRowBatch at a
+ * time: every load(j) of a batch is issued before any use(j, value), which a
+ * loop of load-then-use with a branch or a store in it would not allow (one
+ * two-byte load in flight a thread). */
+constexpr int kRowBatch = 8;
+
+template <int TPR, typename C, typename Load, typename Use>
+__device__ __forceinline__ void row_in_batches(int64_t len, int tid, Load load,
+                                               Use use)
+{
+    for (int64_t j0 = tid; j0 < len; j0 += TPR * kRowBatch) {
+        C v[kRowBatch];
+#pragma unroll
+        for (int u = 0; u < kRowBatch; ++u) {
+            const int64_t j = j0 + u * TPR;
+            v[u] = j < len ? load(j) : C();
+        }
+#pragma unroll
+        for (int u = 0; u < kRowBatch; ++u) {
+            const int64_t j = j0 + u * TPR;
+            if (j < len)
+                use(j, v[u]);
+        }
+    }
+}
+
 /* ---- row-wise over rows of len elements: a group of TPR threads per row
  * (TPR from len), groups stride over rows; every thread calls
  *   op.template row<TPR>(r, tid, active, bufs...)

@@ -44,29 +44,17 @@ template <typename T, bool ONLINE> struct MaxSumExpRow {
         double s = 0.0;
         if (ONLINE) {
             if (active) {
-                /* loaded kBatch at a time: the branch would otherwise leave
-                 * one load in flight a thread */
-                constexpr int kBatch = 8;
-                for (int64_t j0 = tid; j0 < k; j0 += TPR * kBatch) {
-                    C vs[kBatch];
-#pragma unroll
-                    for (int u = 0; u < kBatch; ++u) {
-                        const int64_t j = j0 + u * TPR;
-                        vs[u] = j < k ? ld(x[j]) : ninf<C>();
-                    }
-#pragma unroll
-                    for (int u = 0; u < kBatch; ++u) {
-                        const C v = vs[u];
+                row_in_batches<TPR, C>(
+                    k, tid, [&](int64_t j) { return ld(x[j]); },
+                    [&](int64_t, C v) {
                         if (v > mt) {
                             /* mt == -inf: s == 0 and exp(-inf) == 0 */
                             s *= exp((double)mt - (double)v);
                             mt = v;
                         }
-                        /* v == mt == -inf (or past the row's end): exp_shift
-                         * gives exp(-inf) = 0 */
+                        /* v == mt == -inf: exp_shift gives exp(-inf) = 0 */
                         s += (double)vexp(v - exp_shift(mt));
-                    }
-                }
+                    });
             }
         } else if (active) {
 #pragma unroll 4

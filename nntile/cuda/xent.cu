@@ -60,11 +60,8 @@ void xent_loss(const nntile_xent_loss_args *a, cudaStream_t s, const T *lse,
 
 /* logits = alpha*(softmax(logits) - onehot(label)), global row stats.
  * A group of threads per row: the row's shift, 1/sum and label column once
- * (per element, their division was most of the kernel's time), then
- * kXentUnroll elements a thread loaded before any is stored (two-byte loads:
- * eight in flight a thread). */
-constexpr int kXentUnroll = 8;
-
+ * (per element, their division was most of the kernel's time), then the
+ * row's elements in batches whose loads are issued together. */
 template <typename C> struct XentGradRow {
     int64_t v, v_offset;
     C alpha;
@@ -78,21 +75,11 @@ template <typename C> struct XentGradRow {
         const C inv = inv_sum((C)ld(stats[2 * r + 1]));
         const int64_t label = labels[r] - v_offset;
         T *row = logits + r * v;
-        for (int64_t j0 = tid; j0 < v; j0 += TPR * kXentUnroll) {
-            C x[kXentUnroll];
-#pragma unroll
-            for (int u = 0; u < kXentUnroll; ++u) {
-                const int64_t j = j0 + u * TPR;
-                x[u] = j < v ? ld(row[j]) : (C)0;
-            }
-#pragma unroll
-            for (int u = 0; u < kXentUnroll; ++u) {
-                const int64_t j = j0 + u * TPR;
-                if (j < v)
-                    row[j] = st<T>(
-                        xent_grad(vexp(x[u] - sh), inv, alpha, j == label));
-            }
-        }
+        row_in_batches<TPR, C>(
+            v, tid, [&](int64_t j) { return (C)ld(row[j]); },
+            [&](int64_t j, C x) {
+                row[j] = st<T>(xent_grad(vexp(x - sh), inv, alpha, j == label));
+            });
     }
 };
 
