@@ -21,8 +21,8 @@ a home device, where its summed gradient, its master, its optimizer states and t
 live. Each block's gradients are summed at home as soon as every replica has submitted its
 backward, into the tile of the replica on that device, and each replica reads the updated
 compute copy, which StarPU copies from home once a step. Between steps every replica's
-gradients are dropped and read as zeros (Tensor.zero_when_dropped): backward's first task
-on a tile finds zeros where it runs.
+gradients are dropped and read as zeros (nntile.nn.Parameter, Tensor.zero_when_dropped):
+backward's first GEMM into a tile overwrites it.
 
 With one process on one device (or a Context whose ranks own tiles through StarPU-MPI) the
 wrapper passes the whole batch to the model and reduces nothing.
@@ -235,13 +235,6 @@ class DataParallel:
         self.sharding = (Sharding(named, self.replicas, self.rank, self.bucket_bytes,
                                   sharded_masters(model)) if zero else None)
         self._bytes_at_step = 0
-        # dropped between steps, a gradient tile reads as zeros: backward's first task on it
-        # accumulates into zeros that StarPU writes where that task runs, allocating the tile
-        # only then; no step starts on a burst of fills. StarPU-MPI's owners keep the fills.
-        self._drop_gradients = ctx.owner_ranks == 1
-        if self._drop_gradients:
-            for grad in self._gradients():
-                grad.zero_when_dropped()
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -315,20 +308,12 @@ class DataParallel:
         else:
             allreduce_sum([p.grad for p in self._backward_order], self.bucket_bytes)
 
-    def _gradients(self):
-        """The gradient of every parameter of every replica of this process."""
-        return [param.grad for _, model in self._each() for _, param in model.named_parameters()]
-
     def zero_grad(self):
-        """Zero the gradients: drop them, where they then read as zeros; with the update
-        sharded over the replicas of one device each, drop the masters of other ranks'
-        tiles too (Sharding.drop_masters)."""
-        if not self._drop_gradients:
-            for _, model in self._each():
-                model.zero_grad()
-        else:
-            for grad in self._gradients():
-                grad.invalidate()
+        """Zero the gradients (Module.zero_grad: dropped, where they then read as zeros);
+        with the update sharded over the replicas of one device each, drop the masters of
+        other ranks' tiles too (Sharding.drop_masters)."""
+        for _, model in self._each():
+            model.zero_grad()
         if self.sharding is not None and self.devices is None:
             self.sharding.drop_masters()
 

@@ -113,6 +113,61 @@ def test_dropped_tiles_read_as_zeros_where_told(ctx, rng, dtype):
     assert dst.valid_tiles() == 3
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 9), st.data())
+def test_a_dropped_tile_is_overwritten_by_the_first_gemm(ctx, m, n, k, data):
+    """C += A @ B where C's tiles read as zeros once dropped: a dropped tile's first partial
+    product overwrites it (opened write-only, so never read: the poison proves it), later
+    ones add; a tile written since its drop, by any path, is added to."""
+    tm, tn, tk = (data.draw(st.integers(1, d)) for d in (m, n, k))
+    rng = np.random.default_rng(zlib.crc32(repr((m, n, k, tm, tn, tk)).encode()))
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    old = rng.standard_normal((m, n))
+    A, B = nntile.Tensor.from_array(a, (tm, tk)), nntile.Tensor.from_array(b, (tk, tn))
+    C = nntile.Tensor.from_array(old, (tm, tn))
+    C.zero_when_dropped()
+    dropped = data.draw(st.sets(st.integers(0, C.ntiles - 1)))
+    C.invalidate(sorted(dropped))
+    rewritten = data.draw(st.sets(st.sampled_from(sorted(dropped)))) if dropped else set()
+    C.write_tiles(lambda slices: old[slices], sorted(rewritten))  # written since: old again
+    expected = a @ b + old
+    for i in dropped - rewritten:
+        expected[C.traits.tile_slices(i)] = (a @ b)[C.traits.tile_slices(i)]
+    previous = core._poison_written(True)
+    core._record_tasks(True)
+    try:
+        nntile.ops.gemm(1.0, A, "N", B, "N", 1.0, C)
+    finally:
+        modes = core._record_tasks(False)
+        core._poison_written(previous)
+    np.testing.assert_allclose(C.to_array(), expected, rtol=1e-12, atol=1e-12)
+    overwrites = sum(1 for op, mode in modes if op == "gemm" and mode[-1] == "W")
+    assert overwrites == len(dropped - rewritten)
+    nntile.ops.gemm(1.0, A, "N", B, "N", 1.0, C)  # written now: every tile adds
+    np.testing.assert_allclose(C.to_array(), expected + a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_clear_drops_what_reads_as_zeros(ctx, rng):
+    """clear() drops a tensor whose tiles all read as zeros once dropped (no task, no
+    memory), and fills any other; the model's gradients are such tensors."""
+    t = nntile.Tensor.from_array(rng.standard_normal((4, 4)), (2, 2))
+    t.zero_when_dropped([0, 1, 2])
+    t.clear()  # one tile would keep garbage if dropped: filled
+    ctx.wait()
+    assert t.valid_tiles() == 4 and not t.to_array().any()
+    t.zero_when_dropped()
+    t.write(np.ones((4, 4)))
+    t.clear()
+    ctx.wait()
+    assert t.valid_tiles() == 0
+    assert not t.to_array().any()
+    config = nntile.models.GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1,
+                                      n_head=2)
+    model = nntile.models.GPT2LMHead(config, {}, "fp32")
+    ctx.wait()
+    assert all(param.grad.valid_tiles() == 0 for _, param in model.named_parameters())
+
+
 def test_hints_keep_contents(ctx, rng):
     a = rng.standard_normal((6, 6)).astype(np.float32)
     t = nntile.Tensor.from_array(a, (4, 4))

@@ -374,7 +374,55 @@ static struct starpu_codelet cl_zero = {
     .name = "zero_when_dropped",
 };
 
+/* The user data is an integer: home + 1 below TILE_DROPS_TO_ZERO (0: no home), and two
+ * flags above it. */
+#define TILE_DROPS_TO_ZERO ((intptr_t)1 << 24)
+#define TILE_READS_ZERO ((intptr_t)1 << 25)
+
+static intptr_t tile_data(starpu_data_handle_t handle)
+{
+    return (intptr_t)starpu_data_get_user_data(handle);
+}
+
+static void set_tile_data(starpu_data_handle_t handle, intptr_t data)
+{
+    starpu_data_set_user_data(handle, (void *)data);
+}
+
 void nntile_zero_when_dropped(starpu_data_handle_t handle)
 {
     starpu_data_set_reduction_methods(handle, NULL, &cl_zero);
+    set_tile_data(handle, tile_data(handle) | TILE_DROPS_TO_ZERO);
+}
+
+int nntile_tile_home(starpu_data_handle_t handle)
+{
+    return (int)(tile_data(handle) & (TILE_DROPS_TO_ZERO - 1)) - 1;
+}
+
+void nntile_tile_set_home(starpu_data_handle_t handle, int home)
+{
+    set_tile_data(handle, (tile_data(handle) & ~(TILE_DROPS_TO_ZERO - 1)) | (home + 1));
+}
+
+void nntile_tile_dropped(starpu_data_handle_t handle)
+{
+    if (tile_data(handle) & TILE_DROPS_TO_ZERO)
+        set_tile_data(handle, tile_data(handle) | TILE_READS_ZERO);
+}
+
+int nntile_tile_reads_zero(starpu_data_handle_t handle)
+{
+    return (tile_data(handle) & TILE_READS_ZERO) != 0;
+}
+
+int nntile_tile_drops_to_zero(starpu_data_handle_t handle)
+{
+    return (tile_data(handle) & TILE_DROPS_TO_ZERO) != 0;
+}
+
+void nntile_tile_written(starpu_data_handle_t handle)
+{
+    if (tile_data(handle) & TILE_READS_ZERO)
+        set_tile_data(handle, tile_data(handle) & ~TILE_READS_ZERO);
 }

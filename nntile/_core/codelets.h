@@ -96,6 +96,19 @@ int nntile_blas_threads(void);
  * or invalidated) finds it zero, allocated only then. */
 void nntile_zero_when_dropped(starpu_data_handle_t handle);
 
+/* What nntile keeps of each tile in its StarPU user data. home: the CUDA device its tasks
+ * run on where the submitter chose none, or -1. dropped: nntile_tile_dropped marks a tile
+ * marked nntile_zero_when_dropped as invalidated; until a task writes it again
+ * (nntile_tile_written, from every path that submits a write), it is known to read as
+ * zeros, so its next writer may overwrite it instead of adding to it (a GEMM's beta 0):
+ * no zeros are written and none read. */
+int nntile_tile_home(starpu_data_handle_t handle);
+void nntile_tile_set_home(starpu_data_handle_t handle, int home);
+void nntile_tile_dropped(starpu_data_handle_t handle);
+int nntile_tile_reads_zero(starpu_data_handle_t handle);
+int nntile_tile_drops_to_zero(starpu_data_handle_t handle);
+void nntile_tile_written(starpu_data_handle_t handle);
+
 /* cuBLAS handles of the CUDA workers: after starpu_init, before starpu_shutdown. */
 void nntile_cuda_start(void);
 void nntile_cuda_stop(void);

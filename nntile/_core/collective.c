@@ -342,6 +342,8 @@ int nntile_collective_submit(int kind, starpu_data_handle_t *handles, const int 
         arg->roots[i] = roots != NULL ? roots[i] : 0;
         descrs[i].handle = handles[i];
         descrs[i].mode = tile_mode(kind, arg->roots[i]);
+        if (descrs[i].mode != STARPU_R)
+            nntile_tile_written(handles[i]);
         bytes_reduced += starpu_data_get_size(handles[i]);
     }
     descrs[n].handle = order_token;

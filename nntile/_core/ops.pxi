@@ -87,12 +87,11 @@ cdef inline int _task_home(int nbuf, starpu_data_handle_t *handles) noexcept:
     """The device chosen for the task: the one set, else its first homed tile's, else -1."""
     if _task_device >= 0 or _device_count == 0:
         return _task_device
-    cdef int i
-    cdef void *home
+    cdef int i, home
     for i in range(nbuf):
-        home = starpu_data_get_user_data(handles[i])
-        if home != NULL:
-            return <int> <intptr_t> home - 1
+        home = nntile_tile_home(handles[i])
+        if home >= 0:
+            return home
     return -1
 
 
@@ -134,6 +133,8 @@ cdef int submit(int op, int dtype, int nbuf, starpu_data_handle_t *handles, cons
         else:
             task.modes[i] = STARPU_RW if accumulate >> written & 1 else STARPU_W
             written += 1
+        if task.modes[i] != STARPU_R:
+            nntile_tile_written(handles[i])
     if _poison:
         try:
             for i in range(nbuf):
@@ -537,11 +538,14 @@ def gemm(alpha, Tensor A, transA, Tensor B, transB, beta, Tensor C, int ndim=1,
             args.strideA1 = Mt * Kt
             args.strideB1 = Kt * Nt
             args.strideC1 = Mt * Nt
-            # The first partial product overwrites C when beta is 0; later ones accumulate.
-            args.beta = beta_value if k_lin == 0 else 1.0
+            # The first partial product overwrites C when beta is 0, or when C was dropped
+            # and reads as zeros (a gradient between steps); later ones accumulate.
+            h[BUF_gemm_C] = C.handles[c_lin]
+            args.beta = 1.0
+            if k_lin == 0:
+                args.beta = 0.0 if nntile_tile_reads_zero(h[BUF_gemm_C]) else beta_value
             h[BUF_gemm_A] = A.handles[A.traits.tile_linear(a_coords)]
             h[BUF_gemm_B] = B.handles[B.traits.tile_linear(b_coords)]
-            h[BUF_gemm_C] = C.handles[c_lin]
             submit(NNTILE_OP_gemm, column, 3, h, &args, sizeof(args))
 
 

@@ -49,6 +49,12 @@ cdef extern from "codelets.h" nogil:
     void nntile_task_discard(starpu_task *task)
     int nntile_write_back(starpu_data_handle_t handle)
     void nntile_zero_when_dropped(starpu_data_handle_t handle)
+    int nntile_tile_home(starpu_data_handle_t handle)
+    void nntile_tile_set_home(starpu_data_handle_t handle, int home)
+    void nntile_tile_dropped(starpu_data_handle_t handle)
+    int nntile_tile_reads_zero(starpu_data_handle_t handle)
+    int nntile_tile_drops_to_zero(starpu_data_handle_t handle)
+    void nntile_tile_written(starpu_data_handle_t handle)
     void nntile_op_profiling(int enable)
     unsigned long long nntile_op_time(int op, int dtype, double *seconds)
     struct nntile_task_record:

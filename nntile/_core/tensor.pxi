@@ -254,6 +254,7 @@ cdef class Tensor:
                                  f"{shape}, got {values.shape}")
             if self.dtype == "bf16":
                 values = float_to_bf16_bits(values)
+            nntile_tile_written(h)
             with nogil:
                 ret = starpu_data_acquire(h, STARPU_W)
             CHKERR(ret, "starpu_data_acquire")
@@ -320,7 +321,15 @@ cdef class Tensor:
         fill(value, self)
 
     def clear(self):
-        fill(0, self)
+        """Zero every tile: drop it where it reads as zeros once dropped (zero_when_dropped;
+        no task runs and the tile takes no memory until its next use), else fill it."""
+        self.check_usable("tensor")
+        cdef Py_ssize_t i
+        for i in self.local_tiles():
+            if not nntile_tile_drops_to_zero(self.handles[i]):
+                fill(0, self)
+                return
+        self.invalidate()
 
     def copy(self, basetile=None):
         """A new tensor with the same contents, cut into ``basetile`` (default: the same)."""
@@ -354,8 +363,9 @@ cdef class Tensor:
         """Let the tiles ``tiles`` (linear indices; default all) read as zeros whenever they
         hold no valid contents: once invalidated (``invalidate``), a tile takes no memory
         until a task next reads it, which then finds it zero (StarPU's initialisation codelet
-        of the handle, run where that task runs). Gradients are dropped so between steps,
-        and backward accumulates into them as into zeroed ones."""
+        of the handle, run where that task runs). Gradients are dropped so between steps
+        (``clear``), and backward accumulates into them as into zeroed ones; a GEMM's first
+        product overwrites such a tile instead, until the tile is next written."""
         self.check_usable("tensor")
         cdef Py_ssize_t i
         for i in _tile_range(self, tiles):
@@ -375,8 +385,7 @@ cdef class Tensor:
                                  f"{_device_count} devices")
         cdef Py_ssize_t i
         for i, home in enumerate(homes):
-            starpu_data_set_user_data(self.handles[i],
-                                      NULL if home is None else <void *> <intptr_t> (home + 1))
+            nntile_tile_set_home(self.handles[i], -1 if home is None else home)
 
     def swap_tiles(self, Tensor other, tiles):
         """Exchange the tiles ``tiles`` (linear indices) with ``other``'s, a tensor of the
@@ -402,11 +411,11 @@ cdef class Tensor:
         """The home device of each tile (None where it has none), see ``set_homes``."""
         self.check_usable("tensor")
         cdef Py_ssize_t i
-        cdef intptr_t home
+        cdef int home
         result = []
         for i in range(self.traits.ntiles):
-            home = <intptr_t> starpu_data_get_user_data(self.handles[i])
-            result.append(None if home == 0 else int(home - 1))
+            home = nntile_tile_home(self.handles[i])
+            result.append(None if home < 0 else home)
         return result
 
     def invalidate(self, tiles=None):
@@ -425,6 +434,7 @@ cdef class Tensor:
                 nntile_mpi_cache_flush(h)  # a rank that does not own the tile drops its copy
             if self.is_local(i):
                 starpu_data_invalidate_submit(h)
+                nntile_tile_dropped(h)
 
     def valid_tiles(self):
         """How many of this rank's tiles have valid contents on some memory node (StarPU's

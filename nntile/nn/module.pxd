@@ -8,6 +8,7 @@ cdef class Parameter:
     cdef readonly Tensor grad
     cdef readonly Tensor copy
     cdef readonly Tensor compute
+    cdef Tensor _new_grad(self)
 
 
 cdef class Module:

@@ -29,10 +29,20 @@ cdef class Parameter:
 
     def create(self):
         """Create value, gradient and copy from ``specs``."""
-        tensors = [spec.create() for spec in self.specs]
-        self.value, self.grad = tensors[0], tensors[1]
-        self.copy = tensors[2] if len(tensors) == 3 else None
+        self.value = self.specs[0].create()
+        self.grad = self._new_grad()
+        self.copy = self.specs[2].create() if len(self.specs) == 3 else None
         self.compute = self.value if self.copy is None else self.copy
+
+    cdef Tensor _new_grad(self):
+        """The gradient, zero. Where this process holds every tile (no StarPU-MPI owners), its
+        tiles read as zeros once dropped and start so: zero_grad then drops them (no fill,
+        no memory between steps), and backward's first GEMM into a tile overwrites it."""
+        cdef Tensor grad = self.specs[1].create(zero=False)
+        if grad.owners is None:
+            grad.zero_when_dropped()
+        grad.clear()
+        return grad
 
     def share(self, Parameter other):
         """Hold ``other``'s value and compute copy, and a gradient of its own (created from
@@ -42,7 +52,7 @@ cdef class Parameter:
             raise ValueError(f"parameter {self.specs[0].name} cannot share "
                              f"{other.specs[0].name}: their declarations differ")
         self.value, self.copy, self.compute = other.value, other.copy, other.compute
-        self.grad = self.specs[1].create()
+        self.grad = self._new_grad()
 
     def refresh(self):
         """Bring the compute copy up to date with the value (one task per tile); to be
