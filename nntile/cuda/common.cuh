@@ -170,22 +170,52 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * (rotary embeddings: an item per row and pair, looping over the heads). */
 constexpr int kUnroll = 4;
 
+/* An op that writes a buffer it also reads (an update in place) gives, instead
+ * of op(i, bufs...), an Item type, load(i, bufs...) -> Item and store(i, item,
+ * bufs...): ptxas does not move an item's load of a buffer above another
+ * item's store to the same buffer, so the launcher loads every item of a
+ * thread before it stores any. */
+template <typename Op, typename = void> struct LoadsFirst : std::false_type {
+};
+template <typename Op>
+struct LoadsFirst<Op, std::void_t<typename Op::Item>> : std::true_type {
+};
+
+template <typename Op, typename... B>
+__device__ __forceinline__ void apply_at(const Op &op, int64_t i, B *... bufs)
+{
+    if constexpr (LoadsFirst<Op>::value)
+        op.store(i, op.load(i, bufs...), bufs...);
+    else
+        op(i, bufs...);
+}
+
 template <int U, typename I, typename Op, typename... B>
 __global__ void elementwise_k(I n, Op op, B *__restrict__... bufs)
 {
     const I start = (I)blockIdx.x * (kBlock * U);
     const I first = start + threadIdx.x;
     if (n - start >= (I)(kBlock * U)) { /* straight-line: no guards */
+        if constexpr (LoadsFirst<Op>::value) {
+            typename Op::Item item[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-            op((int64_t)(first + (I)u * kBlock), bufs...);
+            for (int u = 0; u < U; ++u)
+                item[u] = op.load((int64_t)(first + (I)u * kBlock), bufs...);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                op.store((int64_t)(first + (I)u * kBlock), item[u], bufs...);
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                op((int64_t)(first + (I)u * kBlock), bufs...);
+        }
         return;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const I i = first + (I)u * kBlock;
         if (i < n)
-            op((int64_t)i, bufs...);
+            apply_at(op, (int64_t)i, bufs...);
     }
 }
 
@@ -210,7 +240,8 @@ void launch_elementwise(int64_t n, Op op, cudaStream_t stream, B *... bufs)
 }
 
 /* dst = alpha*src + beta*dst, src and dst of any two storage types; mode 0:
- * beta == 0 (dst not read), 1: beta == 1, 2: general beta */
+ * beta == 0 (dst not read), 1: beta == 1, 2: general beta.  dst is read and
+ * written, so a thread loads all its items first (LoadsFirst). */
 template <typename C> struct AddOp {
     C alpha, beta;
     int mode;
@@ -218,16 +249,24 @@ template <typename C> struct AddOp {
         : alpha((C)a), beta((C)b), mode(b == 0.0 ? 0 : (b == 1.0 ? 1 : 2))
     {
     }
+    struct Item {
+        C src, dst;
+    };
     template <typename S, typename D>
-    __device__ void operator()(int64_t i, const S *src, D *dst) const
+    __device__ Item load(int64_t i, const S *src, D *dst) const
     {
-        const C x = alpha * (C)ld(src[i]);
+        return {(C)ld(src[i]), mode == 0 ? (C)0 : (C)ld(dst[i])};
+    }
+    template <typename S, typename D>
+    __device__ void store(int64_t i, Item it, const S *, D *dst) const
+    {
+        const C x = alpha * it.src;
         if (mode == 0)
             dst[i] = st<D>(x);
         else if (mode == 1)
-            dst[i] = st<D>(x + (C)ld(dst[i]));
+            dst[i] = st<D>(x + it.dst);
         else
-            dst[i] = st<D>(x + beta * (C)ld(dst[i]));
+            dst[i] = st<D>(x + beta * it.dst);
     }
 };
 

@@ -20,29 +20,36 @@ template <typename C> struct AdamScalars {
     double max_norm;
 };
 
-/* copy (may be null): receives the new p rounded to its type TC, the
- * refresh of mixed precision's bf16 copy fused into the update */
-template <typename T, typename TC>
-__global__ void adam_step_k(int64_t n, AdamScalars<C_t<T>> k,
-                            T *__restrict__ p, const T *__restrict__ g,
-                            T *__restrict__ m, T *__restrict__ v,
-                            const T *__restrict__ normsq, TC *__restrict__ copy)
-{
-    typedef C_t<T> C;
-    const C coef = clip(k.clip, k.max_norm, normsq);
-    NNTILE_GRID_STRIDE(int64_t, i, n) {
-        const C pi = ld(p[i]) * k.p_scale;
-        const C gi = ld(g[i]) * coef + k.c_wd * pi;
-        C mi = ld(m[i]), vi = ld(v[i]);
-        const C pn = adam(pi, gi, &mi, &vi, k.w1, k.w1c, k.lerp_low, k.b2, k.w2,
-                          k.bc2_sqrt, k.eps, k.neg_step_size);
-        m[i] = st<T>(mi);
-        v[i] = st<T>(vi);
+/* The update, element-wise.  copy (may be null): receives the new p rounded
+ * to its type TC, the refresh of mixed precision's bf16 copy fused into the
+ * update.  p, m and v are updated in place, so a thread loads all its items
+ * first (LoadsFirst, common.cuh). */
+template <typename C> struct AdamOp {
+    AdamScalars<C> k;
+    struct Item {
+        C p, g, m, v;
+    };
+    template <typename T, typename TC>
+    __device__ Item load(int64_t i, T *p, const T *g, T *m, T *v, const T *,
+                         TC *) const
+    {
+        return {ld(p[i]), ld(g[i]), ld(m[i]), ld(v[i])};
+    }
+    template <typename T, typename TC>
+    __device__ void store(int64_t i, Item it, T *p, const T *, T *m, T *v,
+                          const T *normsq, TC *copy) const
+    {
+        const C pi = it.p * k.p_scale;
+        const C gi = it.g * clip(k.clip, k.max_norm, normsq) + k.c_wd * pi;
+        const C pn = adam(pi, gi, &it.m, &it.v, k.w1, k.w1c, k.lerp_low, k.b2,
+                          k.w2, k.bc2_sqrt, k.eps, k.neg_step_size);
+        m[i] = st<T>(it.m);
+        v[i] = st<T>(it.v);
         p[i] = st<T>(pn);
         if (copy != nullptr)
             copy[i] = st<TC>(pn);
     }
-}
+};
 
 template <typename T, typename TC = T>
 void adam_step(const nntile_adam_step_args *a, cudaStream_t s, T *p,
@@ -69,8 +76,7 @@ void adam_step(const nntile_adam_step_args *a, cudaStream_t s, T *p,
     k.bc2_sqrt = (C)sqrt(bc2);
     k.eps = (C)a->eps;
     k.lerp_low = fabs(1.0 - beta1) < 0.5;
-    adam_step_k<<<grid_for(a->n), kBlock, 0, s>>>(a->n, k, p, g, m, v,
-                                                  normsq, copy);
+    launch_elementwise(a->n, AdamOp<C>{k}, s, p, g, m, v, normsq, copy);
 }
 
 template <typename T>

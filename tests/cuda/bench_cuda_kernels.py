@@ -226,6 +226,12 @@ def llama_mixed(bench, arr, set_stats, rng, s):
           dict(rows=tok, e=hidden, e_total=hidden, eps=1e-5, init=1),
           [x, arr(tok, hidden), sumsq, w, arr(tok), arr(hidden)], 8 * m)
     bench("sumsq fp32 [16.8M]", "sumsq", "fp32", dict(n=m, beta=0.0), [x, arr(1)], 4 * m)
+    npar = hidden * inner  # an MLP weight tile: fp32 master, gradient and states, bf16 copy
+    bench("adam_step_refresh bf16_fp32 [16.8M]", "adam_step_refresh", "bf16_fp32",
+          dict(n=npar, step=3, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+               decoupled=1, max_norm=1.0),
+          [arr(npar), arr(npar), arr(npar, fill=0.0), arr(npar, fill=0.0), bf16(npar),
+           arr(1, fill=4.0)], 30 * npar)
 
 
 if __name__ == "__main__":

@@ -856,9 +856,9 @@ def test_subcopy(env, dt, seed):
 @pytest.mark.parametrize("decoupled,wd,max_norm,clip", [
     (0, 0.0, 0.0, False), (0, 0.1, 0.0, False), (1, 0.01, 0.0, False),
     (1, 0.1, 0.5, True), (0, 0.05, 100.0, True), (0, 0.0, 0.3, False)])
-def test_adam(env, dt, decoupled, wd, max_norm, clip):
+@pytest.mark.parametrize("n", [3001, (1 << 20) + 777])
+def test_adam(env, dt, decoupled, wd, max_norm, clip, n):
     rng = np.random.default_rng(11)
-    n = 3001
     p, m, v = R(rng, n), np.zeros(n), np.zeros(n)
     for step in range(1, 4):
         g = R(rng, n)
@@ -1101,9 +1101,9 @@ def test_mixed_gemm_accumulates_into_fp32(env, case):
 
 
 @pytest.mark.parametrize("max_norm", [0.0, 0.5])
-def test_mixed_adam_step_refresh(env, max_norm):
+@pytest.mark.parametrize("n", [3001, (1 << 20) + 777])
+def test_mixed_adam_step_refresh(env, max_norm, n):
     rng = np.random.default_rng(4)
-    n = 3001
     g = R(rng, n)
     args = dict(n=n, step=3, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
                 decoupled=1, max_norm=max_norm)
