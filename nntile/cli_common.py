@@ -230,7 +230,8 @@ def add_recompute_arg(parser):
     parser.add_argument("--recompute", nargs="?", const=True, type=positive_int,
                         metavar="BLOCKS", help="activation recomputation: keep only the "
                         "residual stream between blocks and run each block's forward again "
-                        "in backward, for about a third more arithmetic; with BLOCKS, only "
+                        "in backward but for the MLP's output projection, for about a quarter "
+                        "more arithmetic; with BLOCKS, only "
                         "the first BLOCKS blocks (less arithmetic, more memory) (default: "
                         "every block where the run then fits better, in GPU memory or at "
                         "all, and in GPU memory the fewest first blocks that leave a margin; "

@@ -281,9 +281,10 @@ def recompute(given, without, with_recompute):
     ``with_recompute``: where the run fits each way, one of ``FITS`` (nntile.fit.fits_where;
     without GPUs, "host" is host memory alone).
 
-    Recomputation runs the blocks' forward twice: about a third more arithmetic. Past GPU
-    memory the same GPU ran at 34-40% of its in-memory rate (n_embd 8192 on one H100: 72-85
-    against 215 TFLOP/s; docs/performance.md, "Past GPU memory on one GPU"), so a run that
+    Recomputation runs most of the blocks' forward twice (not the MLP's output projection):
+    about a quarter more arithmetic. Past GPU memory the same GPU ran at 34-40% of its
+    in-memory rate (n_embd 8192 on one H100: 72-85 against 215 TFLOP/s; docs/performance.md,
+    "Past GPU memory on one GPU"), so a run that
     recomputation brings into GPU memory should gain (not measured with recomputation); a
     run the pre-check would refuse can run at all."""
     if given is not None:

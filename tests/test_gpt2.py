@@ -185,10 +185,12 @@ def same_with_recompute(ctx, make, batches):
     """``make(recompute)`` builds a model; two AdamW steps on ``batches`` ((ids, targets),
     of several shapes) give the same losses and gradients, bit for bit, with recomputation
     of every block, and of the first block only, as without; between forward and backward
-    each recomputing block keeps only its output, and the others all they keep."""
+    each recomputing block keeps only its output, and the others all they keep; backward
+    recomputes no block's MLP output projection (its y stays dropped)."""
     runs = {}  # by repr: 1 == True as dict keys
     for recompute in (False, True, 1):
         model = make(recompute)
+        model.free_activations = False  # what backward wrote stays to be seen
         opt = AdamW(model.named_parameters(), lr=1e-3, weight_decay=0.1)
         losses, grads = [], []
         for ids, targets in batches:
@@ -199,6 +201,12 @@ def same_with_recompute(ctx, make, batches):
                 kept = {name for name, t in block.kept_buffers() if t.valid_tiles()}
                 assert (kept == {"out"}) == (i < model.recompute), (recompute, i, kept)
             model.backward()
+            ctx.wait()
+            for i, block in enumerate(model.blocks):
+                out_proj = [t for name, t in block.kept_buffers()
+                            if name in ("mlp.c_proj.y", "mlp.down_proj.y")]
+                assert len(out_proj) == 1
+                assert (out_proj[0].valid_tiles() == 0) == (i < model.recompute), (recompute, i)
             grads.append(model.gradients())
             opt.step()
         runs[repr(recompute)] = losses, grads

@@ -71,10 +71,11 @@ cdef class CausalLM(Module):
     Forward keeps only the residual stream between those blocks (each block's input and
     output) and drops the rest of what such a block keeps as soon as the block's forward is
     submitted; backward runs the block's forward again on its kept input just before its
-    backward. Their other buffers are then one set that each of them overwrites in turn
+    backward, up to what that backward reads (PreNormBlock.recompute: not the MLP's output
+    projection). Their other buffers are then one set that each of them overwrites in turn
     (Module.share_buffers): activations take the stream of every block, the inner
-    activations of one recomputed block and those of the others, at the cost of a second
-    forward of the recomputed blocks (fewer of them: less arithmetic, more memory). StarPU
+    activations of one recomputed block and those of the others, at the cost of most of a
+    second forward of the recomputed blocks (fewer of them: less arithmetic, more memory). StarPU
     orders a block's rewrite after the reads of the block before (data dependencies), so
     backward sees the same values, and gradients are the same bit for bit where the kernels
     are deterministic.
@@ -472,7 +473,7 @@ cdef class CausalLM(Module):
         for i in reversed(range(len(self.blocks))):
             self._prioritize(i + 1)
             if i < self.recompute:  # its buffers again, once block i+1's backward read them
-                self.blocks[i].forward(self._inputs[i], ws["positions"])
+                self.blocks[i].recompute(self._inputs[i], ws["positions"])
             self.blocks[i].backward(dx, other)
             if self.free_activations:  # block i's output was read by block i+1's backward
                 self._drop([self.blocks[i]], ())

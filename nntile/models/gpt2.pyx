@@ -33,11 +33,19 @@ cdef class GPT2MLP(Module):
                 self.scratch_spec("mlp.da", inner, inner_tiles)]
 
     cpdef Tensor forward(self, Tensor x):
+        return self.c_proj.forward(self._hidden(x))
+
+    def recompute(self, Tensor x):
+        """forward up to what backward reads: c_proj's input, not its output."""
+        self.c_proj.keep_input(self._hidden(x))
+
+    cdef Tensor _hidden(self, Tensor x):
+        """g = gelu(c_fc(x)), c_proj's input."""
         cdef Tensor g = self.buffers(x)["g"]
         cdef Tensor a = self.c_fc.forward(x)
         ops.gelutanh(a, g)
         self.a = a
-        return self.c_proj.forward(g)
+        return g
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         cdef dict scratch = self.scratch()

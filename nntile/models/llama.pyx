@@ -42,10 +42,18 @@ cdef class LlamaMLP(Module):
                 self.scratch_spec("mlp.dup", inner, inner_tiles)]
 
     cpdef Tensor forward(self, Tensor x):
+        return self.down_proj.forward(self._hidden(x))
+
+    def recompute(self, Tensor x):
+        """forward up to what backward reads: down_proj's input, not its output."""
+        self.down_proj.keep_input(self._hidden(x))
+
+    cdef Tensor _hidden(self, Tensor x):
+        """h = silu(gate_proj(x)) * up_proj(x), down_proj's input."""
         cdef Tensor h = self.buffers(x)["h"]
         self.gate, self.up = self.gate_proj.forward(x), self.up_proj.forward(x)
         ops.swiglu_forward(self.gate, self.up, h)
-        return self.down_proj.forward(h)
+        return h
 
     cpdef backward(self, Tensor dy, Tensor dx, double beta):
         cdef dict scratch = self.scratch()

@@ -14,6 +14,7 @@ cdef class Linear(Module):
     cdef Tensor x
     cpdef Tensor forward(self, Tensor x)
     cpdef backward(self, Tensor dy, Tensor dx=*, double beta=*)
+    cpdef keep_input(self, Tensor x)
     cdef Tensor _in_compute(self, Tensor dy)
 
 
@@ -67,4 +68,6 @@ cdef class PreNormBlock(Module):
     cdef _branches(self, int n_embd, int embd_tile, Module norm_1, Module attn, Module norm_2,
                    Module mlp)
     cpdef Tensor forward(self, Tensor x, Tensor positions=*)
+    cpdef recompute(self, Tensor x, Tensor positions=*)
+    cdef Tensor _attention_branch(self, Tensor x, Tensor positions)
     cpdef backward(self, Tensor dy, Tensor dx)

@@ -58,6 +58,12 @@ cdef class Linear(Module):
         self.x = x
         return y
 
+    cpdef keep_input(self, Tensor x):
+        """What forward keeps for backward, without computing y: a forward again whose y no
+        one reads (the MLP's output projection in a recomputed block, PreNormBlock.recompute)."""
+        self.buffers(x)  # backward's scratch follows this input's shape
+        self.x = x
+
     cdef Tensor _in_compute(self, Tensor dy):
         """dy itself, or its copy in the compute dtype."""
         if dy.dtype == self.compute:
@@ -292,7 +298,8 @@ cdef class PreNormBlock(Module):
     whose subclass builds the four branches (``_branches``). The residual stream (x, its
     gradient) is in the master dtype, the branches in the compute dtype. The norms take
     ``forward(x)`` and ``backward(dy, dx, beta)``, the attention ``forward(x, positions)`` and
-    the MLP ``forward(x)``, both with ``backward(dy, dx, beta)``."""
+    the MLP ``forward(x)``, both with ``backward(dy, dx, beta)``; the MLP also takes
+    ``recompute(x)``: its forward up to what its backward reads."""
 
     cdef _branches(self, int n_embd, int embd_tile, Module norm_1, Module attn, Module norm_2,
                    Module mlp):
@@ -314,15 +321,25 @@ cdef class PreNormBlock(Module):
 
     cpdef Tensor forward(self, Tensor x, Tensor positions=None):
         """The block's output; ``positions`` (int64 [batch, seq]) go to the attention."""
-        cdef dict buffers = self.buffers(x)
-        cdef Tensor x1 = buffers["x1"], out = buffers["out"]
-        cdef Tensor h = self._attn.forward(self._norm_1.forward(x), positions)
-        ops.copy(x, x1)
-        ops.add(1.0, h, 1.0, x1)
+        cdef Tensor x1 = self._attention_branch(x, positions), out = self.buffers(x)["out"]
         cdef Tensor m = self._mlp.forward(self._norm_2.forward(x1))
         ops.copy(x1, out)
         ops.add(1.0, m, 1.0, out)
         return out
+
+    cpdef recompute(self, Tensor x, Tensor positions=None):
+        """Forward again from the kept input ``x``, just before backward (activation
+        recomputation), up to what backward reads: not the MLP's output projection nor the
+        block's output, which only the next block reads and the stream keeps."""
+        self._mlp.recompute(self._norm_2.forward(self._attention_branch(x, positions)))
+
+    cdef Tensor _attention_branch(self, Tensor x, Tensor positions):
+        """x1 = x + attention(norm_1(x))."""
+        cdef Tensor x1 = self.buffers(x)["x1"]
+        cdef Tensor h = self._attn.forward(self._norm_1.forward(x), positions)
+        ops.copy(x, x1)
+        ops.add(1.0, h, 1.0, x1)
+        return x1
 
     cpdef backward(self, Tensor dy, Tensor dx):
         """dx = gradient with respect to the block's input (dy is left as it is). dx first
