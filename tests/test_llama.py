@@ -342,6 +342,33 @@ def test_recompute_gives_the_same_gradients(ctx, case, attention):
     same_with_recompute(ctx, make, batches_of_two_shapes(tokens))
 
 
+@pytest.mark.parametrize("case", ["gqa 4:1, tied, partial", "linear, biases, partial"])
+def test_accumulated_micro_batches_give_the_whole_batch_gradients(ctx, case):
+    """Gradients dropped by zero_grad, then two micro-batches of backward at half scale (the
+    first overwrites each dropped tile, the second adds), equal those of the whole batch in
+    fp64; again after an update, whose next zero_grad drops them once more."""
+    model = model_class(hf_config(case).model_type)(our_config(hf_config(case)),
+                                                    CASES[case][1], "fp64")
+    model.init_weights(3)
+    opt = AdamW(model.named_parameters(), lr=1e-3)
+    ids, targets = tokens(11, batch=4)
+    for _ in range(2):
+        model.zero_grad()
+        whole_loss = model.loss(ids, targets)
+        model.backward()
+        whole = model.gradients()
+        model.zero_grad()
+        halves = []
+        for rows in (slice(0, 2), slice(2, 4)):
+            halves.append(model.loss(ids[rows], targets[rows]))
+            model.backward(0.5)
+        assert np.mean(halves) == pytest.approx(whole_loss, rel=1e-12)
+        for name, grad in model.gradients().items():
+            np.testing.assert_allclose(grad, whole[name], rtol=1e-10, atol=1e-13,
+                                       err_msg=name)
+        opt.step()
+
+
 def test_a_block_built_alone_has_its_own_rotary_frequencies(ctx):
     """LlamaBlock(config, tiles, dtype), as the skeleton's contract builds a block, works
     without a model: it then holds its rotary frequencies itself."""
