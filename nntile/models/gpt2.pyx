@@ -9,10 +9,10 @@ from nntile._core.core cimport Tensor
 from nntile import ops
 from nntile.models.causal_lm cimport CausalLM
 from nntile.models.gpt2_config import GPT2Config
-from nntile.nn.layers cimport Attention, Embedding, LayerNorm, Linear, Module, PreNormBlock
+from nntile.nn.layers cimport Attention, Embedding, LayerNorm, Linear, MLP, PreNormBlock
 
 
-cdef class GPT2MLP(Module):
+cdef class GPT2MLP(MLP):
     """c_proj(gelu_tanh(c_fc(x))): transformers' GPT2MLP without dropout."""
     cdef readonly Linear c_fc, c_proj
     cdef Tensor a
@@ -23,6 +23,7 @@ cdef class GPT2MLP(Module):
                                                   (tiles["inner"],), dtype))
         self.c_proj = self.add_child("c_proj", Linear((n_inner,), (tiles["inner"],), (n_embd,),
                                                       (tiles["embd"],), dtype, residual=True))
+        self._out = self.c_proj
 
     def declare(self, tuple lead, tuple tiles):
         """Forward keeps g = gelu(a), a being c_fc's y; backward needs the gradients of g
@@ -31,13 +32,6 @@ cdef class GPT2MLP(Module):
         return [self.buffer_spec("g", inner, inner_tiles),
                 self.scratch_spec("mlp.dg", inner, inner_tiles),
                 self.scratch_spec("mlp.da", inner, inner_tiles)]
-
-    cpdef Tensor forward(self, Tensor x):
-        return self.c_proj.forward(self._hidden(x))
-
-    def recompute(self, Tensor x):
-        """forward up to what backward reads: c_proj's input, not its output."""
-        self.c_proj.keep_input(self._hidden(x))
 
     cdef Tensor _hidden(self, Tensor x):
         """g = gelu(c_fc(x)), c_proj's input."""

@@ -12,11 +12,11 @@ from nntile._core.core cimport Tensor
 from nntile import ops
 from nntile.models.causal_lm cimport CausalLM
 from nntile.models.llama_config import LlamaConfig
-from nntile.nn.layers cimport (Attention, Embedding, Linear, Module, PreNormBlock, RMSNorm,
+from nntile.nn.layers cimport (Attention, Embedding, Linear, MLP, Module, PreNormBlock, RMSNorm,
                                Rotary)
 
 
-cdef class LlamaMLP(Module):
+cdef class LlamaMLP(MLP):
     """down_proj(silu(gate_proj(x)) * up_proj(x)): transformers' LlamaMLP."""
     cdef readonly Linear gate_proj, up_proj, down_proj
     cdef Tensor gate, up
@@ -30,6 +30,7 @@ cdef class LlamaMLP(Module):
         self.up_proj = self.add_child("up_proj", Linear((E,), (e,), (I,), (i,), dtype, bias))
         self.down_proj = self.add_child("down_proj", Linear((I,), (i,), (E,), (e,), dtype, bias,
                                                             residual=True))
+        self._out = self.down_proj
 
     def declare(self, tuple lead, tuple tiles):
         """Forward keeps h = silu(gate) * up (gate and up are the projections' y); backward
@@ -40,13 +41,6 @@ cdef class LlamaMLP(Module):
                 self.scratch_spec("mlp.dh", inner, inner_tiles),
                 self.scratch_spec("mlp.dgate", inner, inner_tiles),
                 self.scratch_spec("mlp.dup", inner, inner_tiles)]
-
-    cpdef Tensor forward(self, Tensor x):
-        return self.down_proj.forward(self._hidden(x))
-
-    def recompute(self, Tensor x):
-        """forward up to what backward reads: down_proj's input, not its output."""
-        self.down_proj.keep_input(self._hidden(x))
 
     cdef Tensor _hidden(self, Tensor x):
         """h = silu(gate_proj(x)) * up_proj(x), down_proj's input."""

@@ -18,6 +18,13 @@ cdef class Linear(Module):
     cdef Tensor _in_compute(self, Tensor dy)
 
 
+cdef class MLP(Module):
+    cdef Linear _out
+    cpdef Tensor forward(self, Tensor x)
+    cpdef recompute(self, Tensor x)
+    cdef Tensor _hidden(self, Tensor x)
+
+
 cdef class Norm(Module):
     cdef readonly int n_embd, embd_tile
     cdef readonly double eps

@@ -85,6 +85,21 @@ cdef class Linear(Module):
         return dx
 
 
+cdef class MLP(Module):
+    """The MLP of a block: a family's ``_hidden(x)``, then the Linear output projection
+    ``_out`` that the family's __init__ names. ``recompute`` keeps what backward reads, the
+    projection's input, and computes not its output (PreNormBlock.recompute)."""
+
+    cpdef Tensor forward(self, Tensor x):
+        return self._out.forward(self._hidden(x))
+
+    cpdef recompute(self, Tensor x):
+        self._out.keep_input(self._hidden(x))
+
+    cdef Tensor _hidden(self, Tensor x):
+        raise NotImplementedError(f"{type(self).__name__} gives no _hidden")
+
+
 cdef class Norm(Module):
     """A normalisation over the last axis, y (compute dtype) of x (master dtype) with each
     row's statistics kept in the master dtype for backward: LayerNorm and RMSNorm, tiled
@@ -298,8 +313,8 @@ cdef class PreNormBlock(Module):
     whose subclass builds the four branches (``_branches``). The residual stream (x, its
     gradient) is in the master dtype, the branches in the compute dtype. The norms take
     ``forward(x)`` and ``backward(dy, dx, beta)``, the attention ``forward(x, positions)`` and
-    the MLP ``forward(x)``, both with ``backward(dy, dx, beta)``; the MLP also takes
-    ``recompute(x)``: its forward up to what its backward reads."""
+    the MLP (an ``MLP``) ``forward(x)``, both with ``backward(dy, dx, beta)``; the MLP also
+    takes ``recompute(x)``: its forward up to what its backward reads."""
 
     cdef _branches(self, int n_embd, int embd_tile, Module norm_1, Module attn, Module norm_2,
                    Module mlp):

@@ -470,7 +470,8 @@ def test_bf16_helpers():
 # ---------------------------------------------------------------- elementwise
 
 # 1 << 20 and over: launch_elementwise's four items a thread, with a partial last block
-SIZES = [1, 7, 256, 1000, 70001, (1 << 20) + 777]
+UNROLLED = (1 << 20) + 777
+SIZES = [1, 7, 256, 1000, 70001, UNROLLED]
 
 
 @pytest.mark.parametrize("dt", DT)
@@ -856,7 +857,7 @@ def test_subcopy(env, dt, seed):
 @pytest.mark.parametrize("decoupled,wd,max_norm,clip", [
     (0, 0.0, 0.0, False), (0, 0.1, 0.0, False), (1, 0.01, 0.0, False),
     (1, 0.1, 0.5, True), (0, 0.05, 100.0, True), (0, 0.0, 0.3, False)])
-@pytest.mark.parametrize("n", [3001, (1 << 20) + 777])
+@pytest.mark.parametrize("n", [3001, UNROLLED])
 def test_adam(env, dt, decoupled, wd, max_norm, clip, n):
     rng = np.random.default_rng(11)
     p, m, v = R(rng, n), np.zeros(n), np.zeros(n)
@@ -1034,7 +1035,7 @@ def check_mixed(env, op, args, bufs, outs, rtol=1e-6, scale=None):
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 1), (2, 7, 3), (300, 64, 1),
                                    (7, 300, 37), (4, 33000, 1), (3000, 3, 1),
-                                   (1, (1 << 20) + 777, 1)])
+                                   (1, UNROLLED, 1)])
 def test_mixed_elementwise_and_reductions(env, m, k, n):
     rng = np.random.default_rng(m + k + n)
     x, y = R(rng, m, k, n), R(rng, m, k, n)
@@ -1101,7 +1102,7 @@ def test_mixed_gemm_accumulates_into_fp32(env, case):
 
 
 @pytest.mark.parametrize("max_norm", [0.0, 0.5])
-@pytest.mark.parametrize("n", [3001, (1 << 20) + 777])
+@pytest.mark.parametrize("n", [3001, UNROLLED])
 def test_mixed_adam_step_refresh(env, max_norm, n):
     rng = np.random.default_rng(4)
     g = R(rng, n)
