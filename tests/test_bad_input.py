@@ -45,6 +45,11 @@ def test_add_mismatches(ctx):
         nntile.ops.add(1.0, t((3, 4), (3, 4)), 1.0, t((4, 3), (4, 3)))
     with pytest.raises(ValueError, match="tilings must match"):
         nntile.ops.add(1.0, t((4, 4), (2, 4)), 1.0, t((4, 4), (4, 2)))
+    a = t((4, 4), (2, 4))
+    with pytest.raises(ValueError, match="tilings must match"):
+        nntile.ops.add_out(1.0, a, 1.0, t((4, 4), (2, 4)), t((4, 4), (4, 2)))
+    with pytest.raises(ValueError, match="to add in place, use add"):
+        nntile.ops.add_out(1.0, a, 1.0, a, a)
 
 
 def test_unregistered_tensor(ctx):

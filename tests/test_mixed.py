@@ -138,6 +138,9 @@ def test_ops_with_bf16_data_and_fp32_accumulators(ctx, rng, tiles):
     dst = f32(acc)
     ops.add(0.5, xb, 2.0, dst)  # a bf16 branch into the fp32 residual stream
     assert rel(dst.to_array(), 0.5 * x + 2.0 * np.float32(acc)) < 1e-6
+    out = f32(np.full(shape, np.nan))
+    ops.add_out(1.0, xb, 1.0, f32(acc), out)  # the stream's next state, its last one kept
+    assert rel(out.to_array(), x + np.float32(acc)) < 1e-6
     w = bf(rng.standard_normal((7, 6)))
     wb = nntile.Tensor.from_array(w.astype(np.float32), (tiles[2], 4), "bf16")
     c = nntile.Tensor((5, 9, 6), tiles[:2] + (4,), "fp32")

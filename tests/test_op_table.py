@@ -130,6 +130,7 @@ def _scenarios():
         "copy_retile": lambda: ops.copy(x(), T((4, 6), (4, 6))),
         "copy_into": lambda: ops.copy_into(T((2, 6), (2, 3)), x(), (1, 0)),
         "add": lambda: (ops.add(1.0, x(), 0.0, x()), ops.add(1.0, x(), 2.0, x())),
+        "add_out": lambda: ops.add_out(1.0, x(), 1.0, x(), x()),
         "scal": lambda: ops.scal(2.0, x()),
         "prod": lambda: ops.prod(2.0, x(), x(), x()),
         "unary": lambda: (ops.gelu(x(), x()), ops.gelutanh(x(), x())),
@@ -194,6 +195,10 @@ EXPECTED = {
         ('fill', ('W',)),
         ('add', ('R', 'W')),
         ('add', ('R', 'RW')),
+    ],
+    'add_out': [
+        ('fill', ('W',)),
+        ('add_out', ('R', 'R', 'W')),
     ],
     'scal': [
         ('fill', ('W',)),

@@ -73,6 +73,24 @@ def test_add_and_scal(ctx, rng):
     np.testing.assert_array_equal(tb.to_array(), a)
 
 
+@settings(max_examples=30, deadline=None)
+@given(array_and_tiles())
+def test_add_out_keeps_its_inputs(ctx, case):
+    """dst = alpha*src + beta*base over any tiling, dst poisoned with NaN first: no tile of
+    dst is read, and src and base stay as they were."""
+    shape, tiles, _ = case
+    rng = np.random.default_rng(zlib.crc32(repr((shape, tiles)).encode()))
+    a, b = rng.standard_normal(shape), rng.standard_normal(shape)
+    ta, tb = nntile.Tensor.from_array(a, tiles), nntile.Tensor.from_array(b, tiles)
+    out = nntile.Tensor.from_array(np.full(shape, np.nan), tiles)
+    nntile.ops.add_out(0.75, ta, -1.5, tb, out)
+    np.testing.assert_allclose(out.to_array(), 0.75 * a - 1.5 * b, rtol=0,
+                               atol=1e-15 * (abs(a) + 2 * abs(b) + 1).max())
+    assert np.array_equal(ta.to_array(), a) and np.array_equal(tb.to_array(), b)
+    for t in (ta, tb, out):
+        t.unregister()
+
+
 def test_add_some_tiles_then_swap_them(ctx, rng):
     a, b = rng.standard_normal((9, 4)), rng.standard_normal((9, 4))
     ta, tb = nntile.Tensor.from_array(a, (4, 3)), nntile.Tensor.from_array(b, (4, 3))

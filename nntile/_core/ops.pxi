@@ -392,6 +392,27 @@ def add(alpha, Tensor src, beta, Tensor dst, tiles=None):
         submit(NNTILE_OP_add, column, 2, h, &args, sizeof(args))
 
 
+def add_out(alpha, Tensor src, beta, Tensor base, Tensor dst):
+    """dst = alpha*src + beta*base, dst written over (base and dst may be fp32 where src is
+    bf16): an add that keeps its input, without a copy of it first."""
+    cdef int column = _column("add_out", [(src, "src")], [(base, "base"), (dst, "dst")])
+    _same_traits("add_out", src, "src", base, "base")
+    _same_traits("add_out", src, "src", dst, "dst")
+    if dst is base or dst is src:
+        raise ValueError("add_out: dst must be a tensor of its own; to add in place, use add")
+    cdef nntile_add_out_args args
+    cdef starpu_data_handle_t h[3]
+    args.alpha = alpha
+    args.beta = beta
+    cdef Py_ssize_t i
+    for i in range(dst.traits.ntiles):
+        args.n = _tile_nelems(dst, i)
+        h[BUF_add_out_src] = src.handles[i]
+        h[BUF_add_out_base] = base.handles[i]
+        h[BUF_add_out_dst] = dst.handles[i]
+        submit(NNTILE_OP_add_out, column, 3, h, &args, sizeof(args))
+
+
 def cast(Tensor src, Tensor dst):
     """dst = src rounded to dst's dtype: fp32 to bf16 (one task per tile), or a copy where
     the dtypes are the same."""

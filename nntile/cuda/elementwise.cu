@@ -30,6 +30,28 @@ void add(const nntile_add_args *a, cudaStream_t s, const T *src, T *dst)
     launch_elementwise(a->n, AddOp<C_t<T>>(a->alpha, a->beta), s, src, dst);
 }
 
+/* dst = alpha*src + beta*base, dst a buffer of its own (no load waits on a
+ * store); plain dtypes (S = A) and mixed precision (a bf16 branch, the fp32
+ * stream) alike */
+template <typename C> struct AddOutOp {
+    C alpha, beta;
+    template <typename S, typename A>
+    __device__ void operator()(int64_t i, const S *src, const A *base,
+                               A *dst) const
+    {
+        dst[i] = st<A>(alpha * (C)ld(src[i]) + beta * (C)ld(base[i]));
+    }
+};
+
+template <typename S, typename A>
+void add_out(const nntile_add_out_args *a, cudaStream_t s, const S *src,
+             const A *base, A *dst)
+{
+    launch_elementwise(a->n, AddOutOp<C_t<A>>{(C_t<A>)a->alpha,
+                                              (C_t<A>)a->beta},
+                       s, src, base, dst);
+}
+
 template <typename T> struct ScalOp {
     C_t<T> alpha;
     __device__ void operator()(int64_t i, T *dst) const
@@ -161,6 +183,8 @@ NNTILE_CUDA_END
 NNTILE_CUDA_EXPORT(fill)
 NNTILE_CUDA_EXPORT(copy)
 NNTILE_CUDA_EXPORT(add)
+NNTILE_CUDA_EXPORT(add_out)
+NNTILE_CUDA_EXPORT_MIXED(add_out)
 NNTILE_CUDA_EXPORT(scal)
 NNTILE_CUDA_EXPORT(prod)
 #define NNTILE_CUDA_EXPORT_ACT(X, act, columns)                             \

@@ -337,9 +337,7 @@ cdef class PreNormBlock(Module):
     cpdef Tensor forward(self, Tensor x, Tensor positions=None):
         """The block's output; ``positions`` (int64 [batch, seq]) go to the attention."""
         cdef Tensor x1 = self._attention_branch(x, positions), out = self.buffers(x)["out"]
-        cdef Tensor m = self._mlp.forward(self._norm_2.forward(x1))
-        ops.copy(x1, out)
-        ops.add(1.0, m, 1.0, out)
+        ops.add_out(1.0, self._mlp.forward(self._norm_2.forward(x1)), 1.0, x1, out)
         return out
 
     cpdef recompute(self, Tensor x, Tensor positions=None):
@@ -351,9 +349,7 @@ cdef class PreNormBlock(Module):
     cdef Tensor _attention_branch(self, Tensor x, Tensor positions):
         """x1 = x + attention(norm_1(x))."""
         cdef Tensor x1 = self.buffers(x)["x1"]
-        cdef Tensor h = self._attn.forward(self._norm_1.forward(x), positions)
-        ops.copy(x, x1)
-        ops.add(1.0, h, 1.0, x1)
+        ops.add_out(1.0, self._attn.forward(self._norm_1.forward(x), positions), 1.0, x, x1)
         return x1
 
     cpdef backward(self, Tensor dy, Tensor dx):

@@ -487,6 +487,8 @@ def test_elementwise(env, dt, n):
         dst = nans(n) if beta == 0 else R(rng, n)
         check(env, "add", dt, dict(n=n, alpha=0.3, beta=beta),
               [R(rng, n), dst], [1])
+        check(env, "add_out", dt, dict(n=n, alpha=0.3, beta=beta),
+              [R(rng, n), R(rng, n), nans(n)], [2])
     x = R(rng, n, scale=3.0)
     x[:3] = [0.0, -12.0, 12.0][:n]
     for name in ACTIVATIONS:  # the op table's activations
@@ -1043,6 +1045,8 @@ def test_mixed_elementwise_and_reductions(env, m, k, n):
     for beta in (0.0, 1.0, -0.5):
         check_mixed(env, "add", dict(n=x.size, alpha=0.3, beta=beta),
                     [x, nans(m, k, n) if beta == 0 else y], [1])
+        check_mixed(env, "add_out", dict(n=x.size, alpha=0.3, beta=beta),
+                    [x, y, nans(m, k, n)], [2])
         check_mixed(env, "add_fiber", dict(mkn, alpha=1.5, beta=beta),
                     [R(rng, k), nans(m, k, n) if beta == 0 else y], [1])
         check_mixed(env, "sum_fiber", dict(mkn, alpha=1.5, beta=beta),

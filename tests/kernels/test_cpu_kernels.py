@@ -194,6 +194,10 @@ def test_add_sumsq(K, dt, beta, n):
     dst = np.full(n, np.nan) if beta == 0 else rounded(rng.standard_normal(n), dt)
     _, out = run(K, "add", dt, dict(n=n, alpha=0.3, beta=beta), src, dst)
     close(out, 0.3 * src + (beta * dst if beta else 0), dt)
+    base = rounded(rng.standard_normal(n), dt)
+    *_, out = run(K, "add_out", dt, dict(n=n, alpha=0.3, beta=beta), src, base,
+                  np.full(n, np.nan))
+    close(out, 0.3 * src + beta * base, dt)
     dst = np.full(1, np.nan) if beta == 0 else rounded(rng.standard_normal(1), dt)
     _, out = run(K, "sumsq", dt, dict(n=n, beta=beta), src, dst)
     close(out, np.sum(src ** 2) + (beta * dst if beta else 0), dt)
