@@ -24,10 +24,12 @@ void copy(const nntile_copy_args *a, cudaStream_t s, const T *src, T *dst)
                         cudaMemcpyDeviceToDevice, s);
 }
 
-template <typename T>
-void add(const nntile_add_args *a, cudaStream_t s, const T *src, T *dst)
+/* plain dtypes (S = D) and mixed precision (a bf16 branch into the fp32
+ * stream) alike */
+template <typename S, typename D>
+void add(const nntile_add_args *a, cudaStream_t s, const S *src, D *dst)
 {
-    launch_elementwise(a->n, AddOp<C_t<T>>(a->alpha, a->beta), s, src, dst);
+    launch_elementwise(a->n, AddOp<C_t<D>>(a->alpha, a->beta), s, src, dst);
 }
 
 /* dst = alpha*src + beta*base, dst a buffer of its own (no load waits on a
@@ -183,6 +185,7 @@ NNTILE_CUDA_END
 NNTILE_CUDA_EXPORT(fill)
 NNTILE_CUDA_EXPORT(copy)
 NNTILE_CUDA_EXPORT(add)
+NNTILE_CUDA_EXPORT_MIXED(add)
 NNTILE_CUDA_EXPORT(add_out)
 NNTILE_CUDA_EXPORT_MIXED(add_out)
 NNTILE_CUDA_EXPORT(scal)

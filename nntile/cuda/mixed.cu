@@ -2,7 +2,8 @@
  * (column NNTILE_BF16_FP32 of the op table).  Twins of the bf16_fp32
  * instantiation of the CPU kernels (../_core/kernels/kernels.h names the
  * accumulator buffers of each op); gemm_bf16_fp32 is in gemm.cu,
- * adam_step_refresh_bf16_fp32 in optim.cu and the cross entropy's in xent.cu.
+ * adam_step_refresh_bf16_fp32 in optim.cu, the cross entropy's in xent.cu,
+ * and add's and add_out's (one template for every dtype) in elementwise.cu.
  *
  * What is fused, and why.  Every kernel here reads and writes its two dtypes
  * directly, so no op of mixed precision needs a separate conversion pass over
@@ -167,14 +168,6 @@ __global__ void layernorm_forward_k(int64_t rows, int64_t e, int64_t e_total,
 NNTILE_CUDA_END
 
 using namespace nntile_cuda;
-
-extern "C" void nntile_cuda_add_bf16_fp32(const struct nntile_add_args *a,
-                                          cudaStream_t s, const uint16_t *src,
-                                          float *dst)
-{
-    launch_elementwise(a->n, AddOp<float>(a->alpha, a->beta), s,
-                       (const bf16 *)src, dst);
-}
 
 extern "C" void nntile_cuda_cast_bf16_fp32(const struct nntile_cast_args *a,
                                            cudaStream_t s, const float *src,
