@@ -377,14 +377,15 @@ def check_dtype(dtype):
 def default_tiles(config, batch, seq, given, args=None, dtype="fp32", training=True):
     """{key: Choice} of the tiles for this run where ``given`` has none: nntile.policy.tiles
     for this machine, the runtime flags in ``args`` (--ncpu, --ncuda) and the memory the run
-    needs (nntile.memory.estimate, whose total does not depend on the tiles)."""
+    needs (nntile.fit.chosen_total: recomputed as preflight will choose, or as ``args`` say)."""
     from nntile import fit, machine, memory, policy
     if os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0":
         fit.refuse_absurd_depth(config, machine.gpus_of_this_process(
             getattr(args, "ncuda", None)))
-    run_bytes = memory.estimate(config, batch or 1, seq or config.max_position_embeddings,
-                                None, dtype, optimizer="adamw" if training else None,
-                                training=training).total
+    sizes = (config, batch or 1, seq or config.max_position_embeddings)
+    run_bytes = (fit.chosen_total(*sizes, dtype, getattr(args, "ncuda", None),
+                                  getattr(args, "recompute", None)) if training
+                 else memory.estimate(*sizes, None, dtype, optimizer=None, training=False).total)
     flags = {name: getattr(args, name, None) for name in ("ncpu", "ncuda", "sched")}
     env = {k: v for k, v in os.environ.items() if k.startswith("STARPU_")}
     nranks = launcher_rank()[1]

@@ -256,6 +256,29 @@ def process_budget(ncuda=None):
     return budget(*budget_args(machine.gpus_of_this_process(ncuda)))
 
 
+def check_recompute(config, recompute):
+    """A one-line CLIError where --recompute BLOCKS names more blocks than the model has."""
+    try:
+        config.recomputed_blocks(recompute)
+    except ValueError:
+        raise CLIError(f"--recompute {recompute}: the model has {config.num_hidden_layers} "
+                       f"blocks ({config.field_name('num_hidden_layers')})") from None
+
+
+def chosen_total(config, batch, seq, dtype, ncuda=None, recompute=None):
+    """The bytes a training run registers in this process, for any tiles (the total does not
+    depend on them), with recomputation as preflight chooses it: the Context's runtime settings
+    follow from this total, so the tiles picked before StarPU starts must follow from it too
+    (a run that fits one GPU only by recomputing gets that GPU's two workers and two batch
+    tiles, not the four of a run past its memory)."""
+    check_recompute(config, recompute)
+
+    def estimate_with(flag):
+        return estimate(config, batch, seq, None, dtype, recompute=flag)
+    gpus = machine.gpus_of_this_process(ncuda)
+    return _with_recompute(estimate_with, recompute, budget(*budget_args(gpus)), len(gpus)).total
+
+
 # deeper models are first checked in closed form (preflight)
 QUICK_ESTIMATE_LAYERS = 10000
 
@@ -290,11 +313,7 @@ def preflight(config, batch, seq, tiling=None, dtype="fp32", ncuda=None, optimiz
     ``recompute``: activation recomputation, on or off, or of a number of blocks (the first
     ones); None: as nntile.policy.recompute picks it for this machine. The estimate returned
     holds the Choice (``est.recompute``)."""
-    try:
-        config.recomputed_blocks(recompute)
-    except ValueError:
-        raise CLIError(f"--recompute {recompute}: the model has {config.num_hidden_layers} "
-                       f"blocks ({config.field_name('num_hidden_layers')})") from None
+    check_recompute(config, recompute)
     rank, _ = launcher_rank()
     gpus = machine.gpus_of_this_process(ncuda)
     check = os.environ.get("NNTILE_MEMORY_CHECK", "1") != "0"

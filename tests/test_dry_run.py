@@ -60,6 +60,21 @@ def test_predicted_step_within_a_quarter_of_the_measured(name, batch, seq, recom
     assert abs(step.seconds / seconds - 1) <= 0.25, (step, seconds)
 
 
+@pytest.mark.parametrize("name,batch", [("3B", 4), ("1B", 32), ("3B", 16), ("1B", 64)])
+def test_batch_tiles_follow_the_workers_of_the_run_as_recomputed(name, batch):
+    """The tiles are picked before preflight chooses recomputation, the Context's workers
+    after it: both from the run as recomputed. The first two fit one H100 only by recomputing
+    (two workers, two batch tiles), the last two not even so (four of each)."""
+    config = config_of(name, 2048)
+    with machine.described(machine.parse_machine(H100)):
+        choices = default_tiles(config, batch, 2048, {}, None, "bf16-mixed")
+        tiling = {k: v for k, (v, _) in choices.items() if k != "batch_count"}
+        est = fit.preflight(config, batch, 2048, tiling, "bf16-mixed", quiet_below=1 << 60,
+                            recompute=None)
+        settings = policy.runtime_settings(machine.probe(False), {}, {}, est.total)
+    assert batch // choices["batch"].value == settings["workers_per_gpu"].value
+
+
 def test_traffic_is_predicted_where_the_gpu_cannot_hold_the_run():
     assert planned("8B", 8, 2048, True).step.moved / memory.GiB == pytest.approx(86, rel=0.15)
     assert planned("1B", 8, 2048, False).step.moved == 0  # in GPU memory
