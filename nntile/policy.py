@@ -492,10 +492,9 @@ def runtime_settings(machine, given, env, run_bytes=None, training=None):
     gpus = gpu_workers(machine, result["ncuda"].value)
     if result["limit_cuda_mem"].value is None and gpus and machine.gpus:
         result["limit_cuda_mem"] = Choice(cuda_limit_mib(min(machine.gpus)), CUDA_LIMIT)
-    limit = result["limit_cuda_mem"].value
-    gpu_bytes = int(limit) * MiB if limit is not None else None
     # under MPI other processes share the node's GPUs and host memory: not measured
     own_bytes = None if machine.mpi else run_bytes
+    gpu_bytes = gpu_limit_bytes(result)
     if result["cpu_update"].value is None:
         # CPU workers of the user's own (ncpu) take whatever the scheduler gives them
         result["cpu_update"] = (Choice(0, UPDATE_WITH_STEP) if result["ncpu"].value is not None
@@ -518,6 +517,12 @@ def runtime_settings(machine, given, env, run_bytes=None, training=None):
     if result["cuda_pool"].value is None and gpus:
         result["cuda_pool"] = cuda_pool(gpus)
     return result
+
+
+def gpu_limit_bytes(settings):
+    """The bytes StarPU may use of each GPU under ``settings`` (None: not known)."""
+    limit = settings["limit_cuda_mem"].value
+    return int(limit) * MiB if limit is not None else None
 
 
 def gpu_workers(machine, ncuda):
@@ -583,12 +588,20 @@ def tiles(run, settings, machine):
       elements (GPT-2's 50,257) falls off cuBLAS's tensor-core kernels: the head's GEMMs ran
       5x slower (124M bf16-mixed on an H100: 63 -> 51 ms of kernels per step; tiles of 4096
       and 16384 were no better), docs/performance.md, "GPT-2 124M on the H100".
-    * embd: one tile up to 4096, tiles of 4096 beyond; inner: weight tiles of at most 4096 x
-      4096 elements. This gives the hand tiles of every wide run (n_embd 4096, 8192 and
-      10240: 4096 and 4096, in memory, past it and on two GPUs; docs/performance.md
-      "Defaults at scale", "Activations dropped after backward") and of GPT-2 124M and the
-      XL shape (1600 wide, inner 6400), which ran fastest in one tile ("GPT-2 124M on the
-      H100", "Tiles by situation"). One tile of a 6.07B model's MLP weight is 1.6 GiB.
+    * embd: one tile below 6144, tiles of 4096 from there: a last tile of less than half
+      the others runs its GEMMs at a loss (Llama-2-13B's 5120 as 4096 + 1024: 8 of its
+      blocks 4.5% slower a step than in one tile, and 3% slower than in two of 2560; one H200,
+      docs/performance.md, "Tiles by situation").
+    * inner: the fewest equal tiles (multiples of 256) that keep an MLP weight tile within
+      4096 x 8192 elements in GPU memory, 4096 x 4096 past it, where tiles move between
+      host and GPU. In memory the larger tiles halve the tasks and the partial sums of the
+      MLP's backward: Llama-3.1-8B's 14336 in 2 of 7168 instead of 3 of 4096 and one of 2048
+      (1-2.5% a step), n_embd 8192's 32768 in 8192s (1.3%), Llama-2-13B's 13824 in 3 of 4608
+      with its embd whole (one H200, "Tiles by situation").
+    These give the hand tiles of every wide run past memory (n_embd 10240: 4096 and 4096,
+    "Activations dropped after backward") and of GPT-2 124M and the XL shape (1600 wide, inner
+    6400), which ran fastest in one tile ("GPT-2 124M on the H100", "Tiles by situation").
+    One tile of a 6.07B model's MLP weight is 1.6 GiB.
     * head: as many heads as fill the embd tile (32 of 128 in 4096; all of 124M's 12).
     * seq: one tile (every measured run).
     * batch: ``batch_tiles`` tiles (under StarPU-MPI, that many for each data-parallel group
@@ -598,12 +611,14 @@ def tiles(run, settings, machine):
     embd, n_head = sizes["embd"][0], sizes["head"][0]
     head_dim = run.head_dim or embd // n_head
     out = {}
-    embd_tile = min(embd, WIDE_TILE)
-    out["embd"] = Choice(embd_tile, "one tile up to 4096, tiles of 4096 beyond")
-    # an MLP weight tile of at most 4096 x 4096, in whole multiples of 256 where cut
-    inner_tile = WIDE_TILE * WIDE_TILE // embd_tile // 256 * 256
-    out["inner"] = Choice(min(sizes["inner"][0], inner_tile),
-                          "weight tiles of at most 4096 x 4096")
+    embd_tile = embd if 2 * embd < 3 * WIDE_TILE else WIDE_TILE
+    out["embd"] = Choice(embd_tile, "one tile below 6144, tiles of 4096 from there")
+    past = past_gpu_memory(gpu_workers(machine, settings["ncuda"].value),
+                           None if machine.mpi else run.run_bytes, gpu_limit_bytes(settings))
+    rows = WIDE_TILE if past else 2 * WIDE_TILE
+    out["inner"] = Choice(equal_tiles(sizes["inner"][0], WIDE_TILE * rows // embd_tile),
+                          f"the fewest equal weight tiles within 4096 x {rows}"
+                          f"{' past GPU memory' if past else ''}")
     # whole groups of heads sharing a key/value head (the family's check_tiles)
     group = run.head_group
     out["head"] = Choice(max(group, min(n_head, embd_tile // head_dim) // group * group),
@@ -628,6 +643,16 @@ def tiles(run, settings, machine):
         out.pop("batch_count", None)
     order = ("batch", "seq", "embd", "head", "inner", "vocab", "batch_count")
     return {key: out[key] for key in order if key in out}
+
+
+def equal_tiles(size, most, unit=256):
+    """The tile that cuts ``size`` into the fewest tiles of at most ``most``, of equal size
+    rounded up to ``unit`` where cut (the last tile takes the rest)."""
+    if size <= most:
+        return size
+    most = max(unit, most // unit * unit)
+    count = -(-size // most)
+    return -(-size // count // unit) * unit if size % count else size // count
 
 
 def describe_tiles(choices):
