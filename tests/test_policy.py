@@ -263,7 +263,7 @@ def test_given_tiles_win_and_reasons_are_printed():
 def test_tiles_fit_their_dimensions(heads, head_dim, batch, gpus, past):
     machine = policy.Machine(cores=8, gpus=(H100,) * gpus, cuda_built=True)
     sizes = gpt2_sizes(heads * head_dim, heads)
-    t = tiles_for(machine, sizes, batch, run_bytes=(500 if past else 1) * GiB)
+    t = tiles_for(machine, sizes, batch, run_bytes=(100_000 if past else 1) * GiB)
     for key in ("seq", "embd", "head", "inner", "vocab"):
         assert 1 <= t[key] <= sizes[key][0]
     assert 1 <= t["batch"] <= batch
