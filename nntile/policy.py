@@ -375,8 +375,8 @@ def write_behind(gpu_workers, run_bytes, gpu_bytes):
 
 POOL = ("nntile default on one GPU: StarPU's GPU buffers come from a memory pool that keeps "
         "what is freed, so making room never waits for the whole device")
-NO_POOL = ("nntile default on several GPUs: the pool's memory is not mapped for the other GPUs, "
-           "and StarPU's copies between them would go through host memory")
+NO_POOL = ("nntile default on several GPUs: not measured there since each pool is open to the "
+           "other GPUs (before, StarPU's copies between them went through host memory)")
 
 
 def cuda_pool(gpu_workers):
@@ -388,8 +388,10 @@ def cuda_pool(gpu_workers):
     process StarPU copies tiles between them, and a pool's memory is not mapped for the other
     devices, so those copies went through host memory: 4 H100s, n_embd 8192 at batch 4, 2.34 s
     a step against 0.31 s without the pool, at 55 GB/s instead of NVLink's 320
-    ("Four H100s"). Under MPI the rule sees the GPUs visible to the rank, on a node of several
-    all of them, so ranks there go without the pool too (not measured either way)."""
+    ("Four H100s"). The patch now opens each pool to the other GPUs (cudaMemPoolSetAccess);
+    several GPUs stay without the pool until that is measured (NNTILE_CUDA_POOL=1; "The pool
+    on several GPUs"). Under MPI the rule sees the GPUs visible to the rank, on a node of
+    several all of them, so ranks there go without the pool too (not measured either way)."""
     if gpu_workers > 1:
         return Choice(0, NO_POOL)
     return Choice(1, POOL)
