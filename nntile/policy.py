@@ -572,12 +572,16 @@ def batch_tiles(settings, machine):
     and n_embd 8192 b4 were measured with two; docs/performance.md, "GPT-2 124M on the H100:
     where the step went"). Past its memory, with four workers, four (6.07B at batch 16: 7.50 s
     per step against 9.06 s with two tiles, "Activations dropped after backward"). Several
-    GPUs: the same per GPU count (not measured against others). On CPU workers, one per
-    worker (``make train`` and bench/test_gpt2_cpu.py, docs/performance.md, "Tiles by
-    situation")."""
-    if gpu_workers(machine, settings["ncuda"].value):
+    GPUs: as many on each, so that a replica per GPU (nntile.parallel.DeviceReplicas, whose
+    share of the batch is its GPU's) runs the chains of one GPU: the wide model's hand tiles
+    on two GPUs (batch 16 in 4 tiles, docs/performance.md, "Several GPUs in one process").
+    On CPU workers, one per worker (``make train`` and bench/test_gpt2_cpu.py,
+    docs/performance.md, "Tiles by situation")."""
+    gpus = gpu_workers(machine, settings["ncuda"].value)
+    if gpus:
         count = int(settings["workers_per_gpu"].value or 2)
-        return count, f"one per CUDA worker of a GPU ({count})"
+        on = f"{count} on each of {gpus} GPUs" if gpus > 1 else f"{count}"
+        return count * gpus, f"one per CUDA worker ({on})"
     cpus = settings["ncpu"].value
     count = max(1, int(cpus) if cpus is not None else machine.cores)
     return count, f"one per CPU worker ({count})"

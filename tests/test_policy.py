@@ -221,6 +221,9 @@ def test_tiles_of_the_measured_runs():
     # n_embd 8192 in memory: tiles 4096, 32 heads of 128, the MLP's 32768 in 8192s
     assert tiles_for(ONE_H100, gpt2_sizes(8192, 64), 4, run_bytes=70 * GiB) == dict(
         batch=2, seq=1024, embd=4096, head=32, inner=8192, vocab=8192)
+    # n_embd 8192 batch 16 on two H200s, a replica per GPU: two batch tiles on each
+    assert tiles_for(TWO_H200, gpt2_sizes(8192, 64), 16, run_bytes=90 * GiB) == dict(
+        batch=4, seq=1024, embd=4096, head=32, inner=8192, vocab=8192)
     # Llama-3.1-8B's and Llama-2-13B's blocks in memory (one H200): the MLP's 14336 in two
     # equal tiles; 5120 in one tile, not 4096 + 1024, and 13824 in three
     one_h200 = policy.Machine(cores=16, gpus=(141 * 10**9,), cuda_built=True)
@@ -275,7 +278,7 @@ def test_tiles_fit_their_dimensions(heads, head_dim, batch, gpus, past):
     assert sizes["inner"][0] - (count - 1) * t["inner"] >= t["inner"] - 256 * count
     assert t["head"] * head_dim <= max(t["embd"], head_dim)  # heads of a tile fit its embd
     # the batch is cut into as many tiles as workers run chains (or fewer, for a small batch)
-    assert -(-batch // t["batch"]) <= (4 if past and gpus == 1 else 2 if gpus else 8)
+    assert -(-batch // t["batch"]) <= (4 if past and gpus == 1 else 2 * gpus if gpus else 8)
 
 
 def test_starpu_variables_that_would_abort_are_refused():
