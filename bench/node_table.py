@@ -10,8 +10,8 @@ The sides: ours (`bench/scale.py --ncuda N`, no scheduler, worker or --force fla
 gets), fsdp (`torch.distributed.run --nproc-per-node N bench/fsdp_ref.py`, one rank per GPU,
 the same global batch) and fsdp-ac (the same with --activation-checkpointing). The wide GPT-2
 (the default --model, 4 layers, seq 1024, vocab 50257) runs for each configuration EMBDxBATCH
-of --configs, ours with the tiles of --tile and --tile-vocab; a Llama (--model, a named shape of
-bench/shapes.py or `llama` of the shape flags) runs at --batch with our default tiles. Each
+of --configs; a Llama (--model, a named shape of bench/shapes.py or `llama` of the shape flags)
+at --batch. Ours takes nntile's tiles (nntile.policy.tiles) unless --ours-args gives some. Each
 side is its own process, with a timeout; a refusal by our memory pre-check, an FSDP
 out-of-memory and a timeout are results. Both sides run their steps back to back, as training
 loops do (--pipeline of both scripts: the mean of the steps after the first); --waited times
@@ -57,14 +57,13 @@ def parse_args(argv=None):
                    + ", ".join(SIDES))
     p.add_argument("--ngpu", type=int, help="default: every visible GPU")
     p.add_argument("--cpu-ranks", type=int, default=2, help="FSDP ranks without GPUs")
-    p.add_argument("--tile", type=int, default=4096, help="the wide GPT-2's embd and inner "
-                   "tiles of ours")
-    p.add_argument("--tile-vocab", type=int, default=8192)
     p.add_argument("--timeout", type=int, default=400, help="seconds per run")
     p.add_argument("--waited", action="store_true", help="time each step alone, waited for "
                    "on both sides, and keep the best (default: the steps back to back, as "
                    "training loops run them, their mean: --pipeline of both scripts)")
-    p.add_argument("--ours-args", default="", help="more arguments for bench/scale.py")
+    p.add_argument("--ours-args", default="", help="more arguments for bench/scale.py (ours "
+                   "runs with nntile's tiles and runtime settings otherwise, e.g. "
+                   "\"--tile-inner 4096\" to give a tile)")
     p.add_argument("--fsdp-args", default="", help="more arguments for bench/fsdp_ref.py")
     p.add_argument("--out", type=output_file("node-table.json"),
                    help="write the records to this JSON file")
@@ -177,21 +176,11 @@ def shape_flags(row):
     return [str(f) for f in flags + ["--seq", row.seq, "--batch", row.batch, "--steps", row.steps]]
 
 
-def wide_tiles(args, row):
-    """Ours' tiles of the wide GPT-2 (a Llama takes our defaults)."""
-    tile = min(args.tile, row.n_embd)
-    return ["--tile-batch", str(2 if row.batch <= 8 else 4), "--tile-embd", str(tile),
-            "--tile-inner", str(tile), "--tile-head", str(max(1, min(32, row.n_embd // 128))),
-            "--tile-vocab", str(min(args.tile_vocab, row.vocab))]
-
-
 def commands(args, row, ngpu):
     """Each side's command line for a row."""
     shape = shape_flags(row)
     ours = [sys.executable, os.path.join(HERE, "scale.py"), *shape, "--ncuda", str(ngpu),
             "--precision", args.precision]
-    if row.model == "gpt2":
-        ours += wide_tiles(args, row)
     # without GPUs, tf32 is fp32
     dtype = "fp32" if not ngpu and args.precision == "tf32" else args.precision
     fsdp = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -19,8 +19,9 @@
 #              36864: 48.4B, 54.9B, 69.0B parameters; on fewer 28672 29696 30720: 42.4B, 45.4B,
 #              48.4B, what the pre-check admits on 4 H100s and 503 GiB of host memory) until a
 #              size fails or the pre-check refuses it
-#   depth      the wide model on every GPU with $NNTILE_DEPTHS layers (default 4 8 16), and
-#              each depth's tokens/s x layers against the first depth's (throughput per layer)
+#   depth      the wide model on every GPU with $NNTILE_DEPTHS layers (default 4 8 16), no tile
+#              flags, $NNTILE_DEPTH_ARGS (default --batch 16 --precision bf16-mixed), and each
+#              depth's tokens/s x layers against the first depth's (throughput per layer)
 #   levers     the wide model on one GPU once per variant in $NNTILE_LEVERS (';'-separated
 #              options and NAME=value environment, e.g. ";--no-layer-priorities;--sched lws"), each
 #              after $NNTILE_LEVER_BASE (e.g. "--batch 8"): out-of-core levers side by side
@@ -183,8 +184,10 @@ if want largest; then
 fi
 if want depth; then
     for layers in ${NNTILE_DEPTHS:-4 8 16}; do
+        # no tile or scheduler flag: what a user gets
         step "depth-$layers" timeout "$run_limit" python3 bench/scale.py --n-embd "$wide_embd" \
-            --ncuda "$ngpu" "${wide[@]}" --n-layer "$layers"
+            --ncuda "$ngpu" --n-layer "$layers" --steps 4 \
+            ${NNTILE_DEPTH_ARGS:---batch 16 --precision bf16-mixed}
     done
     for layers in ${NNTILE_DEPTHS:-4 8 16}; do grep -h "^RESULT" "$logs/depth-$layers.log"; done |
         python3 -c '

@@ -18,8 +18,7 @@ TINY_LLAMA = ["--model", "llama", "--n-embd", "64", "--n-inner", "128", "--n-hea
 def node_table(tmp_path, *extra):
     out = tmp_path / "table.json"
     proc = subprocess.run([sys.executable, TABLE, "--ngpu", "0", "--n-layer", "2", "--seq", "32",
-                           "--vocab", "100", "--steps", "2", "--tile", "64", "--tile-vocab",
-                           "50", "--timeout", "240", "--out", str(out), "--logs",
+                           "--vocab", "100", "--steps", "2", "--timeout", "240", "--out", str(out), "--logs",
                            str(tmp_path / "logs"), *extra],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
