@@ -494,8 +494,7 @@ def runtime_settings(machine, given, env, run_bytes=None, training=None):
     gpus = gpu_workers(machine, result["ncuda"].value)
     if result["limit_cuda_mem"].value is None and gpus and machine.gpus:
         result["limit_cuda_mem"] = Choice(cuda_limit_mib(min(machine.gpus)), CUDA_LIMIT)
-    # under MPI other processes share the node's GPUs and host memory: not measured
-    own_bytes = None if machine.mpi else run_bytes
+    own_bytes = bytes_of_this_process(machine, run_bytes)
     gpu_bytes = gpu_limit_bytes(result)
     if result["cpu_update"].value is None:
         # CPU workers of the user's own (ncpu) take whatever the scheduler gives them
@@ -519,6 +518,12 @@ def runtime_settings(machine, given, env, run_bytes=None, training=None):
     if result["cuda_pool"].value is None and gpus:
         result["cuda_pool"] = cuda_pool(gpus)
     return result
+
+
+def bytes_of_this_process(machine, run_bytes):
+    """What the rules that weigh a run against the GPUs may count as this process's alone:
+    under MPI other processes share the node's GPUs and host memory (not measured): None."""
+    return None if machine.mpi else run_bytes
 
 
 def gpu_limit_bytes(settings):
@@ -596,18 +601,18 @@ def tiles(run, settings, machine):
       and 16384 were no better), docs/performance.md, "GPT-2 124M on the H100".
     * embd: one tile below 6144, tiles of 4096 from there: a last tile of less than half
       the others runs its GEMMs at a loss (Llama-2-13B's 5120 as 4096 + 1024: 8 of its
-      blocks 4.5% slower a step than in one tile, and 3% slower than in two of 2560; one H200,
-      docs/performance.md, "Tiles by situation").
+      blocks 4% slower a step than in one tile; two tiles of 2560 were slower still; one
+      H200, docs/performance.md, "Tiles by situation").
     * inner: the fewest equal tiles (multiples of 256) that keep an MLP weight tile within
       4096 x 8192 elements in GPU memory, 4096 x 4096 past it, where tiles move between
       host and GPU. In memory the larger tiles halve the tasks and the partial sums of the
       MLP's backward: Llama-3.1-8B's 14336 in 2 of 7168 instead of 3 of 4096 and one of 2048
-      (1-2.5% a step), n_embd 8192's 32768 in 8192s (1.3%), Llama-2-13B's 13824 in 3 of 4608
-      with its embd whole (one H200, "Tiles by situation").
-    These give the hand tiles of every wide run past memory (n_embd 10240: 4096 and 4096,
-    "Activations dropped after backward") and of GPT-2 124M and the XL shape (1600 wide, inner
-    6400), which ran fastest in one tile ("GPT-2 124M on the H100", "Tiles by situation").
-    One tile of a 6.07B model's MLP weight is 1.6 GiB.
+      (1.6-2.2% a step), n_embd 8192's 32768 in 8192s (1.0-1.2%), Llama-2-13B's 13824 in 3
+      of 4608 with its embd whole (one H200, "Tiles by situation").
+      Both give the hand tiles of the wide runs past memory (n_embd 10240: 4096 and 4096,
+      "Activations dropped after backward") and of GPT-2 124M and the XL shape (1600 wide,
+      inner 6400), which ran fastest in one tile ("GPT-2 124M on the H100"). One tile of a
+      6.07B model's MLP weight is 1.6 GiB.
     * head: as many heads as fill the embd tile (32 of 128 in 4096; all of 124M's 12).
     * seq: one tile (every measured run).
     * batch: ``batch_tiles`` tiles (under StarPU-MPI, that many for each data-parallel group
@@ -620,7 +625,8 @@ def tiles(run, settings, machine):
     embd_tile = embd if 2 * embd < 3 * WIDE_TILE else WIDE_TILE
     out["embd"] = Choice(embd_tile, "one tile below 6144, tiles of 4096 from there")
     past = past_gpu_memory(gpu_workers(machine, settings["ncuda"].value),
-                           None if machine.mpi else run.run_bytes, gpu_limit_bytes(settings))
+                           bytes_of_this_process(machine, run.run_bytes),
+                           gpu_limit_bytes(settings))
     rows = WIDE_TILE if past else 2 * WIDE_TILE
     out["inner"] = Choice(equal_tiles(sizes["inner"][0], WIDE_TILE * rows // embd_tile),
                           f"the fewest equal weight tiles within 4096 x {rows}"
