@@ -61,6 +61,9 @@ def _scenarios():
         ops.layernorm_forward(X, fib(), fib(), 1e-5, s, y)
         ops.layernorm_backward(X, x(), s, fib(), 1e-5, stats(), fib(), fib(), 0.0, x())
         ops.layernorm_backward(X, x(), s, fib(), 1e-5, stats(), fib(), fib(), 1.0, x())
+        row, whole = (lambda: T((4, 6), (2, 6))), (lambda: T((6,), (6,)))  # a row in one tile
+        ops.layernorm_backward(row(), row(), s, whole(), 1e-5, stats(), whole(), whole(), 1.0,
+                               row())
 
     def xent():
         labels = nntile.Tensor((4,), (2,), "int64")
@@ -107,6 +110,10 @@ def _scenarios():
         X, stats = x(), sl()
         ops.rmsnorm_forward(X, fib(), 1e-5, stats, x())
         ops.rmsnorm_backward(X, x(), stats, fib(), 1e-5, sl(), fib(), 0.0, x())
+        row = lambda: T((4, 6), (2, 6))  # noqa: E731 (a row in one tile)
+        X = row()
+        ops.rmsnorm_backward(X, row(), stats, T((6,), (6,)), 1e-5, sl(), T((6,), (6,)), 0.0,
+                             row())
         pos = nntile.Tensor((2, 4), (1, 2), "int64")
         pos.write(np.arange(8).reshape(2, 4))
         q = T((2, 4, 2, 6), (1, 2, 1, 6))
@@ -263,6 +270,7 @@ EXPECTED = {
         ('layernorm_backward_reduce', ('R', 'R', 'R', 'R', 'RW', 'RW', 'RW')),
         ('layernorm_backward', ('R', 'R', 'R', 'R', 'R', 'W')),
         ('layernorm_backward', ('R', 'R', 'R', 'R', 'R', 'RW')),
+        ('layernorm_backward_whole', ('R', 'R', 'R', 'R', 'RW', 'RW', 'RW')),
     ],
     'xent': [
         ('fill', ('W',)),
@@ -316,6 +324,7 @@ EXPECTED["llama"] = [
     ("rmsnorm_backward_reduce", ("R", "R", "R", "R", "W", "RW")),
     ("rmsnorm_backward_reduce", ("R", "R", "R", "R", "RW", "RW")),
     ("rmsnorm_backward", ("R", "R", "R", "R", "R", "W")),
+    ("rmsnorm_backward_whole", ("R", "R", "R", "R", "RW", "W")),
     ("rope_forward", ("R", "R", "RW")), ("rope_backward", ("R", "R", "RW")),
     ("swiglu_forward", ("R", "R", "W")), ("swiglu_backward", ("R", "R", "R", "W", "W")),
 ]
@@ -403,6 +412,21 @@ def _beta_cases():
         ops.rmsnorm_forward(X, fib(), 1e-5, s, x())
         ops.rmsnorm_backward(X, x(), s, fib(), 1e-5, sl(), fib(), beta, dx)
 
+    row = lambda: T((4, 6), (2, 6))  # noqa: E731 (a row in one tile: backward_whole)
+    whole = lambda: T((6,), (6,))  # noqa: E731
+    ROW = ((4, 6), (2, 6))
+
+    def layernorm_backward_whole(beta, dx):
+        X, s = row(), T((4, 2), (2, 2))
+        ops.layernorm_forward(X, whole(), whole(), 1e-5, s, row())
+        ops.layernorm_backward(X, row(), s, whole(), 1e-5, T((4, 2), (2, 2)), whole(), whole(),
+                               beta, dx)
+
+    def rmsnorm_backward_whole(beta, dx):
+        X, s = row(), sl()
+        ops.rmsnorm_forward(X, whole(), 1e-5, s, row())
+        ops.rmsnorm_backward(X, row(), s, whole(), 1e-5, sl(), whole(), beta, dx)
+
     cases = {f"{act}_backward": (lambda beta, dx, act=act: getattr(ops, f"{act}_backward")(
         x(), x(), beta, dx), X) for act in ("gelu", "gelutanh", "silu")}
     cases.update({
@@ -416,6 +440,8 @@ def _beta_cases():
         "add_slice": (lambda beta, dst: ops.add_slice(1.0, sl(), beta, dst, 1), X),
         "layernorm_backward": (layernorm_backward, X),
         "rmsnorm_backward": (rmsnorm_backward, X),
+        "layernorm_backward_whole": (layernorm_backward_whole, ROW),
+        "rmsnorm_backward_whole": (rmsnorm_backward_whole, ROW),
         "gemm": (lambda beta, C: ops.gemm(1.0, x(), "N", T((6, 5), (3, 5)), "N", beta, C),
                  ((4, 5), (2, 5))),
         "sumsq": (lambda beta, dst: ops.sumsq(x(), beta, dst), ((1,), (1,))),

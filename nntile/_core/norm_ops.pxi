@@ -3,22 +3,24 @@
 # and an axis of 2 in one tile. RMSNorm's are each row's sum of x**2: x's shape and tiling
 # without the last axis. Both submit a statistics task per tile (merged over the row's tiles)
 # then a forward task per tile; backward a task per tile that sums each row's terms into
-# rowacc and the weights' gradients, then a task per tile for dx. Every check comes first.
+# rowacc and the weights' gradients, then a task per tile for dx, or, where a row is one
+# tile, one task per tile for both (backward_whole: each row read once). Every check comes
+# first.
 
 
 cdef struct _Norm:
-    int stats, forward, backward_reduce, backward
+    int stats, forward, backward_reduce, backward, backward_whole
     bint pair  # LayerNorm's (mean, M2): stats have a last axis of 2
 
 
 cdef _Norm _LAYERNORM = _Norm(
     stats=NNTILE_OP_layernorm_stats, forward=NNTILE_OP_layernorm_forward,
     backward_reduce=NNTILE_OP_layernorm_backward_reduce, backward=NNTILE_OP_layernorm_backward,
-    pair=True)
+    backward_whole=NNTILE_OP_layernorm_backward_whole, pair=True)
 cdef _Norm _RMSNORM = _Norm(
     stats=NNTILE_OP_rmsnorm_stats, forward=NNTILE_OP_rmsnorm_forward,
     backward_reduce=NNTILE_OP_rmsnorm_backward_reduce, backward=NNTILE_OP_rmsnorm_backward,
-    pair=False)
+    backward_whole=NNTILE_OP_rmsnorm_backward_whole, pair=False)
 
 
 cdef int _check_norm(str op, _Norm n, Tensor x, Tensor stats, list vectors) except -1:
@@ -113,6 +115,9 @@ cdef _norm_backward(str op, _Norm n, Tensor x, Tensor dy, Tensor stats, Tensor w
     _same_traits(op, stats, "stats", rowacc, "rowacc")
     _distinct(op, ts)
     _check_eps(op, eps)
+    if x.traits.grid[x.traits.ndim - 1] == 1:
+        _norm_backward_whole(n, x, dy, stats, weight, eps, dweights, beta, dx)
+        return
     cdef nntile_norm_backward_reduce_args rargs
     cdef nntile_norm_backward_args bargs
     cdef starpu_data_handle_t h[7]
@@ -149,6 +154,31 @@ cdef _norm_backward(str op, _Norm n, Tensor x, Tensor dy, Tensor stats, Tensor w
         h[BUF_norm_backward_rowacc] = rowacc.handles[s_lin]
         h[BUF_norm_backward_dx] = dx.handles[i]
         submit(n.backward, x.dtype_id, 6, h, &bargs, sizeof(bargs))
+
+
+cdef _norm_backward_whole(_Norm n, Tensor x, Tensor dy, Tensor stats, Tensor weight, eps,
+                          list dweights, beta, Tensor dx):
+    """_norm_backward where each row is one tile: a task per tile for dx and the weights'
+    gradients (checked by _norm_backward)."""
+    cdef nntile_norm_backward_args args
+    cdef starpu_data_handle_t h[7]
+    cdef Py_ssize_t coords[MAX_NDIM]
+    cdef Py_ssize_t i, k, nw = len(dweights), last = x.traits.ndim - 1
+    args.e = args.e_total = x.traits.shape[last]
+    args.eps = eps
+    args.beta = beta
+    for i in range(x.traits.ntiles):
+        x.traits.tile_coords(i, coords)
+        args.rows = _rows(x.traits, coords)
+        # x, dy, stats, the weight, its gradients (LayerNorm's two, RMSNorm's one), dx
+        h[BUF_layernorm_backward_whole_x] = x.handles[i]
+        h[BUF_layernorm_backward_whole_dy] = dy.handles[i]
+        h[BUF_layernorm_backward_whole_stats] = stats.handles[_stats_tile(n, x, stats, coords)]
+        h[BUF_layernorm_backward_whole_gamma] = weight.handles[0]
+        for k in range(nw):
+            h[BUF_layernorm_backward_whole_dgamma + k] = (<Tensor>dweights[k][0]).handles[0]
+        h[BUF_layernorm_backward_whole_dgamma + nw] = dx.handles[i]
+        submit(n.backward_whole, x.dtype_id, 5 + nw, h, &args, sizeof(args))
 
 
 def layernorm_forward(Tensor x, Tensor gamma, Tensor beta, eps, Tensor stats, Tensor y):

@@ -248,7 +248,57 @@ void rmsnorm_forward(const nntile_rmsnorm_forward_args *a, cudaStream_t s,
                     x, stats, weight, y);
 }
 
-/* rowacc[r] (+)= the row's sums of Row's terms, g = dy*weight */
+/* a = the row's sums of Row's terms, g = dy*weight, in every thread of the
+ * row's group (each row's statistics kept where there is scratch for them) */
+template <int TPR, template <typename> class Row, typename T>
+__device__ void norm_row_sums(int64_t r, int tid, bool active, int64_t e, int64_t e_total,
+                              double eps, const T *x, const T *dy, const T *stats,
+                              const T *weight, Row<T> *kept,
+                              double (&a)[Row<T>::kTerms])
+{
+    constexpr int K = Row<T>::kTerms;
+    __shared__ double sh[K][kBlock / 32];
+    #pragma unroll
+    for (int k = 0; k < K; ++k)
+        a[k] = 0.0;
+    if (active) {
+        const Row<T> nr(stats, r, e_total, eps);
+        if (kept != nullptr && tid == 0)
+            kept[r] = nr;
+        const T *xr = x + r * e;
+        const T *dyr = dy + r * e;
+        #pragma unroll 4
+        for (int64_t j = tid; j < e; j += TPR)
+            nr.row_terms(xr[j], dyr[j], weight[j], a);
+    }
+    #pragma unroll
+    for (int k = 0; k < K; ++k)
+        a[k] = group_allreduce<TPR>(a[k], SumOp(), sh[k]);
+}
+
+/* row r of dx = Row's dx from g, xhat and the row's coefficients (dx_of),
+ * + beta*dx where accumulating */
+template <int TPR, template <typename> class Row, typename T>
+__device__ void norm_row_dx(int64_t r, int tid, int64_t e, const Row<T> &nr,
+                            const typename Row<T>::Dx &dx_of, const T *x, const T *dy,
+                            const T *weight, C_t<T> beta, int accumulate, T *dx)
+{
+    typedef C_t<T> C;
+    const T *xr = x + r * e;
+    const T *dyr = dy + r * e;
+    T *dxr = dx + r * e;
+    #pragma unroll 4
+    for (int64_t j = tid; j < e; j += TPR) {
+        /* xh before g: the other order costs LayerNorm's fp64 kernel 6-8
+         * registers (nvcc 13, sm_90) */
+        const C xh = nr.xhat(xr[j]);
+        const C g = ld(dyr[j]) * ld(weight[j]);
+        const C v = dx_of(g, xh);
+        dxr[j] = st<T>(accumulate ? v + beta * ld(dxr[j]) : v);
+    }
+}
+
+/* rowacc[r] (+)= the row's sums of Row's terms */
 template <template <typename> class Row> struct NormRowAccRow {
     int64_t e, e_total;
     double eps;
@@ -260,21 +310,8 @@ template <template <typename> class Row> struct NormRowAccRow {
     {
         typedef C_t<T> C;
         constexpr int K = Row<T>::kTerms;
-        __shared__ double sh[K][kBlock / 32];
-        double a[K] = {};
-        if (active) {
-            const Row<T> nr(stats, r, e_total, eps);
-            if (kept != nullptr && tid == 0)
-                kept[r] = nr;
-            const T *xr = x + r * e;
-            const T *dyr = dy + r * e;
-            #pragma unroll 4
-            for (int64_t j = tid; j < e; j += TPR)
-                nr.row_terms(xr[j], dyr[j], weight[j], a);
-        }
-        #pragma unroll
-        for (int k = 0; k < K; ++k)
-            a[k] = group_allreduce<TPR>(a[k], SumOp(), sh[k]);
+        double a[K];
+        norm_row_sums<TPR>(r, tid, active, e, e_total, eps, x, dy, stats, weight, kept, a);
         if (active && tid == 0) {
             if (!init)
                 #pragma unroll
@@ -347,23 +384,11 @@ template <template <typename> class Row, typename T> struct NormBackwardRow {
                         const T *dy, const T *stats, const T *weight,
                         const T *rowacc, T *dx) const
     {
-        typedef C_t<T> C;
         if (!active)
             return;
         const Row<T> nr(stats, r, e_total, eps);
         const typename Row<T>::Dx dx_of(nr, rowacc, r, e_total);
-        const T *xr = x + r * e;
-        const T *dyr = dy + r * e;
-        T *dxr = dx + r * e;
-        #pragma unroll 4
-        for (int64_t j = tid; j < e; j += TPR) {
-            /* xh before g: the other order costs LayerNorm's fp64 kernel 6-8
-             * registers (nvcc 13, sm_90) */
-            const C xh = nr.xhat(xr[j]);
-            const C g = ld(dyr[j]) * ld(weight[j]);
-            const C v = dx_of(g, xh);
-            dxr[j] = st<T>(accumulate ? v + beta * ld(dxr[j]) : v);
-        }
+        norm_row_dx<TPR>(r, tid, e, nr, dx_of, x, dy, weight, beta, accumulate, dx);
     }
 };
 
@@ -378,6 +403,74 @@ void norm_backward(const nntile_norm_backward_args *a, cudaStream_t s, const T *
                     s, x, dy, stats, weight, rowacc, dx);
 }
 
+/* Rows in one tile (e == e_total): NormRowAccRow's sums, rounded to T as
+ * rowacc would hold them, then NormBackwardRow's dx, in one pass over each
+ * row (its second read of x and dy comes from cache); the weights'
+ * gradients are backward_reduce's column sums: the two ops' arithmetic. */
+template <template <typename> class Row, typename T> struct NormWholeRow {
+    int64_t e;
+    double eps;
+    C_t<T> beta;
+    int accumulate;
+    template <int TPR>
+    __device__ void row(int64_t r, int tid, bool active, const T *x,
+                        const T *dy, const T *stats, const T *weight, T *dx,
+                        Row<T> *kept) const
+    {
+        typedef C_t<T> C;
+        constexpr int K = Row<T>::kTerms;
+        double a[K];
+        norm_row_sums<TPR>(r, tid, active, e, e, eps, x, dy, stats, weight, kept, a);
+        if (!active)
+            return;
+        T sums[K];
+        #pragma unroll
+        for (int k = 0; k < K; ++k)
+            sums[k] = st<T>((C)a[k]);
+        const Row<T> nr(stats, r, e, eps);
+        const typename Row<T>::Dx dx_of(nr, sums, 0, e);
+        norm_row_dx<TPR>(r, tid, e, nr, dx_of, x, dy, weight, beta, accumulate, dx);
+    }
+};
+
+template <template <typename> class Row, typename T>
+void norm_backward_whole(const nntile_norm_backward_args *a, cudaStream_t s, const T *x,
+                         const T *dy, const T *stats, const T *weight,
+                         T *const (&dweights)[Row<T>::kTerms], T *dx)
+{
+    constexpr int K = Row<T>::kTerms;
+    const int64_t rows = a->rows > 0 ? a->rows : 0, e = a->e > 0 ? a->e : 0;
+    if (rows == 0 || e == 0)
+        return;
+    Scratch rows_kept((size_t)rows * sizeof(Row<T>), s);
+    Row<T> *kept = (Row<T> *)rows_kept.ptr;
+    launch_rows(rows, e,
+                NormWholeRow<Row, T>{e, a->eps, (C_t<T>)a->beta, a->beta != 0.0},
+                s, x, dy, stats, weight, dx, kept);
+    NormColEpi<T, K> epi;
+    for (int k = 0; k < K; ++k)
+        epi.dweight[k] = dweights[k];
+    colsum<K>(1, rows, e, NormColTerm<Row, T>{x, dy, stats, kept, e, e, a->eps}, epi, s);
+}
+
+template <typename T>
+void layernorm_backward_whole(const nntile_norm_backward_args *a, cudaStream_t s,
+                              const T *x, const T *dy, const T *stats, const T *gamma,
+                              T *dgamma, T *dbeta, T *dx)
+{
+    T *const dweights[2] = {dgamma, dbeta};
+    norm_backward_whole<LnRow>(a, s, x, dy, stats, gamma, dweights, dx);
+}
+
+template <typename T>
+void rmsnorm_backward_whole(const nntile_norm_backward_args *a, cudaStream_t s,
+                            const T *x, const T *dy, const T *stats, const T *weight,
+                            T *dweight, T *dx)
+{
+    T *const dweights[1] = {dweight};
+    norm_backward_whole<RmsRow>(a, s, x, dy, stats, weight, dweights, dx);
+}
+
 NNTILE_CUDA_END
 
 /* a norm's four ops: its statistics and forward, and the shared backward */
@@ -390,6 +483,8 @@ NNTILE_CUDA_END
                           nntile_cuda::norm_backward<nntile_cuda::Row>)
 NNTILE_NORM_EXPORT(layernorm, LnRow)
 NNTILE_NORM_EXPORT(rmsnorm, RmsRow)
+NNTILE_CUDA_EXPORT(layernorm_backward_whole)
+NNTILE_CUDA_EXPORT(rmsnorm_backward_whole)
 
 /* mixed precision: fp32 x, stats and weight, bf16 y */
 NNTILE_CUDA_EXPORT_MIXED(rmsnorm_forward)

@@ -141,6 +141,10 @@ def main():
     bench("rmsnorm_backward [8192x2048]", "rmsnorm_backward", "fp32",
           dict(rows=lt, e=le, e_total=le, eps=1e-5, beta=0.0),
           [xl, arr(lt, le), sumsq, wl, arr(lt), arr(lt, le)], 12 * lt * le)
+    # the two above in one op, a row in one tile: x and dy read once, dx written
+    bench("rmsnorm_backward_whole [8192x2048]", "rmsnorm_backward_whole", "fp32",
+          dict(rows=lt, e=le, e_total=le, eps=1e-5, beta=0.0),
+          [xl, arr(lt, le), sumsq, wl, arr(le), arr(lt, le)], 12 * lt * le)
     with s:
         pos = cp.asarray(np.tile(np.arange(1024), 8).astype(np.int64))
     bench("rope_forward [8x1024x16x128]", "rope_forward", "fp32",

@@ -757,6 +757,13 @@ def test_layernorm(env, dt, rows, e_total, ntiles):
                   dict(rows=rows, e=e, e_total=e_total, eps=eps, beta=beta),
                   [c(x[:, s]), c(dy[:, s]), stats, c(gamma[s]), rowacc, dx],
                   [5], mult=50)
+        if len(sl) == 1:  # a row in one tile: both in one op
+            dw_abs = max(1.0, float(np.abs(dy).sum(0).max() * 4))
+            check(env, "layernorm_backward_whole", dt,
+                  dict(rows=rows, e=e_total, e_total=e_total, eps=eps, beta=beta),
+                  [x, dy, stats, gamma, R(rng, e_total), R(rng, e_total),
+                   nans(rows, e_total) if beta == 0 else R(rng, rows, e_total)],
+                  [4, 5, 6], mult=50, scale={4: dw_abs, 5: dw_abs, 6: None})
 
 
 # ---------------------------------------------------------------- Llama: RMSNorm, RoPE, SwiGLU
@@ -800,6 +807,13 @@ def test_rmsnorm(env, dt, rows, e_total, ntiles):
             check(env, "rmsnorm_backward", dt,
                   dict(rows=rows, e=e, e_total=e_total, eps=eps, beta=beta),
                   [c(x[:, s]), c(dy[:, s]), stats, c(w[s]), rowacc, dx], [5], mult=50)
+        if len(sl) == 1:  # a row in one tile: both in one op
+            check(env, "rmsnorm_backward_whole", dt,
+                  dict(rows=rows, e=e_total, e_total=e_total, eps=eps, beta=beta),
+                  [x, dy, stats, w, R(rng, e_total),
+                   nans(rows, e_total) if beta == 0 else R(rng, rows, e_total)],
+                  [4, 5], mult=50,
+                  scale={4: max(1.0, float(np.abs(dy).sum(0).max() * 4)), 5: None})
 
 
 @pytest.mark.parametrize("dt", DT)

@@ -637,6 +637,35 @@ def test_rmsnorm(K, dt, rows, e_total, seed, ntiles, beta):
               xhat * (g * xhat).mean(1, keepdims=True)))).max())))
 
 
+@for_all_dtypes
+@SETTINGS
+@given(rows=st.integers(1, 6), e=st.integers(1, 70), seed=seeds,
+       beta=st.sampled_from([0.0, 1.0]), norm=st.sampled_from(["layernorm", "rmsnorm"]))
+def test_norm_backward_whole_is_reduce_then_backward(K, dt, rows, e, seed, beta, norm):
+    """Where a row is one tile, backward_whole gives backward_reduce's weight gradients and
+    backward's dx: the same arithmetic, the row sums rounded as rowacc holds them (to
+    rounding: the compiler may fuse a multiply-add in one and not the other)."""
+    rng = np.random.default_rng(seed)
+    x, dy, dx0 = (rounded(rng.standard_normal((rows, e)), dt) for _ in range(3))
+    w = rounded(rng.standard_normal(e), dt)
+    k = 2 if norm == "layernorm" else 1
+    dws = [rounded(rng.standard_normal(e), dt) for _ in range(k)]
+    stats_args = dict(rows=rows, e=e, e_offset=0) if k == 2 else dict(rows=rows, e=e, init=1)
+    stats = run(K, f"{norm}_stats", dt, stats_args, x,
+                np.zeros((rows, 2) if k == 2 else rows))[-1]
+    reduced = run(K, f"{norm}_backward_reduce", dt,
+                  dict(rows=rows, e=e, e_total=e, eps=1e-5, init=1), x, dy, stats, w,
+                  np.full((rows, k) if k == 2 else rows, np.nan), *dws)
+    rowacc, two_ops_dws = reduced[4], reduced[5:]
+    start = dx0 if beta else np.full((rows, e), np.nan)
+    args = dict(rows=rows, e=e, e_total=e, eps=1e-5, beta=beta)
+    two_ops_dx = run(K, f"{norm}_backward", dt, args, x, dy, stats, w, rowacc, start)[-1]
+    whole = run(K, f"{norm}_backward_whole", dt, args, x, dy, stats, w, *dws, start)
+    close(whole[-1], two_ops_dx, dt)
+    for got, want in zip(whole[4:4 + k], two_ops_dws):
+        close(got, want, dt)
+
+
 def test_rmsnorm_against_torch(K):
     """the forward against torch's rms_norm (fp64) and transformers' order for bf16: x
     normalised in float, rounded to x's dtype, then times the weight"""

@@ -167,6 +167,9 @@ struct nntile_norm_backward_args {
 #define nntile_rmsnorm_forward_args nntile_norm_forward_args
 #define nntile_rmsnorm_backward_reduce_args nntile_norm_backward_reduce_args
 #define nntile_rmsnorm_backward_args nntile_norm_backward_args
+/* a row in one tile: backward_reduce's sums and backward's dx in one pass */
+#define nntile_layernorm_backward_whole_args nntile_norm_backward_args
+#define nntile_rmsnorm_backward_whole_args nntile_norm_backward_args
 /* rotary positions, in place on rows of heads vectors of head_dim elements */
 struct nntile_rope_forward_args {
     int64_t rows, heads, head_dim; double scale;
@@ -262,8 +265,10 @@ struct nntile_flash_args {
     X(embedding, 3, PLAIN) X(embedding_backward, 3, PLAIN) \
     X(layernorm_stats, 2, PLAIN) X(layernorm_forward, 5, MIXED) \
     X(layernorm_backward_reduce, 7, PLAIN) X(layernorm_backward, 6, PLAIN) \
+    X(layernorm_backward_whole, 7, PLAIN) \
     X(rmsnorm_stats, 2, PLAIN) X(rmsnorm_forward, 4, MIXED) \
     X(rmsnorm_backward_reduce, 6, PLAIN) X(rmsnorm_backward, 6, PLAIN) \
+    X(rmsnorm_backward_whole, 6, PLAIN) \
     X(rope_forward, 3, MIXED) X(rope_backward, 3, MIXED) \
     X(swiglu_forward, 3, PLAIN) X(swiglu_backward, 5, PLAIN) \
     X_BLAS(gemm, 3, MIXED) X(sumsq, 2, PLAIN) X_OPT(adam_step, 4, PLAIN) \
@@ -364,6 +369,9 @@ NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
     P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, gamma) \
     W(T *, rowacc) P(T *, dgamma) P(T *, dbeta)
 #define NNTILE_BUFFERS_layernorm_backward NNTILE_NORM_BACKWARD_BUFFERS
+#define NNTILE_BUFFERS_layernorm_backward_whole(P, W, T, ACC) \
+    P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, gamma) \
+    P(T *, dgamma) P(T *, dbeta) W(T *, dx)
 #define NNTILE_BUFFERS_rmsnorm_stats NNTILE_NORM_STATS_BUFFERS
 #define NNTILE_BUFFERS_rmsnorm_forward(P, W, T, ACC) \
     P(const ACC *, x) P(const ACC *, stats) P(const ACC *, weight) W(T *, y)
@@ -371,6 +379,9 @@ NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
     P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, weight) \
     W(T *, rowacc) P(T *, dweight)
 #define NNTILE_BUFFERS_rmsnorm_backward NNTILE_NORM_BACKWARD_BUFFERS
+#define NNTILE_BUFFERS_rmsnorm_backward_whole(P, W, T, ACC) \
+    P(const T *, x) P(const T *, dy) P(const T *, stats) P(const T *, weight) \
+    P(T *, dweight) W(T *, dx)
 /* rotary positions turn x forward and dx backward, in place */
 #define NNTILE_ROPE_BUFFERS(P, W, T, ACC) \
     P(const int64_t *, pos) P(const ACC *, inv_freq) P(T *, x)
@@ -421,9 +432,11 @@ NNTILE_OPS(NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP, NNTILE_NO_OP,
     X(xent_loss, loss, a->beta != 0) \
     X(layernorm_stats, stats, a->e_offset != 0) \
     X(layernorm_backward_reduce, rowacc, !a->init) \
-    X(layernorm_backward, dx, a->beta != 0) X(rmsnorm_stats, stats, !a->init) \
+    X(layernorm_backward, dx, a->beta != 0) \
+    X(layernorm_backward_whole, dx, a->beta != 0) X(rmsnorm_stats, stats, !a->init) \
     X(rmsnorm_backward_reduce, rowacc, !a->init) \
-    X(rmsnorm_backward, dx, a->beta != 0) X(gemm, C, a->beta != 0) \
+    X(rmsnorm_backward, dx, a->beta != 0) \
+    X(rmsnorm_backward_whole, dx, a->beta != 0) X(gemm, C, a->beta != 0) \
     X(sumsq, dst, a->beta != 0) \
     X(sgd_step, buf, a->momentum != 0 && a->step > 1) \
     X(flash_forward, o, a->accumulate) X(flash_forward, lse, a->accumulate) \
