@@ -354,6 +354,22 @@ template <typename T, int K> struct NormColEpi {
     }
 };
 
+/* A row pass (row_op over x, dy, stats, weight and out, keeping each row's
+ * statistics where there is scratch for them), then the weights' gradients,
+ * column sums of Row's terms (epi adds them) */
+template <template <typename> class Row, typename T, typename RowOp>
+void norm_rows_then_columns(RowOp row_op, int64_t rows, int64_t e, int64_t e_total,
+                            double eps, cudaStream_t s, const T *x, const T *dy,
+                            const T *stats, const T *weight, T *out,
+                            NormColEpi<T, Row<T>::kTerms> epi)
+{
+    Scratch rows_kept((size_t)rows * sizeof(Row<T>), s);
+    Row<T> *kept = (Row<T> *)rows_kept.ptr;
+    launch_rows(rows, e, row_op, s, x, dy, stats, weight, out, kept);
+    colsum<Row<T>::kTerms>(1, rows, e,
+                           NormColTerm<Row, T>{x, dy, stats, kept, e, e_total, eps}, epi, s);
+}
+
 /* LayerNorm: dweights = (dgamma, dbeta); RMSNorm: (dweight) */
 template <template <typename> class Row, typename T, typename... D>
 void norm_backward_reduce(const nntile_norm_backward_reduce_args *a, cudaStream_t s, const T *x,
@@ -363,14 +379,9 @@ void norm_backward_reduce(const nntile_norm_backward_reduce_args *a, cudaStream_
     constexpr int K = Row<T>::kTerms;
     static_assert(sizeof...(D) == K, "one weight gradient per term");
     const int64_t rows = a->rows > 0 ? a->rows : 0, e = a->e > 0 ? a->e : 0;
-    Scratch rows_kept((size_t)rows * sizeof(Row<T>), s);
-    Row<T> *kept = (Row<T> *)rows_kept.ptr;
-    launch_rows(rows, e, NormRowAccRow<Row>{e, a->e_total, a->eps,
-                                            a->init != 0},
-                s, x, dy, stats, weight, rowacc, kept);
-    colsum<K>(1, rows, e,
-              NormColTerm<Row, T>{x, dy, stats, kept, e, a->e_total, a->eps},
-              NormColEpi<T, K>{{dweights...}}, s);
+    norm_rows_then_columns<Row>(NormRowAccRow<Row>{e, a->e_total, a->eps, a->init != 0}, rows,
+                                e, a->e_total, a->eps, s, x, dy, stats, weight, rowacc,
+                                NormColEpi<T, K>{{dweights...}});
 }
 
 /* dx = Row's dx from g, xhat and rowacc, + beta*dx */
@@ -436,21 +447,12 @@ template <template <typename> class Row, typename T> struct NormWholeRow {
 template <template <typename> class Row, typename T>
 void norm_backward_whole(const nntile_norm_backward_args *a, cudaStream_t s, const T *x,
                          const T *dy, const T *stats, const T *weight,
-                         T *const (&dweights)[Row<T>::kTerms], T *dx)
+                         NormColEpi<T, Row<T>::kTerms> dweights, T *dx)
 {
-    constexpr int K = Row<T>::kTerms;
     const int64_t rows = a->rows > 0 ? a->rows : 0, e = a->e > 0 ? a->e : 0;
-    if (rows == 0 || e == 0)
-        return;
-    Scratch rows_kept((size_t)rows * sizeof(Row<T>), s);
-    Row<T> *kept = (Row<T> *)rows_kept.ptr;
-    launch_rows(rows, e,
-                NormWholeRow<Row, T>{e, a->eps, (C_t<T>)a->beta, a->beta != 0.0},
-                s, x, dy, stats, weight, dx, kept);
-    NormColEpi<T, K> epi;
-    for (int k = 0; k < K; ++k)
-        epi.dweight[k] = dweights[k];
-    colsum<K>(1, rows, e, NormColTerm<Row, T>{x, dy, stats, kept, e, e, a->eps}, epi, s);
+    norm_rows_then_columns<Row>(
+        NormWholeRow<Row, T>{e, a->eps, (C_t<T>)a->beta, a->beta != 0.0}, rows, e, e, a->eps,
+        s, x, dy, stats, weight, dx, dweights);
 }
 
 template <typename T>
@@ -458,8 +460,7 @@ void layernorm_backward_whole(const nntile_norm_backward_args *a, cudaStream_t s
                               const T *x, const T *dy, const T *stats, const T *gamma,
                               T *dgamma, T *dbeta, T *dx)
 {
-    T *const dweights[2] = {dgamma, dbeta};
-    norm_backward_whole<LnRow>(a, s, x, dy, stats, gamma, dweights, dx);
+    norm_backward_whole<LnRow>(a, s, x, dy, stats, gamma, {{dgamma, dbeta}}, dx);
 }
 
 template <typename T>
@@ -467,8 +468,7 @@ void rmsnorm_backward_whole(const nntile_norm_backward_args *a, cudaStream_t s,
                             const T *x, const T *dy, const T *stats, const T *weight,
                             T *dweight, T *dx)
 {
-    T *const dweights[1] = {dweight};
-    norm_backward_whole<RmsRow>(a, s, x, dy, stats, weight, dweights, dx);
+    norm_backward_whole<RmsRow>(a, s, x, dy, stats, weight, {{dweight}}, dx);
 }
 
 NNTILE_CUDA_END
