@@ -139,6 +139,22 @@ constexpr int kBlock = 256;      /* threads per block of most kernels */
 constexpr int64_t kMaxGrid = 65536; /* grid cap; kernels grid-stride */
 constexpr int kWaveBlocks = 1024;  /* ~8 blocks of 256 per SM (H100) */
 
+/* blocks of `threads` that the device runs at once (its SMs times the
+ * kernel's occupancy), for kernels that grid-stride with a partial per
+ * block: more would only add partials */
+template <typename Kernel> int64_t resident_blocks(Kernel kernel, int threads)
+{
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess
+        || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess
+        || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0)
+               != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kWaveBlocks;
+    }
+    return (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+}
+
 inline unsigned grid_for(int64_t work, int per_block = kBlock)
 {
     int64_t g = (work + per_block - 1) / per_block;

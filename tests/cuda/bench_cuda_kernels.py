@@ -1,8 +1,9 @@
 """Rough timings of the CUDA kernels at GPT-2-small tile sizes, then at the tiles of
 Llama-3.2-1B in bf16-mixed (not a test).
 
-    python3 tests/cuda/bench_cuda_kernels.py
+    python3 tests/cuda/bench_cuda_kernels.py [WORD ...]
 
+(with words, only the kernels whose name holds one of them).
 Builds the library like the tests do, times each call with CUDA events on
 one stream (median of 20 after warm-up) and prints the effective bandwidth
 (bytes that must be read and written / time) or TFLOP/s for GEMM."""
@@ -20,7 +21,7 @@ import test_cuda_kernels as T  # noqa: E402
 cp = T.cp
 
 
-def main():
+def main(words):
     env = T.Env(tempfile.mkdtemp(prefix="nntile_cuda_bench_"))
     s = env.stream
     rng = np.random.default_rng(0)
@@ -39,6 +40,8 @@ def main():
             stats[:, 1] = 1000.0
 
     def bench(name, op, dt, args, bufs, nbytes=None, flops=None):
+        if words and not any(w in name for w in words):
+            return
         st_ = T.make_args(op, args)
         fn = getattr(env.cuda, f"nntile_cuda_{op}_{dt}")
         first = env.handle if op == "gemm" else ctypes.c_void_p(s.ptr)
@@ -128,6 +131,9 @@ def main():
     bench("layernorm_backward [8192x768]", "layernorm_backward", "fp32",
           dict(rows=tok, e=e, e_total=e, eps=1e-5, beta=0.0),
           [xe, arr(tok, e), lst2, g, arr(tok, 2), arr(tok, e)], 12 * tok * e)
+    bench("layernorm_backward_whole [8192x768]", "layernorm_backward_whole", "fp32",
+          dict(rows=tok, e=e, e_total=e, eps=1e-5, beta=0.0),
+          [xe, arr(tok, e), lst2, g, arr(e), arr(e), arr(tok, e)], 12 * tok * e)
     # Llama at 8 x 1024 tokens, hidden 2048, 16 heads of 128
     lt, le = 8192, 2048
     xl, wl, sumsq = arr(lt, le), arr(le), arr(lt, fill=float(le))
@@ -145,6 +151,11 @@ def main():
     bench("rmsnorm_backward_whole [8192x2048]", "rmsnorm_backward_whole", "fp32",
           dict(rows=lt, e=le, e_total=le, eps=1e-5, beta=0.0),
           [xl, arr(lt, le), sumsq, wl, arr(le), arr(lt, le)], 12 * lt * le)
+    xw, ww = arr(lt, 2 * le), arr(2 * le)  # Llama-3.1-8B's rows
+    bench("rmsnorm_backward_whole [8192x4096]", "rmsnorm_backward_whole", "fp32",
+          dict(rows=lt, e=2 * le, e_total=2 * le, eps=1e-5, beta=0.0),
+          [xw, arr(lt, 2 * le), arr(lt, fill=2.0 * le), ww, arr(2 * le), arr(lt, 2 * le)],
+          24 * lt * le)
     with s:
         pos = cp.asarray(np.tile(np.arange(1024), 8).astype(np.int64))
     bench("rope_forward [8x1024x16x128]", "rope_forward", "fp32",
@@ -239,4 +250,4 @@ def llama_mixed(bench, arr, set_stats, rng, s):
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -708,7 +708,8 @@ def test_embedding(env, dt, rows, e, voff, v):
 @pytest.mark.parametrize("dt", DT)
 @pytest.mark.parametrize("rows,e_total,ntiles", [(1, 1, 1), (6, 70, 3),
                                                  (3, 2000, 2), (1000, 40, 2),
-                                                 (64, 768, 1), (5, 33, 4)])
+                                                 (64, 768, 1), (5, 33, 4),
+                                                 (3000, 1600, 1), (9, 3073, 1)])
 def test_layernorm(env, dt, rows, e_total, ntiles):
     rng = np.random.default_rng(rows * e_total)
     eps = 1e-5
@@ -770,7 +771,9 @@ def test_layernorm(env, dt, rows, e_total, ntiles):
 
 @pytest.mark.parametrize("dt", DT)
 @pytest.mark.parametrize("rows,e_total,ntiles", [(1, 1, 1), (6, 70, 3), (3, 2000, 2),
-                                                 (1000, 40, 2), (64, 2048, 1), (5, 33, 4)])
+                                                 (1000, 40, 2), (64, 2048, 1), (5, 33, 4),
+                                                 (3000, 2048, 1), (17000, 64, 1), (40, 4096, 1),
+                                                 (7, 4097, 1)])
 def test_rmsnorm(env, dt, rows, e_total, ntiles):
     rng = np.random.default_rng(rows * e_total + 1)
     eps = 1e-5
