@@ -286,31 +286,154 @@ def build(ctx, args, config, tiling, est, rng, say):
     return model, loop, init_s, pin_wait_s, host_at_start
 
 
-def run(args):
-    E = args.n_embd
-    config = model_config(args)
-    given = {k: getattr(args, f"tile_{k}") for k in ("batch", "seq", "embd", "head", "inner", "vocab")
-             if getattr(args, f"tile_{k}")}
+def planned(args):
+    """(config, tile choices, tiling) of the run the flags describe: the tiles no flag gives
+    chosen for this machine and run, as nntile-train does; STARPU_LIMIT_* from their flags."""
     for flag, variable in ((args.limit_cuda_mem, "STARPU_LIMIT_CUDA_MEM"),
                            (args.limit_cpu_mem, "STARPU_LIMIT_CPU_MEM")):
         if flag:
             os.environ[variable] = str(flag)
-    # the tiles no flag gives: chosen for this machine and run, as nntile-train does
-    from nntile.policy import describe_tiles
+    config = model_config(args)
+    given = {k: getattr(args, f"tile_{k}") for k in ("batch", "seq", "embd", "head", "inner", "vocab")
+             if getattr(args, f"tile_{k}")}
     choices = default_tiles(config, args.batch, args.seq, given, args, args.dtype)
     tiling = {k: v for k, (v, _) in choices.items() if k != "batch_count"}
-    nparams = config.num_parameters()
+    return config, choices, tiling
+
+
+def flops_of_step(args, config):
     tokens = args.batch * args.seq
-    flops_per_step = (model_flops_per_step(nparams, args.n_layer, E, args.seq, tokens)
-                      if args.model == "gpt2" else config.flops_per_token(args.seq) * tokens)
+    if args.model == "gpt2":
+        return model_flops_per_step(config.num_parameters(), args.n_layer, args.n_embd,
+                                    args.seq, tokens)
+    return config.flops_per_token(args.seq) * tokens
+
+
+class Steps:
+    """What each step took and moved, as measured after it."""
+
+    def __init__(self, ctx, replicas, host_at_start):
+        self.ctx, self.replicas, self.host_at_start = ctx, replicas, host_at_start
+        self.times, self.losses, self.sent, self.reduced = [], [], [], []
+        self.moved, self.busy, self.host_used = [], [], []
+        self.bandwidth, self.measured = None, None
+        self._sent_before = 0
+
+    def start(self):
+        ctx = self.ctx
+        self._sent_before = sum(ctx.bytes_sent()) if ctx.owner_ranks > 1 else 0
+        ctx.bus_stats(), ctx.worker_stats()  # both count from here
+
+    def record(self, seconds_taken, loss, say):
+        ctx = self.ctx
+        self.times.append(seconds_taken)
+        self.losses.append(loss)
+        step_moved, self.bandwidth = traffic(ctx.bus_stats())
+        self.moved.append(step_moved)
+        gpus = [w for w in ctx.worker_stats() if w["worker"].startswith("CUDA")]
+        self.busy.append(sum(w["executing_s"] for w in gpus)
+                         / max(1e-9, sum(w["total_s"] for w in gpus)))
+        if ctx.owner_ranks > 1:  # bytes all ranks sent through StarPU-MPI in this step
+            self.sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - self._sent_before))
+        if ctx.replicated:  # the gradients each rank handed to the all-reduce
+            self.reduced.append(self.replicas.bytes_reduced())
+        self.host_used.append(show_memory(ctx, say))
+
+    def line(self, flops_per_step):
+        """The last step's line."""
+        # host memory StarPU allocated in this step (pinned, where there are GPUs: slow to
+        # allocate; docs/performance.md, "Step 1 past GPU memory")
+        before = self.host_used[-2] if len(self.host_used) > 1 else self.host_at_start
+        grew = self.host_used[-1] - before
+        mpi = collective_note(self.ctx, self.replicas, self.sent, self.reduced)
+        arena = self.ctx.host_arena_stats()  # host memory pinned ahead (nntile.policy)
+        pinned = (f"; pinned ahead {arena['pinned'] / 2**30:.1f} GiB, waited for "
+                  f"{arena['wait_s']:.2f} s in all" if arena else "")
+        seconds_taken, moved = self.times[-1], self.moved[-1]
+        return (f"step {len(self.times)}: {seconds_taken:.2f} s, loss {self.losses[-1]:.4f}, "
+                f"{flops_per_step / seconds_taken / 1e12:.1f} TFLOP/s{mpi}; host->GPU "
+                f"{moved['h2d'] / 2**30:.1f} GiB, GPU->host {moved['d2h'] / 2**30:.1f}"
+                f" GiB, GPU->GPU {moved['d2d'] / 2**30:.1f} GiB; GPUs busy "
+                f"{100 * self.busy[-1]:.0f}%; host memory in use {grew / 2**30:+.1f} GiB{pinned}")
+
+
+def run_steps(ctx, loop, args, est, host_at_start, flops_per_step, rng, say, after_step):
+    """Train args.steps steps on random tokens (after_step() after each); their Steps."""
+    ids = rng.integers(0, args.vocab, (args.batch, args.seq))
+    targets = rng.integers(0, args.vocab, (args.batch, args.seq))
+    steps = Steps(ctx, loop.replicas, host_at_start)
+    ended = None
+    for step in range(args.steps):
+        steps.start()
+        seconds_taken, loss = timed_step(ctx, loop, (ids, targets), step, args, say)
+        if args.pipeline and ended is not None:  # since the last step's loss was read
+            seconds_taken = time.perf_counter() - ended
+        ended = time.perf_counter()
+        after_step()
+        steps.record(seconds_taken, loss, say)
+        if steps.measured is None:  # every tensor exists after the first step
+            steps.measured = memory.live_tensor_bytes()[1]
+            say(f"registered tensors: {memory.fmt_bytes(steps.measured)} "
+                f"(estimate {memory.fmt_bytes(est.whole.total)})", flush=True)
+        say(steps.line(flops_per_step), flush=True)
+    return steps
+
+
+def say_pcie_floor(est, gpu_total, bandwidth, step_s, say):
+    """(bytes across host<->GPU links each way, the seconds that takes at least); said
+    where it is not zero."""
+    cross, floor_s = pcie_floor(live_at_turn(est), gpu_total, bandwidth)
+    if floor_s:
+        say(f"PCIe floor: {cross / 2**30:.1f} GiB live when backward starts that the GPUs "
+            f"cannot hold, out and in each step at {bandwidth['h2d'] / 1e9:.1f} / "
+            f"{bandwidth['d2h'] / 1e9:.1f} GB/s: {floor_s:.2f} s; step {step_s:.2f} s "
+            f"= {step_s / floor_s:.1f}x the floor", flush=True)
+    return cross, floor_s
+
+
+def result_of(args, config, ctx, est, backend, steps, flops_per_step, tiling, built, say):
+    """The RESULT record of the run."""
+    init_s, pin_wait_s = built
+    ibest = steps.times.index(min(steps.times[1:])) if len(steps.times) > 1 else 0
+    step_s = reported_step(steps.times, args.pipeline)
+    gpu_total = sum(n["total"] for n in ctx.memory_nodes() if n["node"].startswith("CUDA"))
+    cross, floor_s = say_pcie_floor(est, gpu_total, steps.bandwidth, step_s, say)
+    tokens = args.batch * args.seq
+    return dict(model=args.model, n_embd=args.n_embd, n_layer=args.n_layer,
+                params=config.num_parameters(), flops_per_step=flops_per_step,
+                batch=args.batch, seq=args.seq, step_s=step_s, tokens_per_s=tokens / step_s,
+                tflops=flops_per_step / step_s / 1e12, losses=steps.losses,
+                max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                estimate_gib=est.whole.total / 2**30,
+                rank_need_gib=est.total / 2**30, measured_gib=(steps.measured or 0) / 2**30,
+                wont_use=args.wont_use, layer_priorities=args.layer_priorities,
+                free_activations=args.free_activations, recompute=est.recompute.value,
+                optimizer_on=args.optimizer_on, disk_swap=args.disk_swap, disk_backend=backend,
+                workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
+                distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,
+                mpi_bytes_per_step=steps.sent[1:] or steps.sent, steps_s=steps.times,
+                allreduce_bytes_per_step=steps.reduced[1:] or steps.reduced,
+                gpu_busy=steps.busy[ibest],
+                moved_gib={k: v / 2**30 for k, v in steps.moved[ibest].items()},
+                host_gpu_gbps={k: v / 1e9 for k, v in steps.bandwidth.items()},
+                gpu_gib=gpu_total / 2**30, pcie_cross_gib=cross / 2**30,
+                pcie_floor_s=floor_s, host_used_gib=[h / 2**30 for h in steps.host_used],
+                host_at_start_gib=steps.host_at_start / 2**30, init_s=init_s,
+                pin_wait_s=pin_wait_s, pinned_ahead=ctx.host_arena_stats())
+
+
+def run(args):
+    from nntile.distributed import Distribution
+    from nntile.policy import describe_tiles
+    config, choices, tiling = planned(args)
+    nparams = config.num_parameters()
+    flops_per_step = flops_of_step(args, config)
     rank, nranks = launcher_rank()
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"model: {args.model}, {config.describe()}, {nparams / 1e9:.2f}B parameters, "
         f"{16 * nparams / 2**30:.1f} GiB for weights+grads+Adam, tiling {tiling}, "
         f"{args.attention} attention", flush=True)
     say(f"tiles: {describe_tiles(choices)}", flush=True)
-
-    from nntile.distributed import Distribution
     distribution = Distribution.parse(args.distribution, nranks) if nranks > 1 else None
     try:
         est, backend = checked_estimate(args, config, tiling, distribution)
@@ -340,87 +463,17 @@ def run(args):
                                             args.verbose)
         model, loop, init_s, pin_wait_s, host_at_start = build(ctx, args, config, tiling,
                                                                 est, rng, say)
-        replicas = loop.replicas
         if args.wont_use:
             loop.idle = ([p.grad for _, p in model.named_parameters()]
                          + list(loop.opt.state_tensors().values()))
-        gpu_total = sum(n["total"] for n in ctx.memory_nodes() if n["node"].startswith("CUDA"))
         say(f"recompute: {est.recompute.value} ({est.recompute.reason})", flush=True)
         ctx.profiling(True)  # worker busy shares and bus bytes per step
-        ids = rng.integers(0, args.vocab, (args.batch, args.seq))
-        targets = rng.integers(0, args.vocab, (args.batch, args.seq))
-        times, losses, sent, reduced, moved, busy, host_used = [], [], [], [], [], [], []
-        measured = None
-        whole = est.whole.total  # all ranks together
-        ended = None
-        for step in range(args.steps):
-            before = sum(ctx.bytes_sent()) if ctx.owner_ranks > 1 else 0
-            ctx.bus_stats(), ctx.worker_stats()  # both count from here
-            seconds_taken, loss = timed_step(ctx, loop, (ids, targets), step, args, say)
-            if args.pipeline and ended is not None:  # since the last step's loss was read
-                seconds_taken = time.perf_counter() - ended
-            ended = time.perf_counter()
-            times.append(seconds_taken)
-            losses.append(loss)
-            note_calibration()
-            step_moved, bandwidth = traffic(ctx.bus_stats())
-            moved.append(step_moved)
-            gpus = [w for w in ctx.worker_stats() if w["worker"].startswith("CUDA")]
-            busy.append(sum(w["executing_s"] for w in gpus) / max(1e-9, sum(w["total_s"] for w in gpus)))
-            if ctx.owner_ranks > 1:  # bytes all ranks sent through StarPU-MPI in this step
-                sent.append(ctx.comm.allreduce(sum(ctx.bytes_sent()) - before))
-            if ctx.replicated:  # the gradients each rank handed to the all-reduce
-                reduced.append(replicas.bytes_reduced())
-            if measured is None:  # every tensor exists after the first step
-                measured = memory.live_tensor_bytes()[1]
-                say(f"registered tensors: {memory.fmt_bytes(measured)} "
-                    f"(estimate {memory.fmt_bytes(whole)})", flush=True)
-            host_used.append(show_memory(ctx, say))
-            # host memory StarPU allocated in this step (pinned, where there are GPUs: slow to
-            # allocate; docs/performance.md, "Step 1 past GPU memory")
-            grew = host_used[-1] - (host_used[-2] if len(host_used) > 1 else host_at_start)
-            mpi = collective_note(ctx, replicas, sent, reduced)
-            arena = ctx.host_arena_stats()  # host memory pinned ahead (nntile.policy)
-            pinned = (f"; pinned ahead {arena['pinned'] / 2**30:.1f} GiB, waited for "
-                      f"{arena['wait_s']:.2f} s in all" if arena else "")
-            say(f"step {step + 1}: {times[-1]:.2f} s, loss {losses[-1]:.4f}, "
-                f"{flops_per_step / times[-1] / 1e12:.1f} TFLOP/s{mpi}; host->GPU "
-                f"{step_moved['h2d'] / 2**30:.1f} GiB, GPU->host {step_moved['d2h'] / 2**30:.1f}"
-                f" GiB, GPU->GPU {step_moved['d2d'] / 2**30:.1f} GiB; GPUs busy "
-                f"{100 * busy[-1]:.0f}%; host memory in use {grew / 2**30:+.1f} GiB{pinned}",
-                flush=True)
-        ibest = times.index(min(times[1:])) if len(times) > 1 else 0
-        step_s = reported_step(times, args.pipeline)
-        cross, floor_s = pcie_floor(live_at_turn(est), gpu_total, bandwidth)
-        if floor_s:
-            say(f"PCIe floor: {cross / 2**30:.1f} GiB live when backward starts that the GPUs "
-                f"cannot hold, out and in each step at {bandwidth['h2d'] / 1e9:.1f} / "
-                f"{bandwidth['d2h'] / 1e9:.1f} GB/s: {floor_s:.2f} s; step {step_s:.2f} s "
-                f"= {step_s / floor_s:.1f}x the floor", flush=True)
-        result = dict(model=args.model, n_embd=E, n_layer=args.n_layer, params=nparams,
-                      flops_per_step=flops_per_step, batch=args.batch,
-                      seq=args.seq, step_s=step_s, tokens_per_s=tokens / step_s,
-                      tflops=flops_per_step / step_s / 1e12, losses=losses,
-                      max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                      estimate_gib=whole / 2**30,
-                      rank_need_gib=est.total / 2**30, measured_gib=(measured or 0) / 2**30,
-                      wont_use=args.wont_use, layer_priorities=args.layer_priorities,
-                      free_activations=args.free_activations, recompute=est.recompute.value,
-                      optimizer_on=args.optimizer_on, disk_swap=args.disk_swap, disk_backend=backend,
-                      workers=ctx.workers, tiling=tiling, ranks=ctx.world_size,
-                      distribution=repr(ctx.distribution) if ctx.world_size > 1 else None,
-                      mpi_bytes_per_step=sent[1:] or sent, steps_s=times,
-                      allreduce_bytes_per_step=reduced[1:] or reduced,
-                      gpu_busy=busy[ibest], moved_gib={k: v / 2**30 for k, v in moved[ibest].items()},
-                      host_gpu_gbps={k: v / 1e9 for k, v in bandwidth.items()},
-                      gpu_gib=gpu_total / 2**30, pcie_cross_gib=cross / 2**30,
-                      pcie_floor_s=floor_s, host_used_gib=[h / 2**30 for h in host_used],
-                      host_at_start_gib=host_at_start / 2**30, init_s=init_s,
-                      pin_wait_s=pin_wait_s,
-                      pinned_ahead=ctx.host_arena_stats())
+        steps = run_steps(ctx, loop, args, est, host_at_start, flops_per_step, rng, say,
+                          note_calibration)
+        result = result_of(args, config, ctx, est, backend, steps, flops_per_step, tiling,
+                           (init_s, pin_wait_s), say)
         if rank == 0:
             print_result(result)
-
 
 if __name__ == "__main__":
     sys.exit(main())
