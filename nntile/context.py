@@ -181,6 +181,36 @@ class Context(Runtime):
                                        self.training)
 
     def start(self):
+        self._ready_to_start()
+        settings = self.settings()
+        sched = str(settings["sched"].value)
+        policy.check_scheduler(sched, schedulers())
+        env, defaults = self._starpu_env(settings)
+        share = self._cpu_update_share(settings)
+        # nntile's own count goes to StarPU as a number: StarPU-MPI then reserves no core
+        ncpus = settings["ncpu"].value if settings["ncpu"].reason in (
+            policy.GPU_ONLY, policy.SHARED_CORE, policy.CPU_UPDATE_WORKERS) else None
+        ncuda = 0 if not HAVE_CUDA else None
+        comm_handle = self._start_communication(env)
+        self._env_from_defaults = defaults
+        try:
+            self._start_starpu(sched, ncpus, ncuda, env, comm_handle)
+        except BaseException:
+            self._env_from_defaults = set()
+            self._free_comm()
+            raise
+        try:
+            self._start_on_starpu(settings, share)
+        except BaseException:
+            self.shutdown()
+            raise
+        if self.verbose:
+            print(self.describe(), file=sys.stderr)
+        return self
+
+    def _ready_to_start(self):
+        """Errors StarPU would abort on, or a Context already running; under MPI, this rank's
+        share of the node's cores, on which the settings depend."""
         from nntile.machine import check_disk_swap_env
         policy.check_starpu_env(os.environ)  # StarPU would abort on what it cannot read
         check_disk_swap_env()  # StarPU would abort on a disk swap it cannot take
@@ -192,31 +222,32 @@ class Context(Runtime):
         if self.mpi:
             _check_mpi_env()
             from nntile.distributed import share_node_cores
-            share_node_cores()  # before settings(), which depend on the rank's cores
+            share_node_cores()
             self._machine = None
-        settings = self.settings()
-        sched = str(settings["sched"].value)
-        policy.check_scheduler(sched, schedulers())
+
+    def _starpu_env(self, settings):
+        """(the variables StarPU reads at start-up, those of them set from nntile's defaults)"""
         env, defaults = {}, set()
-        for name, var in policy.SETTINGS:  # StarPU reads these at start-up
+        for name, var in policy.SETTINGS:
             value, origin = settings[name]
             if getattr(self, name) is not None:
                 env[var] = value  # an argument wins over an inherited variable
             elif name in policy.DEFAULTS_IN_ENV and origin.startswith("nntile default"):
                 env[var] = value
                 defaults.add(var)
-        share = self._cpu_update_share(settings)
-        # nntile's own count goes to StarPU as a number: StarPU-MPI then reserves no core
-        ncpus = settings["ncpu"].value if settings["ncpu"].reason in (
-            policy.GPU_ONLY, policy.SHARED_CORE, policy.CPU_UPDATE_WORKERS) else None
-        ncuda = 0 if not HAVE_CUDA else None
+        return env, defaults
+
+    def _start_communication(self, env):
+        """MPI where asked (adding to ``env`` what the ranks' StarPU needs); the communicator
+        handle StarPU-MPI is started with, or None (no MPI, or replicas: each rank its own
+        StarPU, without StarPU-MPI)."""
         comm_handle = None
         try:
             if self.mpi:
                 env.update(self._gpus_of_local_rank())
                 comm_handle = self._start_mpi()
                 self._check_distribution(self.comm.Get_size())
-                if self.replicated:  # each rank its own StarPU, without StarPU-MPI
+                if self.replicated:
                     self._free_comm()
                     comm_handle = None
                 else:
@@ -226,25 +257,15 @@ class Context(Runtime):
         except BaseException:
             self._free_comm()
             raise
-        self._env_from_defaults = defaults
-        try:
-            self._start_starpu(sched, ncpus, ncuda, env, comm_handle)
-        except BaseException:
-            self._env_from_defaults = set()
-            self._free_comm()
-            raise
+        return comm_handle
+
+    def _start_on_starpu(self, settings, share):
+        """What runs on the started StarPU: the ranks' collectives, the device replicas, the
+        update's placement and the host memory pinned ahead."""
         if self.replicated:
             self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
-            try:
-                self._start_collectives()
-            except BaseException:
-                self.shutdown()
-                raise
-        try:
-            self.device_replicas = self._start_device_replicas()
-        except BaseException:
-            self.shutdown()
-            raise
+            self._start_collectives()
+        self.device_replicas = self._start_device_replicas()
         # nntile.optim reads it: each update's tiles copied to host memory after it
         self.writes_behind = str(settings["write_behind"].value).strip() == "1"
         # nntile.optim updates this share of the parameters on the CPU workers, which are
@@ -254,14 +275,7 @@ class Context(Runtime):
             set_task_workers("cuda")
         pinned_mib = int(settings["pinned_host_mem"].value or 0)
         if pinned_mib:
-            try:
-                self._start_host_arena(pinned_mib * policy.MiB, policy.PIN_CHUNK)
-            except BaseException:
-                self.shutdown()
-                raise
-        if self.verbose:
-            print(self.describe(), file=sys.stderr)
-        return self
+            self._start_host_arena(pinned_mib * policy.MiB, policy.PIN_CHUNK)
 
     def _start_device_replicas(self):
         """How many replicas of a model this process trains (nntile.policy.device_replicas);
