@@ -166,15 +166,9 @@ def append_plot_data(path, result):
         f.write("\n")
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    gpu = nntile.HAVE_CUDA and torch.cuda.is_available() and args.ncuda != 0
-    device = "cuda" if gpu else "cpu"
-    ncuda = (args.ncuda if args.ncuda is not None else 1) if gpu else 0
-    # No CPU worker by default on a GPU: dmda would put large GEMMs on a core to calibrate.
-    ncpu = args.ncpu if args.ncpu is not None or not gpu else 0
-    warmup = args.warmup if args.warmup is not None else (3 if gpu else 1)
-    tiling = {k: getattr(args, f"tile_{k}") for k in TILE_KEYS if getattr(args, f"tile_{k}")}
+def models_of(args):
+    """(our config, FLOPs a step, the transformers model, our model class) the flags
+    describe; both models start from the transformers model's weights."""
     tokens = args.batch * args.seq
     if args.model == "gpt2":
         config = GPT2Config(vocab_size=args.vocab, n_positions=max(1024, args.seq),
@@ -184,14 +178,37 @@ def main(argv=None):
                                      args.seq, tokens)
         hf = torch_reference.gpt2(args.vocab, config.n_positions, args.n_embd, args.n_layer,
                                   args.n_head)
-        model_type = GPT2LMHead
-    else:
-        config = llama_config(args)
-        flops = config.flops_per_token(args.seq) * tokens
-        hf = torch_reference.llama(args.vocab, args.n_embd, args.n_inner, args.n_layer,
-                                   args.n_head, args.n_kv_head, args.seq, args.tied)
-        model_type = LlamaLM
-    config = config.replace(attention=args.attention)
+        return config.replace(attention=args.attention), flops, hf, GPT2LMHead
+    config = llama_config(args)
+    flops = config.flops_per_token(args.seq) * tokens
+    hf = torch_reference.llama(args.vocab, args.n_embd, args.n_inner, args.n_layer,
+                               args.n_head, args.n_kv_head, args.seq, args.tied)
+    return config.replace(attention=args.attention), flops, hf, LlamaLM
+
+
+def build_ours(ctx, hf, model_type, config, tiling, args, ncpu, ncuda):
+    """(our model from the transformers model's weights, or None with the failure's record;
+    our tiling)."""
+    try:
+        tiling = program_tiling(config, args.batch, args.seq, tiling, ncpu, ncuda, args.dtype)
+        model = model_type.from_transformers(hf, tiling, args.dtype)
+        print(ctx.describe().splitlines()[-1], flush=True)  # the tiles, and why
+        ctx.wait()
+    except Exception as exc:
+        return None, failure(exc), tiling
+    return model, None, tiling
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    gpu = nntile.HAVE_CUDA and torch.cuda.is_available() and args.ncuda != 0
+    device = "cuda" if gpu else "cpu"
+    ncuda = (args.ncuda if args.ncuda is not None else 1) if gpu else 0
+    # No CPU worker by default on a GPU: dmda would put large GEMMs on a core to calibrate.
+    ncpu = args.ncpu if args.ncpu is not None or not gpu else 0
+    warmup = args.warmup if args.warmup is not None else (3 if gpu else 1)
+    tiling = {k: getattr(args, f"tile_{k}") for k in TILE_KEYS if getattr(args, f"tile_{k}")}
+    config, flops, hf, model_type = models_of(args)
     nparams = config.num_parameters()
     device_name = (torch.cuda.get_device_name(0) if gpu
                    else f"CPU ({os.cpu_count()} cores, torch threads {torch.get_num_threads()})")
@@ -217,13 +234,7 @@ def main(argv=None):
         del initial
         if gpu:
             torch.cuda.empty_cache()
-        try:
-            tiling = program_tiling(config, args.batch, args.seq, tiling, ncpu, ncuda, args.dtype)
-            model = model_type.from_transformers(hf, tiling, args.dtype)
-            print(ctx.describe().splitlines()[-1], flush=True)  # the tiles, and why
-            ctx.wait()
-        except Exception as exc:
-            model, ours = None, failure(exc)
+        model, ours, tiling = build_ours(ctx, hf, model_type, config, tiling, args, ncpu, ncuda)
         del hf
         if model is not None:
             ours = run_ours(ctx, model, args, ids, targets, flops, warmup)
@@ -248,7 +259,6 @@ def main(argv=None):
     if args.plot_data:
         append_plot_data(args.plot_data, result)
     print_result(result)
-
 
 if __name__ == "__main__":
     sys.exit(main())
