@@ -276,6 +276,27 @@ __device__ void norm_row_sums(int64_t r, int tid, bool active, int64_t e, int64_
         a[k] = group_allreduce<TPR>(a[k], SumOp(), sh[k]);
 }
 
+/* a dx element: v, + beta*dx where accumulating */
+template <typename T>
+__device__ __forceinline__ void store_dx(T *out, C_t<T> v, C_t<T> beta, int accumulate)
+{
+    *out = st<T>(accumulate ? v + beta * ld(*out) : v);
+}
+
+/* Row's dx coefficients of a row in one tile from its sums a, rounded to T as
+ * rowacc would hold them: the two ops' arithmetic */
+template <template <typename> class Row, typename T>
+__device__ __forceinline__ typename Row<T>::Dx whole_row_dx(const Row<T> &nr,
+                                                            const double (&a)[Row<T>::kTerms],
+                                                            int64_t e)
+{
+    T sums[Row<T>::kTerms];
+    #pragma unroll
+    for (int k = 0; k < Row<T>::kTerms; ++k)
+        sums[k] = st<T>((C_t<T>)a[k]);
+    return typename Row<T>::Dx(nr, sums, 0, e);
+}
+
 /* row r of dx = Row's dx from g, xhat and the row's coefficients (dx_of),
  * + beta*dx where accumulating */
 template <int TPR, template <typename> class Row, typename T>
@@ -293,8 +314,7 @@ __device__ void norm_row_dx(int64_t r, int tid, int64_t e, const Row<T> &nr,
          * registers (nvcc 13, sm_90) */
         const C xh = nr.xhat(xr[j]);
         const C g = ld(dyr[j]) * ld(weight[j]);
-        const C v = dx_of(g, xh);
-        dxr[j] = st<T>(accumulate ? v + beta * ld(dxr[j]) : v);
+        store_dx(dxr + j, dx_of(g, xh), beta, accumulate);
     }
 }
 
@@ -429,19 +449,13 @@ template <template <typename> class Row, typename T> struct NormWholeRow {
                         const T *dy, const T *stats, const T *weight, T *dx,
                         Row<T> *kept) const
     {
-        typedef C_t<T> C;
-        constexpr int K = Row<T>::kTerms;
-        double a[K];
+        double a[Row<T>::kTerms];
         norm_row_sums<TPR>(r, tid, active, e, e, eps, x, dy, stats, weight, kept, a);
         if (!active)
             return;
-        T sums[K];
-        #pragma unroll
-        for (int k = 0; k < K; ++k)
-            sums[k] = st<T>((C)a[k]);
         const Row<T> nr(stats, r, e, eps);
-        const typename Row<T>::Dx dx_of(nr, sums, 0, e);
-        norm_row_dx<TPR>(r, tid, e, nr, dx_of, x, dy, weight, beta, accumulate, dx);
+        norm_row_dx<TPR>(r, tid, e, nr, whole_row_dx(nr, a, e), x, dy, weight, beta,
+                         accumulate, dx);
     }
 };
 
@@ -486,11 +500,10 @@ __global__ void __launch_bounds__(kBlock)
         for (int v = 0; v < V; ++v)
             if (tid + (int64_t)v * kBlock < e)
                 nr.row_terms(xs[v], ds[v], w[v], a);
-        T sums[K];
         #pragma unroll
         for (int k = 0; k < K; ++k)
-            sums[k] = st<T>((C)group_allreduce<kBlock>(a[k], SumOp(), sh[k]));
-        const typename Row<T>::Dx dx_of(nr, sums, 0, e);
+            a[k] = group_allreduce<kBlock>(a[k], SumOp(), sh[k]);
+        const typename Row<T>::Dx dx_of = whole_row_dx(nr, a, e);
         #pragma unroll
         for (int v = 0; v < V; ++v) {
             const int64_t j = tid + (int64_t)v * kBlock;
@@ -498,9 +511,7 @@ __global__ void __launch_bounds__(kBlock)
                 continue;
             const C xh = nr.xhat(xs[v]);
             const C d = ld(ds[v]);
-            const C val = dx_of(d * ld(w[v]), xh);
-            T *out = dx + r * e + j;
-            *out = st<T>(accumulate ? val + beta * ld(*out) : val);
+            store_dx(dx + r * e + j, dx_of(d * ld(w[v]), xh), beta, accumulate);
             Row<T>::col_terms(d, xh, cols[v]);
         }
     }
