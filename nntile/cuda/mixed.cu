@@ -100,30 +100,60 @@ __device__ void merge_stats(float *st_, float m1, double s1, int init)
     st_[1] = (float)sum;
 }
 
+/* W bf16 of a row from its element j*W, as floats: one two-byte load, or
+ * (W == 8, the row 16-byte aligned) one 16-byte load */
+template <int W>
+__device__ __forceinline__ void load_bf16(const bf16 *row, int64_t j, float (&f)[W])
+{
+    if constexpr (W == 1) {
+        f[0] = ld(row[j]);
+    } else {
+        static_assert(W == 8, "one bf16 or eight");
+        const uint4 u = ((const uint4 *)row)[j];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { /* a bf16 is a float's upper half */
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+}
+
 /* n == 1 (scores, logits): a group of TPR threads per contiguous row, two
  * passes (max, then sum of exp(x - max)), each unrolled so that a thread has
- * several bf16 loads in flight */
-template <int TPR>
+ * several loads in flight, of W bf16 each */
+template <int TPR, int W>
 __global__ void maxsumexp_rows_k(int64_t m, int64_t k, int init,
                                  const bf16 *__restrict__ src,
                                  float *__restrict__ stats)
 {
     __shared__ float shc[kBlock / 32];
     __shared__ double shd[kBlock / 32];
+    const int64_t loads = k / W;
     NNTILE_ROW_LOOP(TPR, m, r, tid, active) {
         const bf16 *row = src + r * k;
         float mt = ninf<float>();
         if (active)
 #pragma unroll 4
-            for (int64_t j = tid; j < k; j += TPR)
-                mt = fmaxf(mt, ld(row[j]));
+            for (int64_t j = tid; j < loads; j += TPR) {
+                float f[W];
+                load_bf16<W>(row, j, f);
+#pragma unroll
+                for (int i = 0; i < W; ++i)
+                    mt = fmaxf(mt, f[i]);
+            }
         const float mx = group_allreduce<TPR>(mt, MaxOp(), shc);
         const float sh = exp_shift(mx);
         double s = 0.0;
         if (active)
 #pragma unroll 4
-            for (int64_t j = tid; j < k; j += TPR)
-                s += (double)vexp(ld(row[j]) - sh);
+            for (int64_t j = tid; j < loads; j += TPR) {
+                float f[W];
+                load_bf16<W>(row, j, f);
+#pragma unroll
+                for (int i = 0; i < W; ++i)
+                    s += (double)vexp(f[i] - sh);
+            }
         s = group_allreduce<TPR>(s, SumOp(), shd);
         if (active && tid == 0)
             merge_stats(stats + 2 * r, mx, s, init);
@@ -223,11 +253,17 @@ extern "C" void nntile_cuda_maxsumexp_bf16_fp32(
     if (m <= 0 || n <= 0)
         return;
     const bf16 *x = (const bf16 *)src;
+    /* rows of whole 16-byte words: eight bf16 a load */
+    const bool by16 = k % 8 == 0 && (uintptr_t)x % 16 == 0;
     if (n == 1)
-        dispatch_tpr(k, [&](auto tpr) {
+        dispatch_tpr(by16 ? k / 8 : k, [&](auto tpr) {
             constexpr int TPR = decltype(tpr)::value;
-            maxsumexp_rows_k<TPR><<<row_grid(m, TPR), kBlock, 0, s>>>(
-                m, k, a->init != 0, x, stats);
+            if (by16)
+                maxsumexp_rows_k<TPR, 8><<<row_grid(m, TPR), kBlock, 0, s>>>(
+                    m, k, a->init != 0, x, stats);
+            else
+                maxsumexp_rows_k<TPR, 1><<<row_grid(m, TPR), kBlock, 0, s>>>(
+                    m, k, a->init != 0, x, stats);
         });
     else
         maxsumexp_cols_k<<<grid_for(m * n), kBlock, 0, s>>>(m, k, n,
