@@ -79,29 +79,36 @@ void adam_step(const nntile_adam_step_args *a, cudaStream_t s, T *p,
     launch_elementwise(a->n, AdamOp<C>{k}, s, p, g, m, v, normsq, copy);
 }
 
-template <typename T>
-__global__ void sgd_step_k(int64_t n, C_t<T> wd, C_t<T> mom, C_t<T> damp,
-                           C_t<T> neg_lr, int use_momentum, int first,
-                           int nesterov, int clip_on, double max_norm,
-                           T *__restrict__ p, const T *__restrict__ g,
-                           T *__restrict__ buf, const T *__restrict__ normsq)
-{
-    typedef C_t<T> C;
-    const C coef = clip(clip_on, max_norm, normsq);
-    NNTILE_GRID_STRIDE(int64_t, i, n) {
-        const C pi = ld(p[i]);
-        const C gi = ld(g[i]) * coef + wd * pi;
-        if (!use_momentum) {
-            p[i] = st<T>(pi + neg_lr * gi);
-        } else {
-            C bi = first ? (C)0 : ld(buf[i]);
-            const C pn = sgd_momentum(pi, gi, &bi, mom, damp, neg_lr, first,
-                                      nesterov);
-            buf[i] = st<T>(bi);
-            p[i] = st<T>(pn);
-        }
+/* SGD, element-wise, with momentum where mom != 0 (buf: the momentum
+ * buffer, not read at the first step).  p and buf are updated in place, so a
+ * thread loads all its items first (LoadsFirst, common.cuh). */
+template <typename C> struct SgdOp {
+    C wd, mom, damp, neg_lr;
+    int use_momentum, first, nesterov, clip_on;
+    double max_norm;
+    struct Item {
+        C p, g, buf;
+    };
+    template <typename T>
+    __device__ Item load(int64_t i, T *p, const T *g, T *buf, const T *) const
+    {
+        return {ld(p[i]), ld(g[i]), use_momentum && !first ? ld(buf[i]) : (C)0};
     }
-}
+    template <typename T>
+    __device__ void store(int64_t i, Item it, T *p, const T *, T *buf,
+                          const T *normsq) const
+    {
+        const C gi = it.g * clip(clip_on, max_norm, normsq) + wd * it.p;
+        if (!use_momentum) {
+            p[i] = st<T>(it.p + neg_lr * gi);
+            return;
+        }
+        C bi = it.buf;
+        const C pn = sgd_momentum(it.p, gi, &bi, mom, damp, neg_lr, first, nesterov);
+        buf[i] = st<T>(bi);
+        p[i] = st<T>(pn);
+    }
+};
 
 template <typename T>
 void sgd_step(const nntile_sgd_step_args *a, cudaStream_t s, T *p,
@@ -110,11 +117,10 @@ void sgd_step(const nntile_sgd_step_args *a, cudaStream_t s, T *p,
     typedef C_t<T> C;
     if (a->n <= 0)
         return;
-    sgd_step_k<<<grid_for(a->n), kBlock, 0, s>>>(
-        a->n, (C)a->weight_decay, (C)a->momentum, (C)(1.0 - a->dampening),
-        (C)(-a->lr), a->momentum != 0.0, a->step <= 1, a->nesterov != 0,
-        a->max_norm > 0.0 && normsq != nullptr, a->max_norm, p, g, buf,
-        normsq);
+    const SgdOp<C> op{(C)a->weight_decay, (C)a->momentum, (C)(1.0 - a->dampening),
+                      (C)(-a->lr), a->momentum != 0.0, a->step <= 1, a->nesterov != 0,
+                      a->max_norm > 0.0 && normsq != nullptr, a->max_norm};
+    launch_elementwise(a->n, op, s, p, g, buf, normsq);
 }
 
 NNTILE_CUDA_END

@@ -899,9 +899,9 @@ def test_adam(env, dt, decoupled, wd, max_norm, clip, n):
     (0.0, 0.0, 0, 0.0, 0.0, 1), (0.9, 0.0, 0, 0.0, 0.0, 1),
     (0.9, 0.1, 0, 0.01, 0.0, 3), (0.8, 0.0, 1, 0.05, 0.0, 2),
     (0.0, 0.0, 0, 0.1, 0.7, 1), (0.9, 0.0, 1, 0.0, 0.5, 4)])
-def test_sgd(env, dt, momentum, dampening, nesterov, wd, max_norm, step):
+@pytest.mark.parametrize("n", [777, UNROLLED])
+def test_sgd(env, dt, momentum, dampening, nesterov, wd, max_norm, step, n):
     rng = np.random.default_rng(12)
-    n = 777
     g = R(rng, n)
     buf = nans(n) if (momentum == 0 or step <= 1) else R(rng, n)
     normsq = np.array([np.sum(g ** 2)]) if max_norm > 0 else None
