@@ -15,14 +15,22 @@ import nntile
 # hypothesis's 100 examples where a test names no count; CI replays 40 of them, which keeps
 # the suite inside its 15 minutes on two cores).
 settings.register_profile("ci", derandomize=True, max_examples=40)
-if os.environ.get("CI"):
+# on GPUs an example's first tasks also wait for the device's first launches: no deadline
+settings.register_profile("gpu", derandomize=True, max_examples=40, deadline=None)
+if int(os.environ.get("NNTILE_TEST_NCUDA", "0")):
+    settings.load_profile("gpu")
+elif os.environ.get("CI"):
     settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
 def ctx():
-    """One StarPU runtime for the whole test session (StarPU runs once per process at a time)."""
-    context = nntile.Context(ncpu=int(os.environ.get("NNTILE_TEST_NCPU", "2")), ncuda=0)
+    """One StarPU runtime for the whole test session (StarPU runs once per process at a time).
+    NNTILE_TEST_NCPU and NNTILE_TEST_NCUDA give its workers (2 CPU, no GPU by default); on a
+    GPU machine NNTILE_TEST_NCPU=0 NNTILE_TEST_NCUDA=1 runs the tests' tasks on the GPU's
+    kernels, against the same references."""
+    context = nntile.Context(ncpu=int(os.environ.get("NNTILE_TEST_NCPU", "2")),
+                             ncuda=int(os.environ.get("NNTILE_TEST_NCUDA", "0")))
     yield context
     context.shutdown()
 
