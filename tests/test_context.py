@@ -39,12 +39,12 @@ def test_settings_belong_to_their_context():
         with nntile.Context(ncpu=1, sched="eager"):
             print(os.environ["STARPU_NCPU"], os.environ["STARPU_SCHED"])
         print(starpu_env() == before)
-        try:
-            nntile.Context(ncpu=0).start()
+        try:  # no worker at all, on any machine
+            nntile.Context(ncpu=0, ncuda=0).start()
         except RuntimeError:
             pass
         print(starpu_env() == before)
-        with nntile.Context() as ctx:
+        with nntile.Context(ncuda=0) as ctx:  # CPU workers: lws by default
             print(ctx.settings()["ncpu"], ctx.settings()["sched"][0])
         child = "import os; print(os.environ.get('STARPU_SCHED'))"
         print(subprocess.run([sys.executable, "-c", child], capture_output=True,
