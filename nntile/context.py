@@ -93,22 +93,54 @@ class Context(Runtime):
                  run_bytes=None, pinned_host_mem=None, history_max_error=None,
                  write_behind=None, cuda_pool=None, cpu_update=None, training=None,
                  device_replicas=None, run_breakdown=None, run_batch=None):
+        self._take_workers(ncpu, ncuda, workers_per_gpu, sched)
+        self._take_memory(limit_cuda_mem, limit_cpu_mem, calibrate, history_max_error,
+                          pinned_host_mem, write_behind, cuda_pool)
+        self._take_run(run_bytes, run_breakdown, run_batch, device_replicas, cpu_update,
+                       training)
+        self.verbose = verbose
+        self.tiles = None  # {key: Choice} of the program's model's tiles (describe)
+        self.recompute = None  # Choice: whether the program's model recomputes (describe)
+        self._take_communication(mpi, distribution, mpi_stats, mpi_timeout)
+        self._machine = None
+        self._env_from_defaults = set()  # variables start() set from nntile's defaults
+        if self.ncuda and not HAVE_CUDA:
+            raise RuntimeError(f"Context(ncuda={self.ncuda}) asked for GPUs, but this nntile "
+                               "was built without CUDA")
+        from nntile.machine import check_ncuda
+        check_ncuda(self.ncuda)
+        if start:
+            self.start()
+
+    def _take_workers(self, ncpu, ncuda, workers_per_gpu, sched):
         self.ncpu = _positive_int_or_none("ncpu", ncpu, allow_zero=True)
         self.ncuda = _positive_int_or_none("ncuda", ncuda, allow_zero=True)
+        self.workers_per_gpu = _positive_int_or_none("workers_per_gpu", workers_per_gpu, False)
+        if sched is not None and (not isinstance(sched, str) or not sched.strip()):
+            raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
+        if sched is not None:
+            policy.check_scheduler(sched, schedulers())
+        self.sched = sched
+
+    def _take_memory(self, limit_cuda_mem, limit_cpu_mem, calibrate, history_max_error,
+                     pinned_host_mem, write_behind, cuda_pool):
         self.limit_cuda_mem = _positive_int_or_none("limit_cuda_mem", limit_cuda_mem, False)
         self.limit_cpu_mem = _positive_int_or_none("limit_cpu_mem", limit_cpu_mem, False)
         self.calibrate = _positive_int_or_none("calibrate", calibrate, allow_zero=True)
         if self.calibrate is not None and self.calibrate > 2:
             raise ValueError(f"Context(calibrate={self.calibrate}) must be 0, 1 or 2")
-        self.workers_per_gpu = _positive_int_or_none("workers_per_gpu", workers_per_gpu, False)
         self.calibrate_minimum = None
         self.history_max_error = _positive_int_or_none("history_max_error", history_max_error,
                                                        allow_zero=True)
-        self.run_bytes = _positive_int_or_none("run_bytes", run_bytes, allow_zero=True)
         self.pinned_host_mem = _positive_int_or_none("pinned_host_mem", pinned_host_mem,
                                                      allow_zero=True)
         self.write_behind = _on_off_or_none("write_behind", write_behind)
         self.cuda_pool = _on_off_or_none("cuda_pool", cuda_pool)
+
+    def _take_run(self, run_bytes, run_breakdown, run_batch, device_replicas, cpu_update,
+                  training):
+        """What the run is, for the rules that depend on it (nntile.policy)."""
+        self.run_bytes = _positive_int_or_none("run_bytes", run_bytes, allow_zero=True)
         if device_replicas is not None and (
                 not isinstance(device_replicas, (bool, int)) or device_replicas < 0):
             raise ValueError(f"Context(device_replicas={device_replicas!r}) must be True, "
@@ -127,14 +159,8 @@ class Context(Runtime):
         # (master, compute) dtypes of a training run's precision, for the rules that depend
         # on it (nntile.policy.cpu_update)
         self.training = None if training is None else precision_dtypes(training)
-        if sched is not None and (not isinstance(sched, str) or not sched.strip()):
-            raise ValueError(f"Context(sched={sched!r}) must be a scheduler name such as 'lws'")
-        if sched is not None:
-            policy.check_scheduler(sched, schedulers())
-        self.sched = sched
-        self.verbose = verbose
-        self.tiles = None  # {key: Choice} of the program's model's tiles (describe)
-        self.recompute = None  # Choice: whether the program's model recomputes (describe)
+
+    def _take_communication(self, mpi, distribution, mpi_stats, mpi_timeout):
         if mpi not in (None, True, False):
             raise TypeError(f"Context(mpi={mpi!r}) must be True, False or None (automatic)")
         # StarPU-MPI is used when asked, or by default when an MPI launcher started us.
@@ -153,16 +179,7 @@ class Context(Runtime):
         self.mpi_timeout = watchdog_timeout(mpi_timeout) if self.mpi else None
         self.distribution = distribution
         self.comm = None
-        self._machine = None
-        self._env_from_defaults = set()  # variables start() set from nntile's defaults
         self._starpu_comm = None
-        if self.ncuda and not HAVE_CUDA:
-            raise RuntimeError(f"Context(ncuda={self.ncuda}) asked for GPUs, but this nntile "
-                               "was built without CUDA")
-        from nntile.machine import check_ncuda
-        check_ncuda(self.ncuda)
-        if start:
-            self.start()
 
     def machine(self):
         """What this process may use (nntile.policy.Machine), read once."""
