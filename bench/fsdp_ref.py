@@ -133,8 +133,9 @@ def step_flops(args, nparams, tokens):
     return llama_config(args).flops_per_token(args.seq) * tokens
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def start_ranks(args):
+    """The process group (NCCL on GPUs, gloo on CPUs) and this rank's device:
+    (gpu, device, rank, world)."""
     gpu = torch.cuda.is_available()
     dist.init_process_group("nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -145,55 +146,66 @@ def main(argv=None):
     if gpu:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+    return gpu, device, rank, world
+
+
+def train_steps(args, model, device, gpu, rank, world, times):
+    """args.steps AdamW steps on this rank's share of a random batch, each step's seconds
+    appended to ``times`` as it ends; returns the losses, their mean over the ranks."""
+    autocast = (torch.autocast(device.type if gpu else "cpu", dtype=torch.bfloat16)
+                if args.ddp and args.dtype == "bf16-mixed" else nullcontext())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=gpu)
+    rng = np.random.default_rng(rank)
+    local = args.batch // world
+    ids = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
+    targets = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
+    losses, ended = [], None
+    for step in range(args.steps):
+        waited = not args.pipeline or step in (0, args.steps - 1)
+        if waited:
+            dist.barrier()
+        start = time.perf_counter()
+        opt.zero_grad()
+        with autocast:
+            # no key/value cache: it would keep every layer's keys and values, and a
+            # recomputed block would append to it again
+            logits = model(ids, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        loss.backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step()
+        if waited:
+            if gpu:
+                torch.cuda.synchronize()
+            dist.barrier()  # ends the step on every rank
+        # back to back, a step is timed from the last one's end: the GPU work queued by
+        # the steps not waited for is done inside the last step's barrier and sync
+        since = ended if args.pipeline and ended is not None else start
+        ended = time.perf_counter()
+        times.append(ended - since)
+        losses.append(loss.detach())
+    losses = torch.stack(losses)
+    dist.all_reduce(losses)  # the mean over the ranks, read once all steps ran
+    return [float(x) / world for x in losses]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    gpu, device, rank, world = start_ranks(args)
     tokens = args.batch * args.seq
     result = dict(status="ok", model=args.model, n_embd=args.n_embd, n_layer=args.n_layer,
                   batch=args.batch, seq=args.seq, ranks=world, dtype=args.dtype,
                   scheme="ddp" if args.ddp else "fsdp2",
                   activation_checkpointing=args.activation_checkpointing,
                   max_grad_norm=args.max_grad_norm)
-    autocast = (torch.autocast(device.type if gpu else "cpu", dtype=torch.bfloat16)
-                if args.ddp and args.dtype == "bf16-mixed" else nullcontext())
     times, losses = [], []
     try:
         model, nparams = build(args, device)
         result["params"] = nparams
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=gpu)
-        rng = np.random.default_rng(rank)
-        local = args.batch // world
-        ids = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
-        targets = torch.from_numpy(rng.integers(0, args.vocab, (local, args.seq))).to(device)
-        ended = None
-        for step in range(args.steps):
-            waited = not args.pipeline or step in (0, args.steps - 1)
-            if waited:
-                dist.barrier()
-            start = time.perf_counter()
-            opt.zero_grad()
-            with autocast:
-                # no key/value cache: it would keep every layer's keys and values, and a
-                # recomputed block would append to it again
-                logits = model(ids, use_cache=False).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-            loss.backward()
-            if args.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            opt.step()
-            if waited:
-                if gpu:
-                    torch.cuda.synchronize()
-                dist.barrier()  # ends the step on every rank
-            # back to back, a step is timed from the last one's end: the GPU work queued by
-            # the steps not waited for is done inside the last step's barrier and sync
-            since = ended if args.pipeline and ended is not None else start
-            ended = time.perf_counter()
-            times.append(ended - since)
-            losses.append(loss.detach())
-        losses = torch.stack(losses)
-        dist.all_reduce(losses)  # the mean over the ranks, read once all steps ran
-        losses = [float(x) / world for x in losses]
+        losses = train_steps(args, model, device, gpu, rank, world, times)
     except Exception as exc:  # an OOM is a result, not a crash
-        losses = []
         result.update(status="oom" if torch_reference.is_oom(exc) else "error",
                       error=f"{type(exc).__name__}: {exc}"[:300])
         result.setdefault("params", None)
