@@ -283,7 +283,8 @@ if want replicas && [ "$ngpu" -gt 1 ]; then
     # each run: ours in one process on every GPU, ours with one rank per GPU (replicas, NCCL),
     # then PyTorch DDP and FSDP2 under torchrun; same global batch, same call
     IFS=";" read -ra runs <<< "${NNTILE_REPLICA_RUNS:---n-embd 8192 --batch 16:bf16-mixed;--model llama-3.2-1b --seq 2048 --batch 16:bf16-mixed;--n-embd 8192 --batch 16:tf32}"
-    sides="${NNTILE_REPLICA_SIDES:-one ranks ddp fsdp2}"  # "off": one process, any GPU any task
+    # "off": one process, any GPU any task; "zero": ranks with the update sharded (replicas:zero)
+    sides="${NNTILE_REPLICA_SIDES:-one ranks ddp fsdp2}"
     for i in "${!runs[@]}"; do
         shape="${runs[$i]%:*}" precision="${runs[$i]##*:}"
         echo "replicas-$i: $shape, $precision" | tee -a "$logs/replicas.txt"
@@ -292,9 +293,10 @@ if want replicas && [ "$ngpu" -gt 1 ]; then
             one|off) step "replicas-$i-$side" timeout "$run_limit" python3 bench/scale.py \
                 --ncuda "$ngpu" --steps 4 --pipeline --precision "$precision" $shape \
                 $([ "$side" = off ] && echo --device-replicas off) ;;
-            ranks) step "replicas-$i-ranks" timeout "$run_limit" "${mpi[@]}" -x NCCL_NVLS_ENABLE=0 \
-                -np "$ngpu" python3 bench/scale.py --ncuda 1 --steps 4 --pipeline \
-                --precision "$precision" $shape ;;
+            ranks|zero) step "replicas-$i-$side" timeout "$run_limit" "${mpi[@]}" \
+                -x NCCL_NVLS_ENABLE=0 -np "$ngpu" python3 bench/scale.py --ncuda 1 --steps 4 \
+                --pipeline --precision "$precision" $shape \
+                $([ "$side" = zero ] && echo --distribution replicas:zero) ;;
             ddp|fsdp2) step "replicas-$i-$side" timeout "$run_limit" python3 -m torch.distributed.run \
                 --standalone --nproc-per-node "$ngpu" bench/fsdp_ref.py --steps 4 --pipeline \
                 --dtype "$precision" $shape $([ "$side" = ddp ] && echo --ddp) ;;
@@ -302,7 +304,7 @@ if want replicas && [ "$ngpu" -gt 1 ]; then
         done
     done
     for i in "${!runs[@]}"; do
-        for side in one off ranks ddp fsdp2; do
+        for side in one off ranks zero ddp fsdp2; do
             grep -h "^RESULT" "$logs/replicas-$i-$side.log" 2>/dev/null | sed "s/^RESULT/$i $side/"
         done
     done | python3 -c '
@@ -317,9 +319,11 @@ for i, r in sorted(rows.items()):
     ranks, one = r.get("ranks"), r.get("one")
     ratio = lambda a, b: "%.3f" % (a / b) if a and b else "-"
     print("replicas-%s tokens/s: one process %s (any GPU any task: %s), ranks %s, DDP %s, FSDP2 %s;"
-          " ranks/one %s, ranks/best peer %s, one/FSDP2 %s, one/any-GPU %s"
+          " ranks/one %s, ranks/best peer %s, one/FSDP2 %s, one/any-GPU %s; replicas:zero %s,"
+          " zero/one %s"
           % (i, one, r.get("off"), ranks, r.get("ddp"), r.get("fsdp2"), ratio(ranks, one),
-             ratio(ranks, best), ratio(one, r.get("fsdp2")), ratio(one, r.get("off"))))' | tee -a "$logs/replicas.txt"
+             ratio(ranks, best), ratio(one, r.get("fsdp2")), ratio(one, r.get("off")),
+             r.get("zero"), ratio(r.get("zero"), one)))' | tee -a "$logs/replicas.txt"
 fi
 if want node-table; then
     step node-table python3 bench/node_table.py --configs "${NNTILE_NODE_CONFIGS:-8192x4,8192x16,16384x4}" \
