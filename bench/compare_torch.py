@@ -260,5 +260,6 @@ def main(argv=None):
         append_plot_data(args.plot_data, result)
     print_result(result)
 
+
 if __name__ == "__main__":
     sys.exit(main())

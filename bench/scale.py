@@ -475,5 +475,6 @@ def run(args):
         if rank == 0:
             print_result(result)
 
+
 if __name__ == "__main__":
     sys.exit(main())

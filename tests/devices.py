@@ -1,6 +1,7 @@
 """The few bounds that depend on where the tests' runtime computes: on CPU workers (CI), or on a
 GPU's (NNTILE_TEST_NCPU=0 NNTILE_TEST_NCUDA=1, tests/conftest.py)."""
 from nntile._core.core import current_context
+from nntile.nn.layers import Embedding
 
 # tf32 is fp32 on CPU workers, and a GPU GEMM mode: TF32 keeps 10 of each operand's 23
 # mantissa bits (a rounding of up to 2**-11 of it), and a model's numbers hold a few of them
@@ -21,7 +22,6 @@ def atomic_sums(model):
     """Names of ``model``'s parameters whose gradient adds a batch's rows in an order that a
     GPU does not fix: an embedding table's, where repeated ids add their rows with atomics
     (nntile/cuda/embedding.cu). Nothing on CPU workers, whose adds go row by row."""
-    from nntile.nn.layers import Embedding
     if not on_gpu():
         return set()
     return {f"{prefix}{name}" for prefix, module in model.named_modules()

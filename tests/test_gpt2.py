@@ -219,7 +219,7 @@ def same_with_recompute(ctx, make, batches):
         assert runs[recompute][0] == runs["False"][0]
         for with_it, without in zip(runs[recompute][1], runs["False"][1]):
             assert not [name for name in without if name not in unordered
-                        if not np.array_equal(with_it[name], without[name])], recompute
+                        and not np.array_equal(with_it[name], without[name])], recompute
             for name in unordered:  # equal but for the order of their adds
                 np.testing.assert_allclose(with_it[name], without[name], rtol=1e-5,
                                            atol=1e-7, err_msg=name)
