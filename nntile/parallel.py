@@ -181,8 +181,13 @@ class DeviceReplicas:
 
     def backward(self, scale, reduce):
         """Every replica's backward, in turns; with ``reduce``, each piece's gradients summed
-        into the first replica's as soon as every replica has submitted that piece."""
-        for finished in self.take_turns([model.backward_steps(scale) for model in self.models]):
+        into the first replica's as soon as every replica has submitted that piece. A tied
+        head's gradient is then summed with the head's piece, and every replica's embedding
+        lookup adds into that sum at each tile's home (CausalLM.backward_steps' ``tied_into``):
+        the stream's gradient moves there, not the table's gradient at the end of backward."""
+        tied_into = self.models[0].lm_head.grad if reduce else None
+        for finished in self.take_turns([model.backward_steps(scale, tied_into)
+                                         for model in self.models]):
             if reduce:
                 self.sum_gradients(finished)
 

@@ -86,9 +86,10 @@ def test_replicas_per_device_train_as_one_model(family):
     assert set(homes_two) <= {0, 1}
 
 
-def test_replicas_per_device_accumulate_micro_batches():
-    one, grads_one, _, _ = _train_apart("llama", 1, steps=2, accumulate=2)
-    two, grads_two, _, _ = _train_apart("llama", 2, steps=2, accumulate=2)
+@pytest.mark.parametrize("family", ["llama", "gpt2"])  # GPT-2's head is tied, Llama's is not
+def test_replicas_per_device_accumulate_micro_batches(family):
+    one, grads_one, _, _ = _train_apart(family, 1, steps=2, accumulate=2)
+    two, grads_two, _, _ = _train_apart(family, 2, steps=2, accumulate=2)
     np.testing.assert_allclose(two, one, rtol=1e-6)
     for name, value in grads_one.items():
         np.testing.assert_allclose(grads_two[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
@@ -171,5 +172,10 @@ def test_backward_pieces_hand_over_every_parameter_once(ctx, model_type, config)
     handed = [i for piece in pieces for i in piece]
     assert sorted(handed) == sorted(id(p) for _, p in model.named_parameters())
     assert len(pieces) == config.num_hidden_layers + 2
+    # a tied head with its lookup's part added elsewhere comes with the head's piece
+    model.submit_loss(ids, ids)
+    pieces = list(model.backward_steps(1.0, model.lm_head.grad))
+    assert sorted(id(p) for piece in pieces for p in piece) == sorted(handed)
+    assert model.lm_head in pieces[0] and model.lm_head not in pieces[-1]
     ctx.wait()
     model.unregister()

@@ -201,8 +201,9 @@ cdef class CausalLM(Module):
         """Write the residual stream ws["x0"] from ws["ids"] (and ws["positions"])."""
         raise NotImplementedError
 
-    cdef _embed_backward(self, Tensor dx):
-        """Accumulate the embeddings' gradients from the stream's gradient dx."""
+    cdef _embed_backward(self, Tensor dx, Tensor tied_into=None):
+        """Accumulate the embeddings' gradients from the stream's gradient dx; the token
+        embedding's into ``tied_into`` where given (Embedding.backward)."""
         raise NotImplementedError
 
     # ---- what the model holds, declared -------------------------------------------------
@@ -447,17 +448,24 @@ cdef class CausalLM(Module):
         for _ in self.backward_steps(scale):
             pass
 
-    def backward_steps(self, double scale=1.0):
+    def backward_steps(self, double scale=1.0, Tensor tied_into=None):
         """``backward`` in pieces: a generator that yields, after the head and after each
         block, the parameters whose gradients it has then submitted in full (the head's and
         final norm's, each block's, and last the embeddings', with a tied head), so that
-        replicas on several devices take turns and their sums start early (nntile.parallel)."""
+        replicas on several devices take turns and their sums start early (nntile.parallel).
+
+        ``tied_into``: with a tied head, a tensor tiled as its gradient into which the token
+        embedding's lookup adds its part instead (the replicas' sum, nntile.parallel.
+        DeviceReplicas). The head's piece then hands over the tied parameter, its gradient
+        complete once the head's GEMM is submitted: its sum, the largest, runs beside the
+        blocks' backward instead of after the lookup's, at the end of backward."""
         if not self._ready_for_backward:
             raise RuntimeError("backward() needs a loss() first (forward() alone keeps no loss)")
         self._ready_for_backward = False
         cdef dict ws = self._ws
         cdef Tensor dlogits = ws["logits"], ids = ws["ids"]
         cdef int i
+        cdef bint apart = self.config.tie_word_embeddings and tied_into is not None
         self._prioritize(len(self.blocks) + 1)
         ops.cross_entropy_backward(dlogits, ws["labels"], ws["loss/stats"],
                                    scale / ids.traits.size)
@@ -468,7 +476,7 @@ cdef class CausalLM(Module):
         self.norm.backward(other, dx, 0.0)
         if self.free_activations:
             self._drop([self.norm], _HEAD_BUFFERS)
-        head = [] if self.config.tie_word_embeddings else [self.lm_head]
+        head = [self.lm_head] if apart or not self.config.tie_word_embeddings else []
         yield [p for _, p in self.norm.named_parameters()] + head
         for i in reversed(range(len(self.blocks))):
             self._prioritize(i + 1)
@@ -479,11 +487,11 @@ cdef class CausalLM(Module):
                 self._drop([self.blocks[i]], ())
             dx, other = other, dx
             yield [p for _, p in self.blocks[i].named_parameters()]
-        self._embed_backward(dx)
+        self._embed_backward(dx, tied_into if apart else None)
         if self.free_activations:
             self._drop([], _STREAM_BUFFERS, scratch=True)
         self._prioritize(0)
-        yield [p for _, p in self.embedding_parameters()]
+        yield [p for _, p in self.embedding_parameters() if not (apart and p is self.lm_head)]
 
     def embedding_parameters(self):
         """(name, parameter) of the embeddings: every parameter no block, final norm or

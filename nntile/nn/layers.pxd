@@ -54,7 +54,7 @@ cdef class Embedding(Module):
     cdef readonly Parameter weight
     cdef Tensor ids
     cpdef forward(self, Tensor ids, Tensor dst)
-    cpdef backward(self, Tensor dy)
+    cpdef backward(self, Tensor dy, Tensor into=*)
 
 
 cdef class Attention(Module):

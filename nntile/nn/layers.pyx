@@ -210,8 +210,16 @@ cdef class Embedding(Module):
         ops.embedding(ids, self.weight.value, dst)
         self.ids = ids
 
-    cpdef backward(self, Tensor dy):
-        ops.embedding_backward(self.ids, dy, self.weight.grad)
+    cpdef backward(self, Tensor dy, Tensor into=None):
+        """Add the table's gradient from the output's, ``dy``, into the weight's gradient, or
+        into ``into``, a tensor tiled as it (several replicas' summed gradient of a tied
+        table, nntile.parallel.DeviceReplicas) by tasks that run where its tiles are homed
+        (Tensor.set_homes), so that ``dy`` moves there rather than the table's tiles."""
+        if into is None:
+            ops.embedding_backward(self.ids, dy, self.weight.grad)
+            return
+        with ops.task_device(None):
+            ops.embedding_backward(self.ids, dy, into)
 
 
 cdef class Attention(Module):
