@@ -147,13 +147,13 @@ def test_runtime_settings_argument_then_variable_then_rule():
         "write_behind"] == (0, "argument")
     off = policy.runtime_settings(ONE_H100, {}, {"NNTILE_WRITE_BEHIND": "0"}, run_bytes=175 * GiB)
     assert off["write_behind"] == ("0", "$NNTILE_WRITE_BEHIND")
-    # GPU buffers from a memory pool on one GPU; on several its memory is not mapped for the
-    # others and copies between them would go through the host
+    # GPU buffers from a memory pool of each GPU, on one GPU or several (each pool open to the
+    # others), unless turned off
     assert gpu["cuda_pool"] == (1, policy.POOL) and past["cuda_pool"] == (1, policy.POOL)
-    assert mpi["cuda_pool"] == (1, policy.POOL)  # each rank drives one GPU
-    assert policy.runtime_settings(TWO_H200, {}, {})["cuda_pool"] == (0, policy.NO_POOL)
-    assert policy.runtime_settings(TWO_H200, {}, {"NNTILE_CUDA_POOL": "1"})["cuda_pool"] == (
-        "1", "$NNTILE_CUDA_POOL")
+    assert mpi["cuda_pool"] == (1, policy.POOL)
+    assert policy.runtime_settings(TWO_H200, {}, {})["cuda_pool"] == (1, policy.POOL)
+    assert policy.runtime_settings(TWO_H200, {}, {"NNTILE_CUDA_POOL": "0"})["cuda_pool"] == (
+        "0", "$NNTILE_CUDA_POOL")
     assert policy.runtime_settings(TWO_H200, {"cuda_pool": 1}, {})["cuda_pool"] == (1, "argument")
     assert cpu["cuda_pool"][0] is None
     assert "cuda_pool" in policy.DEFAULTS_IN_ENV
