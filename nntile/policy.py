@@ -602,12 +602,13 @@ def tiles(run, settings, machine):
     * inner: the fewest equal tiles (multiples of 256) that keep an MLP weight tile within
       4096 x 8192 elements on one GPU that holds the run, 4096 x 4096 where tiles move between
       memories: past GPU memory (between host and GPU) and on several GPUs (between them:
-      Llama-3.1-8B at 8x2048 on two H200s, a replica per GPU, 17,720 tokens/s with 7168s
-      against 20,931 with 4096s, "Tiles by situation"). On one GPU the larger tiles halve
-      the tasks and the partial sums of the MLP's backward: Llama-3.1-8B's 14336 in 2 of 7168
-      instead of 3 of 4096 and one of 2048 (1.6-2.2% a step), n_embd 8192's 32768 in 8192s
-      (1.0-1.2%), Llama-2-13B's 13824 in 3 of 4608 with its embd whole (one H200, "Tiles by
-      situation").
+      Llama-3.1-8B at 8x2048 on two full H200s, GPU buffers from cudaMalloc, 17,720 tokens/s
+      with 7168s against 20,931 with 4096s; with the memory pool, cuda_pool's default since,
+      20,394 with this rule's 4 x 3584 and 7168s not measured; "Tiles by situation"). On one
+      GPU the larger tiles halve the tasks and the partial sums of the MLP's backward:
+      Llama-3.1-8B's 14336 in 2 of 7168 instead of 3 of 4096 and one of 2048 (1.6-2.2% a
+      step), n_embd 8192's 32768 in 8192s (1.0-1.2%), Llama-2-13B's 13824 in 3 of 4608 with
+      its embd whole (one H200, "Tiles by situation").
       Both give the hand tiles of the wide runs past memory (n_embd 10240: 4096 and 4096,
       "Activations dropped after backward") and of GPT-2 124M and the XL shape (1600 wide,
       inner 6400), which ran fastest in one tile ("GPT-2 124M on the H100"). One tile of a
