@@ -466,6 +466,8 @@ cdef class CausalLM(Module):
         cdef Tensor dlogits = ws["logits"], ids = ws["ids"]
         cdef int i
         cdef bint apart = self.config.tie_word_embeddings and tied_into is not None
+        # the head's gradient is whole after its GEMM unless the lookup still adds into it
+        cdef bint head_whole = apart or not self.config.tie_word_embeddings
         self._prioritize(len(self.blocks) + 1)
         ops.cross_entropy_backward(dlogits, ws["labels"], ws["loss/stats"],
                                    scale / ids.traits.size)
@@ -476,7 +478,7 @@ cdef class CausalLM(Module):
         self.norm.backward(other, dx, 0.0)
         if self.free_activations:
             self._drop([self.norm], _HEAD_BUFFERS)
-        head = [self.lm_head] if apart or not self.config.tie_word_embeddings else []
+        head = [self.lm_head] if head_whole else []
         yield [p for _, p in self.norm.named_parameters()] + head
         for i in reversed(range(len(self.blocks))):
             self._prioritize(i + 1)
@@ -491,7 +493,7 @@ cdef class CausalLM(Module):
         if self.free_activations:
             self._drop([], _STREAM_BUFFERS, scratch=True)
         self._prioritize(0)
-        yield [p for _, p in self.embedding_parameters() if not (apart and p is self.lm_head)]
+        yield [p for _, p in self.embedding_parameters() if not (head_whole and p is self.lm_head)]
 
     def embedding_parameters(self):
         """(name, parameter) of the embeddings: every parameter no block, final norm or
