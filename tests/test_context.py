@@ -207,11 +207,27 @@ def test_a_tensor_larger_than_starpu_may_use_is_refused(ctx):
     import nntile
     with pytest.raises(MemoryError, match="more than StarPU may use in all its memory nodes"):
         nntile.Tensor((2**40,), (2**28,))
-    total = max(n["total"] for n in ctx.memory_nodes())
-    elements = total // 8 + 1  # fp64: one tile more than the largest node holds
-    with pytest.raises(MemoryError, match="more than StarPU may use"):
-        nntile.Tensor((2, elements), (1, elements), "fp64", zero=False)
     assert nntile.Tensor((4,), (2,)).to_array().tolist() == [0, 0, 0, 0]
+
+
+def test_a_tile_larger_than_starpu_may_use_is_refused():
+    """A tile one element past the largest memory node. Host memory is limited to 64 MiB:
+    on a node of 32 GiB or more an fp64 tile that large would hold 2**32 elements, which
+    Tensor refuses first, for another reason."""
+    result = run_python("""
+        import nntile
+        with nntile.Context(ncpu=1, ncuda=0, limit_cpu_mem=64) as ctx:
+            elements = max(n["total"] for n in ctx.memory_nodes()) // 8 + 1
+            try:
+                nntile.Tensor((2, elements), (1, elements), "fp64", zero=False)
+            except MemoryError as e:
+                print(e)
+            print(nntile.Tensor((4,), (2,)).to_array().tolist())
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    refusal, after = result.stdout.strip().splitlines()
+    assert "more than StarPU may use" in refusal and "64.0 MiB" in refusal, refusal
+    assert after == "[0.0, 0.0, 0.0, 0.0]"
 
 
 def test_shutdown_checks_what_it_calls():

@@ -637,7 +637,9 @@ def _train_with_disk_swap(tmp_path, host_mib, disk_mib, steps=2):
 
 SWAP_RUN = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--seq-len", "32",
             "--batch-size", "4", "--tile-batch", "4", "--tile-embd", "64", "--tile-inner", "256",
-            "--ncpu", "2",
+            # CPU workers only: host memory below the model is the premise, and a GPU would
+            # hold all of it
+            "--ncpu", "2", "--ncuda", "0",
             # one validation batch: the final evaluation reads through the disk swap too
             "--eval-every", "0", "--eval-batches", "1", "--save-every", "0", "--no-progress",
             # at the edge recomputation would make the run fit, and the policy take it
