@@ -70,8 +70,8 @@ class Context(Runtime):
     StarPU pins as it goes); there too, by default, ``write_behind`` (NNTILE_WRITE_BEHIND)
     copies each optimizer update's tiles to host memory right after it. ``cuda_pool``
     (NNTILE_CUDA_POOL) takes StarPU's GPU buffers from a memory pool of each device, by
-    default on. ``cpu_update`` (NNTILE_CPU_UPDATE) is the share of
-    the parameters, from the model's end, whose optimizer update runs on CPU workers while
+    default on. ``cpu_update`` (NNTILE_CPU_UPDATE) is the share of the parameters, from the
+    model's end, whose optimizer update runs on CPU workers while
     every other task runs on the GPUs: by default half, on every spare core, where a process
     alone on one GPU cannot hold a training run without compute copies (``training``: the
     run's precision name, nntile.precision; None when not training). Under MPI, a rank
