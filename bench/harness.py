@@ -155,15 +155,18 @@ def gpu_time(fn, steps=1, trace_path=None):
 def trace_summary(events, wall):
     """A CUPTI Chrome trace's events (microseconds) over ``wall`` seconds, as a dict: ``wall``,
     ``busy`` seconds in which the GPU ran at least one kernel or copy, ``kernels`` [(name,
-    launches, seconds)] most time first, ``gaps`` [(seconds, kernel before, kernel after)]
+    launches, seconds)] most time first, ``gaps`` [(seconds, kernel before, kernel after, start)]
     longest first: the GPU's idle spans between its first and last kernel, ``lanes``: seconds
-    in which at least one kernel ran, one copy host to GPU ran, one copy GPU to host ran, and
-    ``calls`` [(CUDA API call, count, seconds, longest)] of the host threads, most time first.
+    in which at least one kernel ran, one copy host to GPU ran, one copy GPU to host ran,
+    ``first`` the first kernel's start (gaps end with the second's start),
+    ``calls`` [(CUDA API call, count, seconds, longest)] of the host threads, most time first,
+    and ``slow_calls`` [(seconds, CUDA API call, host thread, seconds into the trace)] of the
+    calls over a millisecond, longest first: a thread blocked in one starves its GPU.
     What the GPU ran against the wall time tells work from waiting, the gaps' neighbours what
     it waited for, and the calls what the threads that feed it were doing (cudaFree, for
     one, waits for the whole device)."""
-    spans, by_name, lanes, calls = [], {}, {"kernels": [], "host to GPU": [],
-                                            "GPU to host": []}, {}
+    spans, by_name, lanes, calls, slow = [], {}, {"kernels": [], "host to GPU": [],
+                                                  "GPU to host": []}, {}, []
     for e in events:
         if "dur" not in e:
             continue
@@ -180,14 +183,18 @@ def trace_summary(events, wall):
         elif e.get("cat") in ("cuda_runtime", "cuda_driver"):
             count, total, longest = calls.get(e["name"], (0, 0.0, 0.0))
             calls[e["name"]] = (count + 1, total + stop - start, max(longest, stop - start))
+            if stop - start > 1e-3:
+                slow.append((stop - start, e["name"], e.get("tid"), start))
     busy, gaps, end, last = 0.0, [], None, None
     for start, stop, name in sorted(spans):  # the union of the spans: overlapping kernels once
         if end is not None and start > end:
-            gaps.append((start - end, last, name))
+            gaps.append((start - end, last, name, end))
         if end is None or stop > end:
             busy += stop - (start if end is None else max(start, end))
             end, last = stop, name
-    return dict(wall=wall, busy=busy, gaps=sorted(gaps, reverse=True),
+    first = min((s for s, _, _ in spans), default=0.0)
+    return dict(wall=wall, busy=busy, gaps=sorted(gaps, reverse=True), first=first,
+                slow_calls=sorted(slow, reverse=True),
                 lanes={lane: covered(s) for lane, s in lanes.items()},
                 kernels=sorted(((n, c, t) for n, (c, t) in by_name.items()), key=lambda r: -r[2]),
                 calls=sorted(((n, c, t, m) for n, (c, t, m) in calls.items()),
@@ -198,21 +205,26 @@ def gpu_time_table(label, t, steps=1, top=20):
     """gpu_time's result ``t`` as text, per step."""
     wall, busy, rows, gaps = t["wall"], t["busy"], t["kernels"], t["gaps"]
     total = sum(s for _, _, s in rows)
-    small = [g for g, _, _ in gaps if g < 50e-6]
+    small = [g for g, *_ in gaps if g < 50e-6]
     lines = [f"{label}: step {1e3 * wall / steps:.2f} ms, GPU running {1e3 * busy / steps:.2f} "
              f"ms ({100 * busy / wall:.0f}%), kernels and copies {1e3 * total / steps:.2f} ms, "
              f"{sum(c for _, c, _ in rows) / steps:.0f} launches",
              "  at least one running: " + ", ".join(
                  f"{lane} {1e3 * v / steps:.2f} ms ({100 * v / wall:.0f}%)"
                  for lane, v in t["lanes"].items()),
-             f"  idle between kernels {1e3 * sum(g for g, _, _ in gaps) / steps:.2f} ms in "
+             f"  idle between kernels {1e3 * sum(g for g, *_ in gaps) / steps:.2f} ms in "
              f"{len(gaps) / steps:.0f} gaps; those under 50 us: {len(small) / steps:.0f}, "
              f"{1e3 * sum(small) / steps:.2f} ms; the longest:"]
-    lines += [f"    {1e6 * g:8.0f} us  {a} -> {b}" for g, a, b in gaps[:6]]
+    lines += [f"    {1e6 * g:8.0f} us  {a} -> {b}, {1e3 * (at - t['first']):.1f} ms in"
+              for g, a, b, at in gaps[:6]]
     if t["calls"]:
         lines.append("  CUDA calls of the host threads (count, ms, longest ms): " + ", ".join(
             f"{n} {c / steps:.0f} {1e3 * s / steps:.1f} {1e3 * m:.1f}"
-            for n, c, s, m in t["calls"][:8]))
+            for n, c, s, m in t["calls"][:12]))
+    if t.get("slow_calls"):
+        lines.append("  calls over 1 ms (ms, call, thread, ms after the first kernel): " + ", ".join(
+            f"{1e3 * d:.1f} {n} {tid} {1e3 * (at - t['first']):.0f}"
+            for d, n, tid, at in t["slow_calls"][:16]))
     lines.append(f"  {'kernel':<50}{'launches':>9}{'ms':>9}")
     lines += [f"  {n:<50}{c / steps:>9.0f}{1e3 * s / steps:>9.2f}" for n, c, s in rows[:top]]
     if len(rows) > top:
