@@ -225,9 +225,16 @@ def measure(args, row, ngpu):
     return record
 
 
+def side_name(args, side):
+    """A side's column: ours says which arguments it ran with where not the defaults."""
+    if side == "ours" and args.ours_args.strip():
+        return f"ours ({args.ours_args.strip()})"
+    return SIDES[side]
+
+
 def print_table(args, records, title):
     compared = [s for s in args.sides if s in RATIOS and "ours" in args.sides]
-    head = (["shape, batch", "parameters"] + [SIDES[s] for s in args.sides]
+    head = (["shape, batch", "parameters"] + [side_name(args, s) for s in args.sides]
             + [RATIOS[s][1] for s in compared])
     print(f"\n## Node table: {title}\n")
     print("| " + " | ".join(head) + " |")
@@ -245,7 +252,7 @@ def print_capacity(args, records):
     for side in args.sides:
         trained = [r for r in records if r[side] and r[side]["status"] == "ok"]
         best = max(trained, key=lambda r: r["params"], default=None)
-        print(f"largest trained, {SIDES[side]}: " + (
+        print(f"largest trained, {side_name(args, side)}: " + (
             f"{best['model']} ({best['params'] / 1e9:.2f}B)" if best else "none"))
 
 

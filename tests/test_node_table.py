@@ -72,6 +72,13 @@ def test_a_run_the_pre_check_refuses_is_a_result(tmp_path):
     assert "refused" in stdout
 
 
+def test_the_ours_column_names_arguments_that_are_not_the_defaults(tmp_path):
+    _, stdout = node_table(tmp_path, "--configs", "65536x64", "--sides", "ours",
+                           "--ours-args", "--tile-batch 1")
+    assert "| shape, batch | parameters | ours (--tile-batch 1) |" in stdout
+    assert "(defaults)" not in stdout
+
+
 def test_capacity_names_the_largest_shape_each_side_trains(tmp_path):
     records, stdout = node_table(tmp_path, "--capacity", "llama-3.2-3b,llama-3.1-8b",
                                  "--sides", "ours", "--seq", "4096", "--batch", "64")
