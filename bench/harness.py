@@ -222,9 +222,9 @@ def gpu_time_table(label, t, steps=1, top=20):
             f"{n} {c / steps:.0f} {1e3 * s / steps:.1f} {1e3 * m:.1f}"
             for n, c, s, m in t["calls"][:12]))
     if t.get("slow_calls"):
-        lines.append("  calls over 1 ms (ms, call, thread, ms after the first kernel): " + ", ".join(
-            f"{1e3 * d:.1f} {n} {tid} {1e3 * (at - t['first']):.0f}"
-            for d, n, tid, at in t["slow_calls"][:16]))
+        slow = ", ".join(f"{1e3 * d:.1f} {n} {tid} {1e3 * (at - t['first']):.0f}"
+                         for d, n, tid, at in t["slow_calls"][:16])
+        lines.append(f"  calls over 1 ms (ms, call, thread, ms after the first kernel): {slow}")
     lines.append(f"  {'kernel':<50}{'launches':>9}{'ms':>9}")
     lines += [f"  {n:<50}{c / steps:>9.0f}{1e3 * s / steps:>9.2f}" for n, c, s in rows[:top]]
     if len(rows) > top:

@@ -168,6 +168,27 @@ def test_the_trace_summary_matches_a_count_of_each_microsecond(events):
         assert "cudaFree" not in calls
 
 
+def test_the_trace_summary_names_calls_over_a_millisecond_and_where_the_gaps_fall():
+    """A thread blocked in a CUDA call starves its GPU: such calls, longest first, with their
+    thread and start; each idle gap with where it starts."""
+    from harness import gpu_time_table, trace_summary
+    events = [dict(cat="kernel", name="void a<int>(int)", ts=100, dur=400),
+              dict(cat="cuda_runtime", name="cudaMemGetInfo", ts=160, dur=1500, tid=7),
+              dict(cat="cuda_runtime", name="cudaMallocFromPoolAsync", ts=170, dur=2500, tid=8),
+              dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=200, dur=999, tid=7),
+              dict(cat="kernel", name="void b<int>(int)", ts=3000, dur=10)]
+    got = trace_summary(events, wall=0.01)
+    assert [(n, tid) for _, n, tid, _ in got["slow_calls"]] == [
+        ("cudaMallocFromPoolAsync", 8), ("cudaMemGetInfo", 7)]
+    assert [x for d, _, _, at in got["slow_calls"] for x in (d, at)] == pytest.approx(
+        [2.5e-3, 170e-6, 1.5e-3, 160e-6])
+    (gap,) = got["gaps"]
+    assert gap[1:3] == ("a", "b") and (gap[0], gap[3]) == pytest.approx((2500e-6, 500e-6))
+    text = gpu_time_table("step", got)
+    assert "2.5 cudaMallocFromPoolAsync 8 0, 1.5 cudaMemGetInfo 7 0" in text
+    assert "2500 us  a -> b, 0.4 ms in" in text
+
+
 def test_scale_writes_the_last_steps_trace_and_keeps_an_existing_one(tmp_path):
     import json
     import subprocess
