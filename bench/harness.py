@@ -221,7 +221,7 @@ def gpu_time_table(label, t, steps=1, top=20):
         lines.append("  CUDA calls of the host threads (count, ms, longest ms): " + ", ".join(
             f"{n} {c / steps:.0f} {1e3 * s / steps:.1f} {1e3 * m:.1f}"
             for n, c, s, m in t["calls"][:12]))
-    if t.get("slow_calls"):
+    if t["slow_calls"]:
         slow = ", ".join(f"{1e3 * d:.1f} {n} {tid} {1e3 * (at - t['first']):.0f}"
                          for d, n, tid, at in t["slow_calls"][:16])
         lines.append(f"  calls over 1 ms (ms, call, thread, ms after the first kernel): {slow}")
