@@ -150,6 +150,7 @@ class DeviceReplicas:
         for replica in self.models:  # a gradient tile is summed at its home, in any replica
             for name, param in replica.named_parameters():
                 param.grad.set_homes(homes[name])
+        self._holding = False
 
     def each(self):
         """(device, replica) pairs, with the tasks submitted meanwhile on that device."""
@@ -181,15 +182,21 @@ class DeviceReplicas:
 
     def backward(self, scale, reduce):
         """Every replica's backward, in turns; with ``reduce``, each piece's gradients summed
-        into the first replica's as soon as every replica has submitted that piece. A tied
-        head's gradient is then summed with the head's piece, and every replica's embedding
-        lookup adds into that sum at each tile's home (CausalLM.backward_steps' ``tied_into``):
-        the stream's gradient moves there, not the table's gradient at the end of backward."""
-        tied_into = self.models[0].lm_head.grad if reduce else None
-        for finished in self.take_turns([model.backward_steps(scale, tied_into)
+        into the first replica's as soon as every replica has submitted that piece. Every
+        replica's embedding lookup adds into the first replica's token table gradient, at each
+        tile's home (CausalLM.backward_steps' ``table_into``): the stream's gradient moves
+        there, not the table's at the end of backward, and no other replica's table gradient
+        is written (Llama-3.1-8B's is 2 GiB in fp32, written last in backward). A tied table
+        is summed with the head's piece, with what earlier micro-batches left in each replica's;
+        an untied one is summed so only where none did."""
+        tied = self.models[0].config.tie_word_embeddings
+        summed_at_lookup = reduce and (tied or not self._holding)
+        table_into = self.models[0].embedding.weight.grad if summed_at_lookup else None
+        for finished in self.take_turns([model.backward_steps(scale, table_into)
                                          for model in self.models]):
             if reduce:
                 self.sum_gradients(finished)
+        self._holding = not reduce  # each replica then holds its micro-batches' gradients
 
     def sum_gradients(self, params):
         """Sum the gradients of ``params`` ([the same parameters of each replica]) over the

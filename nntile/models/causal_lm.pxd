@@ -26,7 +26,7 @@ cdef class CausalLM(Module):
     cdef Embedding _build_embeddings(self)
     cdef Module _build_block(self)
     cdef Tensor _embed(self, dict ws)
-    cdef _embed_backward(self, Tensor dx, Tensor tied_into=*)
+    cdef _embed_backward(self, Tensor dx, Tensor table_into=*)
     cdef tuple _lead_for(self, int B, int T)
     cdef dict _workspace(self, int B, int T, int start)
     cdef _prioritize(self, int distance)

@@ -201,9 +201,9 @@ cdef class CausalLM(Module):
         """Write the residual stream ws["x0"] from ws["ids"] (and ws["positions"])."""
         raise NotImplementedError
 
-    cdef _embed_backward(self, Tensor dx, Tensor tied_into=None):
+    cdef _embed_backward(self, Tensor dx, Tensor table_into=None):
         """Accumulate the embeddings' gradients from the stream's gradient dx; the token
-        embedding's into ``tied_into`` where given (Embedding.backward)."""
+        table's into ``table_into`` where given (Embedding.backward)."""
         raise NotImplementedError
 
     # ---- what the model holds, declared -------------------------------------------------
@@ -448,24 +448,25 @@ cdef class CausalLM(Module):
         for _ in self.backward_steps(scale):
             pass
 
-    def backward_steps(self, double scale=1.0, Tensor tied_into=None):
+    def backward_steps(self, double scale=1.0, Tensor table_into=None):
         """``backward`` in pieces: a generator that yields, after the head and after each
         block, the parameters whose gradients it has then submitted in full (the head's and
         final norm's, each block's, and last the embeddings', with a tied head), so that
         replicas on several devices take turns and their sums start early (nntile.parallel).
 
-        ``tied_into``: with a tied head, a tensor tiled as its gradient into which the token
-        embedding's lookup adds its part instead (the replicas' sum, nntile.parallel.
-        DeviceReplicas). The head's piece then hands over the tied parameter, its gradient
-        complete once the head's GEMM is submitted: its sum, the largest, runs beside the
-        blocks' backward instead of after the lookup's, at the end of backward."""
+        ``table_into``: a tensor tiled as the token table's gradient into which the lookup
+        adds its part instead (the replicas' sum, nntile.parallel.DeviceReplicas); no piece
+        then hands over the table. With a tied head, the head's piece hands over the tied
+        parameter, its gradient complete once the head's GEMM is submitted: its sum, the
+        largest, runs beside the blocks' backward instead of after the lookup's, at the end of
+        backward."""
         if not self._ready_for_backward:
             raise RuntimeError("backward() needs a loss() first (forward() alone keeps no loss)")
         self._ready_for_backward = False
         cdef dict ws = self._ws
         cdef Tensor dlogits = ws["logits"], ids = ws["ids"]
         cdef int i
-        cdef bint apart = self.config.tie_word_embeddings and tied_into is not None
+        cdef bint apart = table_into is not None
         # the head's gradient is whole after its GEMM unless the lookup still adds into it
         cdef bint head_whole = apart or not self.config.tie_word_embeddings
         self._prioritize(len(self.blocks) + 1)
@@ -489,11 +490,13 @@ cdef class CausalLM(Module):
                 self._drop([self.blocks[i]], ())
             dx, other = other, dx
             yield [p for _, p in self.blocks[i].named_parameters()]
-        self._embed_backward(dx, tied_into if apart else None)
+        self._embed_backward(dx, table_into)
         if self.free_activations:
             self._drop([], _STREAM_BUFFERS, scratch=True)
         self._prioritize(0)
-        yield [p for _, p in self.embedding_parameters() if not (head_whole and p is self.lm_head)]
+        cdef Parameter table = self.embedding.weight
+        yield [p for _, p in self.embedding_parameters()
+               if not (head_whole and p is self.lm_head) and not (apart and p is table)]
 
     def embedding_parameters(self):
         """(name, parameter) of the embeddings: every parameter no block, final norm or

@@ -94,8 +94,8 @@ cdef class GPT2LMHead(CausalLM):
         self.wpe.forward(ws["positions"], x)
         return x
 
-    cdef _embed_backward(self, Tensor dx, Tensor tied_into=None):
-        self.wte.backward(dx, tied_into)
+    cdef _embed_backward(self, Tensor dx, Tensor table_into=None):
+        self.wte.backward(dx, table_into)
         self.wpe.backward(dx)
 
     @property

@@ -124,5 +124,5 @@ cdef class LlamaLM(CausalLM):
         self.embed_tokens.forward(ws["ids"], x)
         return x
 
-    cdef _embed_backward(self, Tensor dx, Tensor tied_into=None):
-        self.embed_tokens.backward(dx, tied_into)
+    cdef _embed_backward(self, Tensor dx, Tensor table_into=None):
+        self.embed_tokens.backward(dx, table_into)
