@@ -564,8 +564,9 @@ def run_of(config, batch=None, seq=None, run_bytes=None, given=None, data_groups
                head_group=config.num_attention_heads // config.num_key_value_heads)
 
 
-def batch_tiles(settings, machine):
-    """How many tiles the batch is cut into, and why: one per worker that runs in parallel.
+def batch_tiles(settings, machine, past=False):
+    """How many tiles the batch is cut into, and why: one per worker that runs in parallel,
+    except on several GPUs that hold the run (not ``past`` their memory): one per GPU.
 
     On one GPU, one per CUDA worker: two workers then run two independent chains of tasks and
     the GPU idles between dependent tasks far less (GPT-2 124M on an H100, batch 8 in 2 tiles:
@@ -573,12 +574,17 @@ def batch_tiles(settings, machine):
     and n_embd 8192 b4 were measured with two; docs/performance.md, "GPT-2 124M on the H100:
     where the step went"). Past its memory, with four workers, four (6.07B at batch 16: 7.50 s
     per step against 9.06 s with two tiles, "Activations dropped after backward"). Several
-    GPUs: as many on each, so that a replica per GPU (nntile.parallel.DeviceReplicas, whose
-    share of the batch is its GPU's) runs the chains of one GPU: the wide model's hand tiles
-    on two GPUs (batch 16 in 4 tiles, docs/performance.md, "Several GPUs in one process").
+    GPUs past their memory: as many on each, so that a replica per GPU (nntile.parallel.
+    DeviceReplicas, whose share of the batch is its GPU's) runs the chains of one GPU. Several
+    GPUs that hold the run: one tile a replica, whose weight gradients then come from one
+    GEMM over its whole share instead of two partial sums (with the MLP's tiles of the
+    one-GPU rule, Llama-3.1-8B at 8x2048 on two H200s 5.7% faster, and 1.23x FSDP2 there and
+    for Llama-2-13B's shape; docs/performance.md, "Several GPUs in one process").
     On CPU workers, one per worker (``make train`` and bench/test_gpt2_cpu.py,
     docs/performance.md, "Tiles by situation")."""
     gpus = gpu_workers(machine, settings["ncuda"].value)
+    if gpus > 1 and not past:
+        return gpus, f"one per GPU ({gpus}), each a replica's share"
     if gpus:
         count = int(settings["workers_per_gpu"].value or 2)
         on = f"{count} on each of {gpus} GPUs" if gpus > 1 else f"{count}"
@@ -600,14 +606,12 @@ def tiles(run, settings, machine):
       blocks 4% slower a step than in one tile; two tiles of 2560 were slower still; one
       H200, docs/performance.md, "Tiles by situation").
     * inner: the fewest equal tiles (multiples of 256) that keep an MLP weight tile within
-      4096 x 8192 elements on one GPU that holds the run, 4096 x 4096 where tiles move between
-      memories: past GPU memory (between host and GPU) and on several GPUs (between them:
-      Llama-3.1-8B at 8x2048 on two full H200s, GPU buffers from cudaMalloc, 17,720 tokens/s
-      with 7168s against 20,931 with 4096s; with the memory pool, cuda_pool's default since,
-      this rule's 4 x 3584 and 7168s ran alike, 21,159 and 21,186: the cost was the
-      allocator, and the rule stands on no measured gain; "Tiles by situation". With one
-      batch tile a replica as well, 7168s ran 5.7% faster, a change that waits on the node
-      table's other rows; "Several GPUs in one process"). On one
+      4096 x 8192 elements on GPUs that hold the run, 4096 x 4096 past GPU memory, where
+      tiles move between host and GPU. Several GPUs kept 4096 x 4096 too, from a
+      measurement that was the allocator's (Llama-3.1-8B at 8x2048 on two full H200s, GPU
+      buffers from cudaMalloc: 17,720 tokens/s with 7168s against 20,931 with 4096s; with
+      the memory pool, 21,186 and 21,159; with one batch tile a replica as well, 7168s 5.7%
+      faster; "Tiles by situation", "Several GPUs in one process"). On one
       GPU the larger tiles halve the tasks and the partial sums of the MLP's backward:
       Llama-3.1-8B's 14336 in 2 of 7168 instead of 3 of 4096 and one of 2048 (1.6-2.2% a
       step), n_embd 8192's 32768 in 8192s (1.0-1.2%), Llama-2-13B's 13824 in 3 of 4608 with
@@ -619,7 +623,8 @@ def tiles(run, settings, machine):
     * head: as many heads as fill the embd tile (32 of 128 in 4096; all of 124M's 12).
     * seq: one tile (every measured run).
     * batch: ``batch_tiles`` tiles (under StarPU-MPI, that many for each data-parallel group
-      of ranks, nntile.distributed).
+      of ranks, nntile.distributed): one per CUDA worker, or one per GPU where several GPUs
+      hold the run.
     """
     sizes = run.sizes
     embd, n_head = sizes["embd"][0], sizes["head"][0]
@@ -630,10 +635,10 @@ def tiles(run, settings, machine):
     gpus = gpu_workers(machine, settings["ncuda"].value)
     past = past_gpu_memory(gpus, bytes_of_this_process(machine, run.run_bytes),
                            gpu_limit_bytes(settings))
-    moving = " past GPU memory" if past else " on several GPUs" if gpus > 1 else ""
-    rows = WIDE_TILE if moving else 2 * WIDE_TILE
+    rows = WIDE_TILE if past else 2 * WIDE_TILE
     out["inner"] = Choice(equal_tiles(sizes["inner"][0], WIDE_TILE * rows // embd_tile),
-                          f"the fewest equal weight tiles within 4096 x {rows}{moving}")
+                          f"the fewest equal weight tiles within 4096 x {rows}"
+                          + (" past GPU memory" if past else ""))
     # whole groups of heads sharing a key/value head (the family's check_tiles)
     group = run.head_group
     out["head"] = Choice(max(group, min(n_head, embd_tile // head_dim) // group * group),
@@ -643,7 +648,7 @@ def tiles(run, settings, machine):
                           "kernels")
     seq = run.seq or sizes["seq"][0]
     out["seq"] = Choice(seq, "one tile")
-    count, why = batch_tiles(settings, machine)
+    count, why = batch_tiles(settings, machine, past)
     if run.data_groups > 1:  # each data-parallel group of ranks takes its own batch tiles
         count, why = count * run.data_groups, f"{why} on each of {run.data_groups} data groups"
     if run.batch is not None:

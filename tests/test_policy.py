@@ -221,12 +221,16 @@ def test_tiles_of_the_measured_runs():
     # n_embd 8192 in memory: tiles 4096, 32 heads of 128, the MLP's 32768 in 8192s
     assert tiles_for(ONE_H100, gpt2_sizes(8192, 64), 4, run_bytes=70 * GiB) == dict(
         batch=2, seq=1024, embd=4096, head=32, inner=8192, vocab=8192)
-    # n_embd 8192 batch 16 on two H200s, a replica per GPU: two batch tiles on each, and the
-    # MLP's weight tiles within 4096 x 4096, as on every run whose tiles move between memories
+    # several GPUs that hold the run: one batch tile a GPU (a replica's share) and the MLP's
+    # weight tiles within 4096 x 8192, as on one GPU: n_embd 8192 batch 16 and Llama-3.1-8B's
+    # shape at batch 8 on two H200s
     assert tiles_for(TWO_H200, gpt2_sizes(8192, 64), 16, run_bytes=90 * GiB) == dict(
-        batch=4, seq=1024, embd=4096, head=32, inner=4096, vocab=8192)
-    assert tiles_for(TWO_H200, gpt2_sizes(4096, 32, inner=14336), 8, run_bytes=220 * GiB)[
-        "inner"] == 3584
+        batch=8, seq=1024, embd=4096, head=32, inner=8192, vocab=8192)
+    assert tiles_for(TWO_H200, gpt2_sizes(4096, 32, inner=14336), 8, run_bytes=220 * GiB) == dict(
+        batch=4, seq=1024, embd=4096, head=32, inner=7168, vocab=8192)
+    # past their memory, two batch tiles a GPU and the MLP's weight tiles within 4096 x 4096
+    assert tiles_for(TWO_H200, gpt2_sizes(4096, 32, inner=14336), 16, run_bytes=400 * GiB) == dict(
+        batch=4, seq=1024, embd=4096, head=32, inner=3584, vocab=8192)
     # Llama-3.1-8B's and Llama-2-13B's blocks in memory (one H200): the MLP's 14336 in two
     # equal tiles; 5120 in one tile, not 4096 + 1024, and 13824 in three
     one_h200 = policy.Machine(cores=16, gpus=(141 * 10**9,), cuda_built=True)
@@ -274,14 +278,21 @@ def test_tiles_fit_their_dimensions(heads, head_dim, batch, gpus, past):
         assert 1 <= t[key] <= sizes[key][0]
     assert 1 <= t["batch"] <= batch
     assert t["embd"] == sizes["embd"][0] < 1.5 * policy.WIDE_TILE or t["embd"] == policy.WIDE_TILE
-    most = policy.WIDE_TILE**2 * (1 if past and gpus or gpus > 1 else 2)
+    most = policy.WIDE_TILE**2 * (1 if past and gpus else 2)
     assert t["embd"] * t["inner"] <= most or t["inner"] == sizes["inner"][0]
     # equal tiles: the last one is at least as large as the others less a 256 step each
     count = -(-sizes["inner"][0] // t["inner"])
     assert sizes["inner"][0] - (count - 1) * t["inner"] >= t["inner"] - 256 * count
     assert t["head"] * head_dim <= max(t["embd"], head_dim)  # heads of a tile fit its embd
-    # the batch is cut into as many tiles as workers run chains (or fewer, for a small batch)
-    assert -(-batch // t["batch"]) <= (4 if past and gpus == 1 else 2 * gpus if gpus else 8)
+    # the batch is cut into as many tiles as workers run chains, or as GPUs that hold the run
+    # (or fewer, for a small batch)
+    if not gpus:
+        chains = 8
+    elif past:
+        chains = 4 if gpus == 1 else 2 * gpus
+    else:
+        chains = 2 if gpus == 1 else gpus
+    assert -(-batch // t["batch"]) <= chains
 
 
 def test_starpu_variables_that_would_abort_are_refused():
