@@ -577,9 +577,13 @@ def batch_tiles(settings, machine, past=False):
     GPUs past their memory: as many on each, so that a replica per GPU (nntile.parallel.
     DeviceReplicas, whose share of the batch is its GPU's) runs the chains of one GPU. Several
     GPUs that hold the run: one tile a replica, whose weight gradients then come from one
-    GEMM over its whole share instead of two partial sums (with the MLP's tiles of the
-    one-GPU rule, Llama-3.1-8B at 8x2048 on two H200s 5.7% faster, and 1.23x FSDP2 there and
-    for Llama-2-13B's shape; docs/performance.md, "Several GPUs in one process").
+    GEMM over its whole share instead of two partial sums. With the MLP's tiles of the
+    one-GPU rule, two H200s ran Llama-3.1-8B at 8x2048 from 20,782 to 22,007 tokens/s
+    (1.16 to 1.21x FSDP2) and Llama-2-13B's shape from 1.17 to 1.22x FSDP2 + AC; the
+    16-layer wide model ran 1.19x FSDP2 + AC on two GPUs of a four-GPU host (1.14x before),
+    every other row of the node table 1.20x or more, and four H200s 1.23-1.52x FSDP2
+    (docs/performance.md, "Several GPUs in one process"). On four GPUs, before the memory
+    pool, one tile a GPU had lost 4% on the 8B shape and gained 6% on the 1B shape.
     On CPU workers, one per worker (``make train`` and bench/test_gpt2_cpu.py,
     docs/performance.md, "Tiles by situation")."""
     gpus = gpu_workers(machine, settings["ncuda"].value)
@@ -607,11 +611,12 @@ def tiles(run, settings, machine):
       H200, docs/performance.md, "Tiles by situation").
     * inner: the fewest equal tiles (multiples of 256) that keep an MLP weight tile within
       4096 x 8192 elements on GPUs that hold the run, 4096 x 4096 past GPU memory, where
-      tiles move between host and GPU. Several GPUs kept 4096 x 4096 too, from a
+      tiles move between host and GPU. Several GPUs kept 4096 x 4096 before, from a
       measurement that was the allocator's (Llama-3.1-8B at 8x2048 on two full H200s, GPU
       buffers from cudaMalloc: 17,720 tokens/s with 7168s against 20,931 with 4096s; with
-      the memory pool, 21,186 and 21,159; with one batch tile a replica as well, 7168s 5.7%
-      faster; "Tiles by situation", "Several GPUs in one process"). On one
+      the memory pool, 21,186 and 21,159; "Tiles by situation"). On Llama-2-13B's shape on two
+      H200s, 3 x 4608 and 2 x 6912 ran alike (10,311 and 10,303), and the wide model's
+      32768 in 8192s, 16384s, or with n_embd whole, within 2% (10,966, 10,893, 10,784). On one
       GPU the larger tiles halve the tasks and the partial sums of the MLP's backward:
       Llama-3.1-8B's 14336 in 2 of 7168 instead of 3 of 4096 and one of 2048 (1.6-2.2% a
       step), n_embd 8192's 32768 in 8192s (1.0-1.2%), Llama-2-13B's 13824 in 3 of 4608 with
