@@ -186,13 +186,14 @@ def trace_summary(events, wall):
             if stop - start > 1e-3:
                 slow.append((stop - start, e["name"], e.get("tid"), start))
     busy, gaps, end, last = 0.0, [], None, None
-    for start, stop, name in sorted(spans):  # the union of the spans: overlapping kernels once
+    spans.sort()
+    for start, stop, name in spans:  # the union of the spans: overlapping kernels once
         if end is not None and start > end:
             gaps.append((start - end, last, name, end))
         if end is None or stop > end:
             busy += stop - (start if end is None else max(start, end))
             end, last = stop, name
-    first = min((s for s, _, _ in spans), default=0.0)
+    first = spans[0][0] if spans else 0.0
     return dict(wall=wall, busy=busy, gaps=sorted(gaps, reverse=True), first=first,
                 slow_calls=sorted(slow, reverse=True),
                 lanes={lane: covered(s) for lane, s in lanes.items()},
