@@ -303,21 +303,33 @@ def recompute(given, without, with_recompute):
 RECOMPUTE_FILL = 0.77
 
 
-def keeps_activations(gpu_need, gpu_bytes):
+def keeps_activations(gpu_need, gpu_bytes, need_recomputing_all=0):
     """Whether a run that needs ``gpu_need`` bytes of each GPU (a replica's, or the whole run's
-    on one GPU) leaves the margin of ``RECOMPUTE_FILL`` of ``gpu_bytes`` (what StarPU may use
-    of each): where recomputation is on by default, it then recomputes only the fewest first
-    blocks that keep this true. Each block left out runs its forward once instead of twice:
-    on that 8B run 20 blocks instead of 32 took the step from 1.97 to 1.80 s (18,169 tokens/s
-    against 16,612; docs/performance.md, "Past a replica's memory")."""
-    return gpu_need <= RECOMPUTE_FILL * gpu_bytes
+    on one GPU) may keep the activations it keeps: where recomputation is on by default, it
+    recomputes only the fewest first blocks that keep this true. The need may fill
+    ``RECOMPUTE_FILL`` of ``gpu_bytes`` (what StarPU may use of each), or, where recomputing
+    every block already needs more, as much as that (``need_recomputing_all``): a GPU keeps
+    a replica's activations and its home gradients in turn, so activations below the
+    gradients take no room of their own. Each block left out runs its forward once instead
+    of twice: on that 8B run 20 blocks instead of 32 took the step from 1.97 to 1.80 s
+    (18,169 tokens/s against 16,612); the 16-layer wide GPT-2 on two H200s (96% of a GPU
+    recomputing every block) ran 1.42 s a step recomputing 11 blocks against 1.50 s for
+    all 16, with no host traffic (docs/performance.md, "Past a replica's memory")."""
+    return gpu_need <= activation_room(gpu_bytes, need_recomputing_all)
 
 
-def fewest_recomputed(blocks, gpu_need, gpu_bytes):
+def activation_room(gpu_bytes, need_recomputing_all):
+    """The most a GPU's need may be where it keeps activations (keeps_activations)."""
+    return max(RECOMPUTE_FILL * gpu_bytes, need_recomputing_all)
+
+
+def fewest_recomputed(blocks, gpu_need, gpu_bytes, need_recomputing_all=0):
     """The Choice of recomputing the first ``blocks`` blocks (keeps_activations)."""
+    room = activation_room(gpu_bytes, need_recomputing_all)
     return Choice(blocks, f"nntile default: the fewest that leave a margin, "
                           f"{gpu_need / 2**30:.1f} GiB a GPU by the estimate, within "
-                          f"{RECOMPUTE_FILL:.0%} of {gpu_bytes / 2**30:.1f} GiB")
+                          f"{room / 2**30:.1f} GiB ({room / gpu_bytes:.0%} of "
+                          f"{gpu_bytes / 2**30:.1f} GiB)")
 
 
 PIN_AHEAD = ("nntile default on GPUs that cannot hold the run: StarPU's host copies of tiles "
