@@ -172,7 +172,7 @@ def test_keeps_activations_that_take_no_room_of_their_own(name, batch, blocks):
     """Llama-2-13B at batch 8 and the 16-layer wide GPT-2 fill a GPU past RECOMPUTE_FILL even
     recomputing every block, but there a GPU's gradients outweigh its activations: the
     blocks kept add nothing to its share while the run still fits both GPUs (measured:
-    1.5% and 6% faster, no host traffic). One more kept block would either grow the share
+    1.5% and 6% faster, no more host traffic). One more kept block would either grow the share
     or take the run past the GPUs (the wide model keeping 8 ran at 0.59x, through the host)."""
     est, share = gpu_share(name, batch, None)
     assert est.recompute.value == blocks, est.recompute
