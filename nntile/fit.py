@@ -371,7 +371,7 @@ def _with_recompute(estimate_with, given, b, devices):
     if choice.value:
         est = with_recompute
         if fits_where(with_recompute, b) == "gpu":
-            est, choice = (_fewest_recomputed(estimate_with, b, devices,
+            est, choice = (_fewest_recomputed(estimate_with, with_recompute, b, devices,
                                               config.num_hidden_layers) or (est, choice))
     blocks = config.recomputed_blocks(choice.value)
     agreed = most_over_ranks(blocks)
@@ -392,23 +392,25 @@ def _gpu_share(est, b, devices):
     return _needs(est, b)
 
 
-def _fewest_recomputed(estimate_with, b, devices, layers):
+def _fewest_recomputed(estimate_with, with_recompute, b, devices, layers):
     """(estimate, Choice) of the fewest first blocks of ``layers`` to recompute that keep the
     run in the GPUs and a GPU's share within policy.keeps_activations, where fewer than
     every block do (None otherwise). A run that no longer fits the GPUs whole gets the tiles
     and settings of a run past GPU memory: the 16-layer wide GPT-2 on two H200s recomputing
     8 blocks (a GPU's share no larger than with 16, the run 4.6% larger than the GPUs) ran
-    at 0.59x the speed of 12 blocks, moving 130-350 GiB a step to the host."""
+    at 0.59x the speed of 12 blocks, moving 130-350 GiB a step to the host.
+    ``with_recompute``: the estimate with every block recomputed."""
     gpu_bytes = b["gpu"] / devices
-    recomputing_all = _gpu_share(estimate_with(layers), b, devices)
+    recomputing_all = _gpu_share(with_recompute, b, devices)
+    probed = {}  # kept blocks: (estimate, a GPU's share), for the one chosen
 
     def keeps(kept):
         est = estimate_with(layers - kept)
+        probed[kept] = est, _gpu_share(est, b, devices)
         return fits_where(est, b) == "gpu" and policy.keeps_activations(
-            _gpu_share(est, b, devices), gpu_bytes, recomputing_all)
+            probed[kept][1], gpu_bytes, recomputing_all)
     kept = _largest(keeps, layers)
     if kept is None:
         return None
-    est = estimate_with(layers - kept)
-    need = _gpu_share(est, b, devices)
+    est, need = probed[kept]
     return est, policy.fewest_recomputed(layers - kept, need, gpu_bytes, recomputing_all)
